@@ -1,0 +1,325 @@
+"""The record that travels through Kafka and is stored in Cassandra: a versioned JSON envelope.
+
+Two kinds exist, both keyed by the task key::
+
+    {"v": 1, "type": "schedule", "task": "proj.tasks.remind",
+     "key": {"ordering_id": "customer-42", "at": 1893456000000, "unique": "welcome"},
+     "args": [...], "kwargs": {...}, "options": {"queue": "mail"},
+     "retry": {"max_attempts": 5, "backoff": 1.0, "backoff_max": 600.0},
+     "enqueued_at": 1893455000000}
+
+    {"v": 1, "type": "cancel", "key": {...}, "enqueued_at": 1893455000000}
+
+Arguments are encoded with kombu's JSON, the encoding of Celery's default ``json``
+serializer, so datetimes, UUIDs, Decimals and bytes arrive at the task as they would with
+``apply_async``. Nothing is ever pickled.
+
+:func:`decode` is strict and total: any byte string either yields a valid envelope or raises
+:class:`~celery_scheduler.errors.EnvelopeDecodeError` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu.utils.json import dumps as _kombu_dumps
+
+from celery_scheduler.errors import (
+    EnvelopeDecodeError,
+    EnvelopeTooLargeError,
+    InvalidKeyError,
+    NotSerializableError,
+)
+from celery_scheduler.keys import TaskKey, check_key_part
+
+
+def kombu_dumps(value: Any, **options: Any) -> str:
+    """kombu's JSON encoding (typed wrapper)."""
+    text: str = _kombu_dumps(value, **options)  # type: ignore[no-untyped-call]
+    return text
+
+
+__all__ = [
+    "CELERY_OPTIONS",
+    "VERSION",
+    "CancelEnvelope",
+    "Envelope",
+    "RetryPolicy",
+    "ScheduleEnvelope",
+    "decode",
+    "encode",
+    "encode_arguments",
+]
+
+VERSION = 1
+MAX_TASK_NAME = 512
+_MAX_MS = 253402300799999
+
+# Celery options kept with the task and passed to ``send_task`` at release, with the JSON
+# types each accepts.
+CELERY_OPTIONS: dict[str, tuple[type, ...]] = {
+    "queue": (str,),
+    "routing_key": (str,),
+    "exchange": (str,),
+    "priority": (int,),
+    "time_limit": (int, float),
+    "soft_time_limit": (int, float),
+    "expires": (int, float),  # seconds after release
+    "headers": (dict,),
+    "shadow": (str,),
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the dispatcher retries a failed task: jittered exponential backoff, then give up."""
+
+    max_attempts: int = 5
+    backoff: float = 1.0
+    backoff_max: float = 600.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or (
+            self.max_attempts < 1
+        ):
+            raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        for name in ("backoff", "backoff_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value >= 0
+            ):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"max_attempts": self.max_attempts, "backoff": float(self.backoff),
+                "backoff_max": float(self.backoff_max)}
+
+
+@dataclass(frozen=True)
+class ScheduleEnvelope:
+    """A task to run at ``key.scheduled_ms``: task name, JSON arguments and Celery options."""
+
+    key: TaskKey
+    task: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    enqueued_ms: int = 0
+    type: str = field(default="schedule", init=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "type": "schedule", "task": self.task, "key": _key_json(self.key),
+                "args": self.args, "kwargs": self.kwargs, "options": self.options,
+                "retry": self.retry.as_json(), "enqueued_at": self.enqueued_ms}
+
+
+@dataclass(frozen=True)
+class CancelEnvelope:
+    """A request to cancel the pending task with ``key``."""
+
+    key: TaskKey
+    enqueued_ms: int = 0
+    type: str = field(default="cancel", init=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "type": "cancel", "key": _key_json(self.key),
+                "enqueued_at": self.enqueued_ms}
+
+
+Envelope = ScheduleEnvelope | CancelEnvelope
+
+
+def _key_json(key: TaskKey) -> dict[str, Any]:
+    return {"ordering_id": key.ordering_id, "at": key.scheduled_ms, "unique": key.uniqueness_key}
+
+
+# --- encoding ----------------------------------------------------------------------------
+
+
+def encode_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Return *args* and *kwargs* as plain JSON values, or raise NotSerializableError.
+
+    Values kombu's JSON knows (datetime, date, time, UUID, Decimal, bytes) become its tagged
+    objects, which Celery's JSON serializer turns back into those types in the worker.
+    """
+    if not isinstance(kwargs, Mapping):
+        raise NotSerializableError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
+    for name in kwargs:
+        if not isinstance(name, str):
+            raise NotSerializableError(f"keyword argument names must be strings, got {name!r}")
+    try:
+        text = kombu_dumps([list(args), dict(kwargs)], allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        where = _find_unserializable({"args": list(args), "kwargs": dict(kwargs)}, "")
+        raise NotSerializableError(
+            f"{where} cannot be encoded as JSON ({exc}); pass JSON types (str, int, float, "
+            "bool, None, list, dict with string keys) or datetime/UUID/Decimal/bytes, "
+            "for example an id instead of an object"
+        ) from exc
+    encoded_args, encoded_kwargs = json.loads(text)
+    return encoded_args, encoded_kwargs
+
+
+def _find_unserializable(value: Any, path: str) -> str:
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            if not isinstance(name, str):
+                return f"{path or 'value'} has a non-string key {name!r}"
+            found = _find_unserializable(item, f"{path}[{name!r}]" if path else name)
+            if found:
+                return found
+        return ""
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _find_unserializable(item, f"{path}[{index}]")
+            if found:
+                return found
+        return ""
+    try:
+        kombu_dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return f"{path} = {value!r} ({type(value).__name__})"
+    return ""
+
+
+def encode(envelope: Envelope, max_bytes: int | None = None) -> bytes:
+    """Encode *envelope* as canonical UTF-8 JSON, enforcing *max_bytes* when given."""
+    try:
+        data = json.dumps(envelope.as_json(), ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"), sort_keys=True).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise NotSerializableError(f"task {envelope.key} cannot be encoded as JSON: {exc}") from exc
+    if max_bytes is not None and len(data) > max_bytes:
+        raise EnvelopeTooLargeError(
+            f"task {envelope.key} encodes to {len(data)} bytes, over the limit of {max_bytes} "
+            "(scheduler_max_envelope_bytes); pass a reference such as a row id instead of "
+            "the data, or raise the limit (and Kafka's max.message.bytes with it)"
+        )
+    return data
+
+
+# --- decoding ----------------------------------------------------------------------------
+
+_SCHEDULE_FIELDS = frozenset({"v", "type", "task", "key", "args", "kwargs", "options", "retry",
+                              "enqueued_at"})
+_CANCEL_FIELDS = frozenset({"v", "type", "key", "enqueued_at"})
+
+
+def decode(data: bytes) -> Envelope:
+    """Decode bytes from the topic into an envelope, or raise EnvelopeDecodeError.
+
+    >>> env = decode(b'{"v":1,"type":"cancel","key":{"ordering_id":"a","at":5,"unique":"u"},'
+    ...              b'"enqueued_at":1}')
+    >>> env.key
+    TaskKey(ordering_id='a', scheduled_ms=5, uniqueness_key='u')
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise EnvelopeDecodeError(f"record value must be bytes, got {type(data).__name__}")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EnvelopeDecodeError(f"record is not UTF-8: {exc}") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except EnvelopeDecodeError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise EnvelopeDecodeError(f"record is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise EnvelopeDecodeError(f"envelope must be a JSON object, got {type(document).__name__}")
+    version = document.get("v")
+    if version != VERSION or isinstance(version, bool):
+        raise EnvelopeDecodeError(f"unsupported envelope version {version!r} (expected {VERSION})")
+    kind = document.get("type")
+    if kind == "schedule":
+        _exact_fields(document, _SCHEDULE_FIELDS)
+        return ScheduleEnvelope(
+            key=_decode_key(document["key"]),
+            task=_decode_task_name(document["task"]),
+            args=_typed(document["args"], list, "args"),
+            kwargs=_typed(document["kwargs"], dict, "kwargs"),
+            options=_decode_options(document["options"]),
+            retry=_decode_retry(document["retry"]),
+            enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"),
+        )
+    if kind == "cancel":
+        _exact_fields(document, _CANCEL_FIELDS)
+        return CancelEnvelope(key=_decode_key(document["key"]),
+                              enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"))
+    raise EnvelopeDecodeError(f"unknown envelope type {kind!r} (expected 'schedule' or 'cancel')")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in result:
+            raise EnvelopeDecodeError(f"duplicate field {name!r}")
+        result[name] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise EnvelopeDecodeError(f"{name} is not valid JSON")
+
+
+def _exact_fields(document: dict[str, Any], expected: frozenset[str]) -> None:
+    missing = expected - document.keys()
+    if missing:
+        raise EnvelopeDecodeError(f"missing field(s) {sorted(missing)}")
+    unknown = document.keys() - expected
+    if unknown:
+        raise EnvelopeDecodeError(f"unknown field(s) {sorted(unknown)}")
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    if not isinstance(value, kind):
+        raise EnvelopeDecodeError(f"{what} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _decode_ms(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_MS:
+        raise EnvelopeDecodeError(f"{what} must be epoch milliseconds, got {value!r}")
+    return value
+
+
+def _decode_key(value: Any) -> TaskKey:
+    key = _typed(value, dict, "key")
+    _exact_fields(key, frozenset({"ordering_id", "at", "unique"}))
+    try:
+        ordering_id = check_key_part(key["ordering_id"], "ordering id")
+        unique = check_key_part(key["unique"], "uniqueness key")
+    except InvalidKeyError as exc:
+        raise EnvelopeDecodeError(str(exc)) from None
+    return TaskKey(ordering_id, _decode_ms(key["at"], "key.at"), unique)
+
+
+def _decode_task_name(value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_TASK_NAME:
+        raise EnvelopeDecodeError(f"task must be a non-empty name, got {value!r:.80}")
+    return value
+
+
+def _decode_options(value: Any) -> dict[str, Any]:
+    options: dict[str, Any] = _typed(value, dict, "options")
+    for name, option in options.items():
+        if name not in CELERY_OPTIONS:
+            raise EnvelopeDecodeError(f"unknown Celery option {name!r}")
+        kinds = CELERY_OPTIONS[name]
+        if isinstance(option, bool) or not isinstance(option, kinds):
+            raise EnvelopeDecodeError(f"option {name} has the wrong type: {option!r:.80}")
+    return options
+
+
+def _decode_retry(value: Any) -> RetryPolicy:
+    retry = _typed(value, dict, "retry")
+    _exact_fields(retry, frozenset({"max_attempts", "backoff", "backoff_max"}))
+    try:
+        return RetryPolicy(retry["max_attempts"], retry["backoff"], retry["backoff_max"])
+    except ValueError as exc:
+        raise EnvelopeDecodeError(f"retry: {exc}") from None

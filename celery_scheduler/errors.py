@@ -1,0 +1,107 @@
+"""Every error celery_scheduler raises, in one tree.
+
+::
+
+    SchedulerError
+    ├── ConfigurationError           a setting is missing, unknown or of the wrong type
+    ├── ScheduleError                a schedule/cancel call was given bad input
+    │   ├── NotAScheduledTaskError   the task was not decorated with @scheduled_task
+    │   ├── InvalidKeyError          ordering id or uniqueness key missing, empty, not a string
+    │   ├── ScheduleTimeError        the time is in the past beyond the grace window, or invalid
+    │   ├── NotSerializableError     an argument or option cannot be encoded as JSON
+    │   └── EnvelopeTooLargeError    the encoded task is over the size limit
+    ├── EnvelopeDecodeError          bytes from the topic are not a valid envelope
+    ├── TaskLogError                 the Kafka side failed
+    │   ├── TaskLogUnavailableError  Kafka did not acknowledge within the timeout
+    │   └── TopicMissingError        the scheduler topic does not exist (run ``init``)
+    └── ScheduleStoreError           the Cassandra side failed
+        ├── StoreUnavailableError    Cassandra could not be reached or timed out
+        └── SchemaMissingError       the keyspace or tables do not exist (run ``init``)
+
+Driver exceptions (confluent-kafka, cassandra-driver) never escape: the adapters raise one
+of these ``from`` the driver's exception.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "EnvelopeDecodeError",
+    "EnvelopeTooLargeError",
+    "InvalidKeyError",
+    "NotAScheduledTaskError",
+    "NotSerializableError",
+    "ScheduleError",
+    "ScheduleStoreError",
+    "ScheduleTimeError",
+    "SchedulerError",
+    "SchemaMissingError",
+    "StoreUnavailableError",
+    "TaskLogError",
+    "TaskLogUnavailableError",
+    "TopicMissingError",
+]
+
+
+class SchedulerError(Exception):
+    """Root of every error raised by celery_scheduler."""
+
+
+class ConfigurationError(SchedulerError):
+    """A ``scheduler_*`` setting is missing, unknown, or has the wrong type or value."""
+
+
+class ScheduleError(SchedulerError, ValueError):
+    """A call to schedule or cancel a task was given input that cannot be scheduled."""
+
+
+class NotAScheduledTaskError(ScheduleError, TypeError):
+    """The object is not a task decorated with ``@scheduled_task``."""
+
+
+class InvalidKeyError(ScheduleError):
+    """An ordering id or uniqueness key is missing, empty, too long or not a string."""
+
+
+class ScheduleTimeError(ScheduleError):
+    """The scheduled time is not a usable point in time, or lies too far in the past."""
+
+
+class NotSerializableError(ScheduleError, TypeError):
+    """An argument, keyword argument or option cannot be represented as JSON."""
+
+
+class EnvelopeTooLargeError(ScheduleError):
+    """The encoded task exceeds ``scheduler_max_envelope_bytes``."""
+
+
+class EnvelopeDecodeError(SchedulerError, ValueError):
+    """A record's bytes are not a valid envelope; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TaskLogError(SchedulerError):
+    """The task log (Kafka) failed."""
+
+
+class TaskLogUnavailableError(TaskLogError):
+    """Kafka could not be reached or did not acknowledge a record in time."""
+
+
+class TopicMissingError(TaskLogError):
+    """The scheduler topic does not exist."""
+
+
+class ScheduleStoreError(SchedulerError):
+    """The schedule store (Cassandra) failed."""
+
+
+class StoreUnavailableError(ScheduleStoreError):
+    """Cassandra could not be reached, or a query timed out or lacked replicas."""
+
+
+class SchemaMissingError(ScheduleStoreError):
+    """The scheduler's keyspace or tables do not exist."""

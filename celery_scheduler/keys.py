@@ -1,0 +1,121 @@
+"""The task key: what identifies one scheduled execution.
+
+A task key is (ordering id, scheduled time, uniqueness key). Scheduling the same key again
+overwrites the pending task; once the key completed it never runs again. Times are kept as
+integer milliseconds since the Unix epoch (UTC), Cassandra's timestamp resolution, so that a
+key read back from the store is equal to the key that was scheduled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from celery_scheduler.errors import InvalidKeyError, ScheduleTimeError
+
+__all__ = ["MAX_KEY_LENGTH", "TaskKey", "check_key_part", "from_epoch_ms", "to_epoch_ms"]
+
+# Longest ordering id or uniqueness key, in characters; keys are Kafka record keys and
+# Cassandra clustering columns, so they should stay short.
+MAX_KEY_LENGTH = 512
+
+# Namespace for the deterministic Celery task id of a task key (uuid5 of the key).
+TASK_ID_NAMESPACE = uuid.UUID("9b6f0c1e-6a53-4cf4-9e3c-2f0a7d3b8e51")
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
+
+
+def check_key_part(value: object, what: str) -> str:
+    """Return *value* if it is usable as an ordering id or uniqueness key, else raise.
+
+    >>> check_key_part("customer-42", "ordering id")
+    'customer-42'
+    """
+    if not isinstance(value, str):
+        raise InvalidKeyError(
+            f"{what} must be a string, got {type(value).__name__} {value!r}; "
+            f"convert it with str() in the decorator's {what.replace(' ', '_')} callable"
+        )
+    if not value:
+        raise InvalidKeyError(f"{what} must not be empty")
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidKeyError(
+            f"{what} is {len(value)} characters long, over the limit of {MAX_KEY_LENGTH}: "
+            f"{value[:40]!r}...; use a shorter identifier or a hash of it"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError(f"{what} {value!r} is not valid Unicode text ({exc.reason})") from exc
+    if "\x00" in value:
+        raise InvalidKeyError(f"{what} {value!r} contains a NUL character")
+    return value
+
+
+def to_epoch_ms(when: object, default_tz: dt.tzinfo) -> int:
+    """Convert an aware or naive datetime to epoch milliseconds.
+
+    A naive datetime is read in *default_tz*: the scheduler passes Celery's ``app.timezone``,
+    which is UTC unless the app sets ``timezone`` (the convention Celery uses for ``eta``).
+
+    >>> to_epoch_ms(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc), dt.timezone.utc)
+    1893456000000
+    """
+    if not isinstance(when, dt.datetime):
+        raise ScheduleTimeError(
+            f"scheduled time must be a datetime, got {type(when).__name__} {when!r}; "
+            "use schedule_in() for a delay in seconds or a timedelta"
+        )
+    aware = when if when.tzinfo is not None and when.utcoffset() is not None else (
+        _localize(when, default_tz)
+    )
+    delta = aware - _EPOCH
+    ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    if not 0 <= ms <= _MAX_MS:
+        raise ScheduleTimeError(f"scheduled time {when.isoformat()} is before 1970 or unusable")
+    return ms
+
+
+def _localize(naive: dt.datetime, tz: dt.tzinfo) -> dt.datetime:
+    localize = getattr(tz, "localize", None)  # pytz zones need localize(), not replace()
+    if callable(localize):
+        result: dt.datetime = localize(naive)
+        return result
+    return naive.replace(tzinfo=tz)
+
+
+def from_epoch_ms(ms: int) -> dt.datetime:
+    """Return the aware UTC datetime of epoch milliseconds *ms*."""
+    return _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+@dataclass(frozen=True, order=True)
+class TaskKey:
+    """Identity of one scheduled execution: ordering id, time (epoch ms) and uniqueness key.
+
+    >>> key = TaskKey("customer-42", 1893456000000, "welcome-email")
+    >>> key.scheduled_at.isoformat()
+    '2030-01-01T00:00:00+00:00'
+    >>> key.task_id == TaskKey("customer-42", 1893456000000, "welcome-email").task_id
+    True
+    """
+
+    ordering_id: str
+    scheduled_ms: int
+    uniqueness_key: str
+
+    @property
+    def scheduled_at(self) -> dt.datetime:
+        """The scheduled time as an aware UTC datetime."""
+        return from_epoch_ms(self.scheduled_ms)
+
+    @property
+    def task_id(self) -> str:
+        """The Celery task id every release of this key uses (stable across retries)."""
+        name = f"{self.ordering_id}\x1f{self.scheduled_ms}\x1f{self.uniqueness_key}"
+        return str(uuid.uuid5(TASK_ID_NAMESPACE, name))
+
+    def __str__(self) -> str:
+        return f"{self.ordering_id}@{self.scheduled_at.isoformat()}#{self.uniqueness_key}"

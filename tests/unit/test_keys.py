@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import datetime as dt
+import zoneinfo
+
+import pytest
+
+from celery_scheduler.errors import ScheduleTimeError
+from celery_scheduler.keys import TaskKey, from_epoch_ms, to_epoch_ms
+
+UTC = dt.timezone.utc
+
+
+def test_aware_datetimes_convert_exactly_to_milliseconds() -> None:
+    when = dt.datetime(2030, 1, 1, 0, 0, 0, 123_999, tzinfo=UTC)
+    assert to_epoch_ms(when, UTC) == 1_893_456_000_123
+    assert from_epoch_ms(1_893_456_000_123) == when.replace(microsecond=123_000)
+
+
+def test_naive_datetimes_are_read_in_the_given_zone() -> None:
+    berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    naive = dt.datetime(2030, 7, 1, 12, 0)
+    assert to_epoch_ms(naive, berlin) == to_epoch_ms(dt.datetime(2030, 7, 1, 10, 0, tzinfo=UTC), UTC)
+
+
+def test_zones_with_localize_are_localized_not_replaced() -> None:
+    # pytz zones must be attached with localize(); replace(tzinfo=...) gives LMT offsets
+    class LocalizingZone(dt.tzinfo):
+        def localize(self, naive: dt.datetime) -> dt.datetime:
+            return naive.replace(tzinfo=dt.timezone(dt.timedelta(hours=-5)))
+
+        def utcoffset(self, value: object) -> dt.timedelta:
+            return dt.timedelta(hours=-4, minutes=-56)  # what replace() would wrongly use
+
+    naive = dt.datetime(2030, 1, 1, 12, 0)
+    assert to_epoch_ms(naive, LocalizingZone()) == to_epoch_ms(
+        dt.datetime(2030, 1, 1, 17, 0, tzinfo=UTC), UTC)
+
+
+@pytest.mark.parametrize("when", [dt.datetime(1960, 1, 1, tzinfo=UTC), dt.date(2030, 1, 1), "2030"])
+def test_unusable_times(when: object) -> None:
+    with pytest.raises(ScheduleTimeError):
+        to_epoch_ms(when, UTC)
+
+
+def test_task_id_is_deterministic_and_distinct_per_key() -> None:
+    a = TaskKey("o", 1, "u")
+    assert a.task_id == TaskKey("o", 1, "u").task_id
+    assert len({a.task_id, TaskKey("o", 2, "u").task_id, TaskKey("o", 1, "v").task_id,
+                TaskKey("o\x1f1", 1, "u").task_id}) == 4
+    assert str(a) == "o@1970-01-01T00:00:00.001000+00:00#u"
