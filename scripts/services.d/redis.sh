@@ -1,0 +1,56 @@
+# Redis from Debian's package, run as our own process (not the system service) so that
+# tests get a known configuration: loopback only, no persistence.
+# Sourced by scripts/services.
+
+REDIS_PORT=${REDIS_PORT:-6379}
+
+redis_dir() { echo "$STATE_DIR/redis"; }
+
+redis_logfile() { echo "$(redis_dir)/redis.log"; }
+
+redis_install() {
+    command -v redis-server >/dev/null && return 0
+    log "installing redis-server from Debian"
+    if [[ $(id -u) -eq 0 ]]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    elif command -v sudo >/dev/null; then
+        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    fi
+    command -v redis-server >/dev/null || die "redis-server is not installed and could not be installed (apt-get install redis-server)"
+}
+
+redis_start() {
+    local dir pidfile
+    dir=$(redis_dir)
+    pidfile=$dir/redis.pid
+    if is_pid_alive "$pidfile" && "$PY" "$SCRIPT_DIR/probe.py" redis >/dev/null 2>&1; then
+        log "redis already running (pid $(<"$pidfile"))"
+        return 0
+    fi
+    redis_install
+    mkdir -p "$dir"
+    # `--save ''` and `--appendonly no`: test data need not survive a restart.
+    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --daemonize yes \
+        --pidfile "$pidfile" --logfile "$(redis_logfile)" --dir "$dir" \
+        --save '' --appendonly no --protected-mode yes \
+        || die "redis-server failed to start (log: $(redis_logfile))"
+    # With --daemonize the pid file appears a moment after the command returns.
+    local i
+    for i in 1 2 3 4 5 6 7 8 9 10; do [[ -s $pidfile ]] && break; sleep 0.2; done
+    wait_ready redis 30 "$pidfile" "$(redis_logfile)"
+}
+
+redis_stop() { stop_pid redis "$(redis_dir)/redis.pid" 10; }
+
+redis_status() {
+    local pidfile out
+    pidfile=$(redis_dir)/redis.pid
+    if is_pid_alive "$pidfile" && out=$("$PY" "$SCRIPT_DIR/probe.py" redis 2>&1); then
+        echo "redis: running (pid $(<"$pidfile")) — $out"
+        return 0
+    fi
+    echo "redis: stopped"
+    return 1
+}
+
+redis_wipe() { rm -rf "$(redis_dir)"; }

@@ -1,0 +1,1 @@
+"""Celery applications that the tests run in real worker subprocesses."""
