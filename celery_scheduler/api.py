@@ -1,0 +1,351 @@
+"""The user-facing API: ``@scheduled_task`` and the handles its calls return.
+
+::
+
+    from celery_scheduler import scheduled_task
+
+    @scheduled_task(ordering_id="customer_id", uniqueness_key="reminder_kind")
+    @app.task
+    def send_reminder(customer_id: str, reminder_kind: str) -> None: ...
+
+    handle = send_reminder.schedule_in(3600, "customer-42", reminder_kind="trial-ends")
+    handle.status()   # pending, released, succeeded, failed or cancelled
+    handle.cancel()
+
+Naive datetimes are read in Celery's ``app.timezone`` (UTC unless the app sets
+``timezone``), as Celery reads a naive ``eta``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from celery_scheduler.client import SchedulerClient, get_client, now_ms
+from celery_scheduler.envelope import (
+    CELERY_OPTIONS,
+    CancelEnvelope,
+    RetryPolicy,
+    ScheduleEnvelope,
+    encode_arguments,
+)
+from celery_scheduler.errors import (
+    InvalidKeyError,
+    NotAScheduledTaskError,
+    ScheduleError,
+    ScheduleTimeError,
+)
+from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
+from celery_scheduler.store.base import TaskStatus
+from celery_scheduler.tasklog.base import Position
+
+__all__ = ["ScheduleHandle", "ScheduledTask", "constant", "registered", "scheduled_task"]
+
+
+@dataclass(frozen=True)
+class constant:
+    """A fixed ordering id or uniqueness key: ``@scheduled_task(ordering_id=constant("billing"))``."""
+
+    value: str
+
+
+# A key spec: a parameter name, a callable of the task's arguments, or a constant(...).
+KeySpec = str | Callable[..., Any] | constant
+
+# Scheduled task names, for the dispatcher's allowlist and the worker-side hooks.
+_REGISTRY: dict[str, ScheduledTask] = {}
+
+
+def registered() -> Mapping[str, ScheduledTask]:
+    """Return the scheduled tasks defined in this process, by Celery task name."""
+    return dict(_REGISTRY)
+
+
+def _resolver(spec: KeySpec | None, what: str, parameters: Sequence[str], task: str
+              ) -> Callable[[inspect.BoundArguments], Any] | None:
+    if spec is None:
+        return None
+    if isinstance(spec, constant):
+        value = check_key_part(spec.value, what)
+        return lambda bound: value
+    if isinstance(spec, str):
+        if spec not in parameters:
+            raise InvalidKeyError(
+                f"{what} {spec!r} of task {task} is not one of its parameters "
+                f"{list(parameters)}; name a parameter, pass a callable of the task's "
+                f"arguments, or use constant({spec!r}) for a fixed value"
+            )
+        return lambda bound: bound.arguments.get(spec)
+    if callable(spec):
+        return lambda bound: spec(*bound.args, **bound.kwargs)
+    raise InvalidKeyError(
+        f"{what} of task {task} must be a parameter name, a callable or constant(...), "
+        f"got {spec!r}"
+    )
+
+
+class ScheduleHandle:
+    """What a schedule call returns: the task key, and status/cancel for it."""
+
+    def __init__(self, client: SchedulerClient, envelope: ScheduleEnvelope,
+                 result: Position | Future[Position]) -> None:
+        self._client = client
+        self.envelope = envelope
+        self._result = result
+
+    @property
+    def key(self) -> TaskKey:
+        return self.envelope.key
+
+    @property
+    def task_id(self) -> str:
+        """The Celery task id the task will run with (shows in Flower and result backends)."""
+        return self.key.task_id
+
+    def wait(self, timeout: float | None = None) -> Position:
+        """Block until Kafka acknowledged the record (immediate for synchronous calls)."""
+        if isinstance(self._result, Future):
+            return self._result.result(timeout)
+        return self._result
+
+    def done(self) -> bool:
+        return not isinstance(self._result, Future) or self._result.done()
+
+    def status(self) -> TaskStatus | None:
+        """Current status from the schedule store; None until a dispatcher has stored it."""
+        return self._client.store.status(self.key)
+
+    def cancel(self) -> None:
+        """Ask for the task not to run; takes effect unless it was already released."""
+        self._client.publish(CancelEnvelope(self.key, now_ms()))
+
+    def __repr__(self) -> str:
+        return f"<ScheduleHandle {self.envelope.task} {self.key}>"
+
+
+class ScheduledTask:
+    """A Celery task that can also be scheduled; every other attribute is the task's own."""
+
+    def __init__(self, task: Any, *, ordering_id: KeySpec | None, uniqueness_key: KeySpec | None,
+                 retry: RetryPolicy | None) -> None:
+        self.task = task
+        self.name: str = task.name
+        try:
+            signature = inspect.signature(task.run)
+        except (TypeError, ValueError):  # some callables have no signature; bind loosely
+            signature = inspect.Signature([
+                inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+        self.signature = signature
+        parameters = list(signature.parameters)
+        self._ordering_id = _resolver(ordering_id, "ordering id", parameters, self.name)
+        self._uniqueness_key = _resolver(uniqueness_key, "uniqueness key", parameters, self.name)
+        self._retry = retry
+
+    # --- Celery behaviour is unchanged ---------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.task(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def __repr__(self) -> str:
+        return f"<@scheduled_task {self.name}>"
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    @property
+    def client(self) -> SchedulerClient:
+        return get_client(self.task._get_app())
+
+    def schedule_at(self, when: dt.datetime, *args: Any, **kwargs: Any) -> ScheduleHandle:
+        """Run ``task(*args, **kwargs)`` at *when*; returns once Kafka acknowledged the call.
+
+        >>> send_reminder.schedule_at(datetime(2030, 1, 1, tzinfo=timezone.utc),  # doctest: +SKIP
+        ...                           "customer-42", reminder_kind="new-year")
+        <ScheduleHandle proj.tasks.send_reminder customer-42@2030-01-01T00:00:00+00:00#new-year>
+        """
+        return self.schedule(args, kwargs, at=when)
+
+    def schedule_in(self, delay: float | dt.timedelta, *args: Any, **kwargs: Any
+                    ) -> ScheduleHandle:
+        """Run ``task(*args, **kwargs)`` after *delay* (seconds or a timedelta)."""
+        return self.schedule(args, kwargs, countdown=delay)
+
+    def schedule(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+                 *, at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
+                 ordering_id: str | None = None, uniqueness_key: str | None = None,
+                 retry: RetryPolicy | None = None, wait: bool = True, **options: Any
+                 ) -> ScheduleHandle:
+        """The ``apply_async``-style form, with explicit arguments, keys and Celery options.
+
+        Exactly one of *at* and *countdown* is required. *ordering_id* and *uniqueness_key*
+        override the decorator's. Other keyword arguments are Celery options used at release
+        (``queue``, ``routing_key``, ``exchange``, ``priority``, ``time_limit``,
+        ``soft_time_limit``, ``expires``, ``headers``, ``shadow``). With ``wait=False`` the
+        call returns at once; ``handle.wait()`` or ``flush(app)`` waits for Kafka.
+
+        >>> send_reminder.schedule(("customer-42",), {"reminder_kind": "x"},  # doctest: +SKIP
+        ...                        countdown=60, queue="mail", wait=False)
+        """
+        client = self.client
+        envelope = self.build(args or (), kwargs or {}, at=at, countdown=countdown,
+                              ordering_id=ordering_id, uniqueness_key=uniqueness_key,
+                              retry=retry, options=options, client=client)
+        return ScheduleHandle(client, envelope, client.publish(envelope, wait=wait))
+
+    def build(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+              at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
+              ordering_id: str | None = None, uniqueness_key: str | None = None,
+              retry: RetryPolicy | None = None, options: Mapping[str, Any] | None = None,
+              client: SchedulerClient | None = None) -> ScheduleEnvelope:
+        """Validate a call and return its envelope without publishing it."""
+        client = client or self.client
+        settings = client.settings
+        current = now_ms()
+        scheduled_ms = self._scheduled_ms(at, countdown, current)
+        if scheduled_ms < current - settings.grace_seconds * 1000:
+            raise ScheduleTimeError(
+                f"scheduled time {TaskKey('', scheduled_ms, '').scheduled_at.isoformat()} is "
+                f"{(current - scheduled_ms) / 1000:.1f}s in the past, beyond the grace window "
+                f"of {settings.grace_seconds}s (scheduler_grace_seconds); check the clock or "
+                "the timezone of a naive datetime"
+            )
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ScheduleError(f"arguments do not match task {self.name}: {exc}") from None
+        bound.apply_defaults()
+        encoded_args, encoded_kwargs = encode_arguments(args, kwargs)
+        ordering = ordering_id if ordering_id is not None else (
+            self._ordering_id(bound) if self._ordering_id else None)
+        if ordering is None:
+            raise InvalidKeyError(
+                f"task {self.name} was scheduled without an ordering id; pass ordering_id= "
+                "to @scheduled_task or to schedule()"
+            )
+        ordering = check_key_part(ordering, "ordering id")
+        if uniqueness_key is not None:
+            unique = check_key_part(uniqueness_key, "uniqueness key")
+        elif self._uniqueness_key is not None:
+            unique = check_key_part(self._uniqueness_key(bound), "uniqueness key")
+        else:
+            # digest the bound form, so f(7, 100) and f(7, amount=100) are the same call
+            unique = _call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
+        return ScheduleEnvelope(
+            key=TaskKey(ordering, scheduled_ms, unique), task=self.name, args=encoded_args,
+            kwargs=encoded_kwargs, options=_check_options(options or {}),
+            retry=retry or self._retry or settings.retry_policy, enqueued_ms=current)
+
+    def _scheduled_ms(self, at: Any, countdown: Any, current: int) -> int:
+        if (at is None) == (countdown is None):
+            raise ScheduleTimeError("give exactly one of at= (a datetime) and countdown= (a delay)")
+        if at is not None:
+            return to_epoch_ms(at, self.task._get_app().timezone)
+        seconds = countdown.total_seconds() if isinstance(countdown, dt.timedelta) else countdown
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds:
+            raise ScheduleTimeError(
+                f"delay must be seconds or a timedelta, got {type(countdown).__name__} {countdown!r}"
+            )
+        return current + int(seconds * 1000)
+
+    def cancel(self, key: TaskKey) -> None:
+        """Cancel the pending task with *key* (from ``handle.key`` or a status listing)."""
+        self.client.publish(CancelEnvelope(key, now_ms()))
+
+
+def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    for name, value in options.items():
+        kinds = CELERY_OPTIONS.get(name)
+        if kinds is None:
+            raise ScheduleError(
+                f"unsupported Celery option {name!r}; scheduled tasks accept "
+                + ", ".join(sorted(CELERY_OPTIONS))
+            )
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise ScheduleError(
+                f"Celery option {name}={value!r} should be "
+                + " or ".join(kind.__name__ for kind in kinds)
+            )
+    checked = dict(options)
+    if "headers" in checked:
+        checked["headers"] = encode_arguments((), checked["headers"])[1]
+    return checked
+
+
+def _call_digest(task: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    # The default uniqueness key: the same call scheduled twice for the same time is the
+    # same task key (idempotent re-enqueueing), while different calls never collide.
+    canonical = json.dumps([task, args, kwargs], sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False)
+    return "call-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
+                   uniqueness_key: KeySpec | None = None, max_attempts: int | None = None,
+                   retry_backoff: float | None = None, retry_backoff_max: float | None = None
+                   ) -> Any:
+    """Make an existing Celery task schedulable, in order per ordering id.
+
+    *ordering_id* and *uniqueness_key* are each the name of a task parameter, a callable
+    taking the task's arguments, or ``constant("...")``. Without *uniqueness_key* the key
+    is a digest of the call's arguments. The retry settings override the app's
+    ``scheduler_max_attempts`` / ``scheduler_retry_backoff`` / ``scheduler_retry_backoff_max``.
+
+    >>> @scheduled_task(ordering_id="customer_id")  # doctest: +SKIP
+    ... @app.task
+    ... def charge(customer_id: str, cents: int) -> None: ...
+    """
+
+    def decorate(celery_task: Any) -> ScheduledTask:
+        if isinstance(celery_task, ScheduledTask):
+            raise NotAScheduledTaskError(f"{celery_task!r} is already a scheduled task")
+        if not (hasattr(celery_task, "name") and hasattr(celery_task, "run")
+                and hasattr(celery_task, "_get_app")):
+            raise NotAScheduledTaskError(
+                f"@scheduled_task decorates a Celery task, got {celery_task!r}; put it above "
+                "@app.task or @shared_task"
+            )
+        retry = None
+        if (max_attempts, retry_backoff, retry_backoff_max) != (None, None, None):
+            defaults = RetryPolicy()
+            try:
+                retry = RetryPolicy(
+                    max_attempts if max_attempts is not None else defaults.max_attempts,
+                    retry_backoff if retry_backoff is not None else defaults.backoff,
+                    retry_backoff_max if retry_backoff_max is not None else defaults.backoff_max)
+            except ValueError as exc:
+                raise ScheduleError(f"retry settings of {celery_task.name}: {exc}") from None
+        wrapped = ScheduledTask(celery_task, ordering_id=ordering_id,
+                                uniqueness_key=uniqueness_key, retry=retry)
+        _REGISTRY[wrapped.name] = wrapped
+        return wrapped
+
+    return decorate(task) if task is not None else decorate
+
+
+def as_scheduled(task: Any) -> ScheduledTask:
+    """Return *task* as a ScheduledTask, or raise NotAScheduledTaskError."""
+    if isinstance(task, ScheduledTask):
+        return task
+    name = getattr(task, "name", None)
+    if isinstance(name, str) and name in _REGISTRY:
+        return _REGISTRY[name]
+    raise NotAScheduledTaskError(
+        f"{task!r} is not a scheduled task; decorate it with @scheduled_task(ordering_id=...)"
+    )
+
+
+def flush(app: Any, timeout: float | None = None) -> int:
+    """Wait until every ``wait=False`` schedule call of *app* is acknowledged by Kafka."""
+    return get_client(app).flush(timeout)
+
+
+__all__ += ["KeySpec", "as_scheduled", "flush"]

@@ -1,0 +1,119 @@
+"""The ``celery scheduler`` sub-command, registered through the ``celery.commands`` entry point.
+
+::
+
+    celery -A proj scheduler init                  # create the Kafka topic and Cassandra schema
+    celery -A proj scheduler status ORDERING_ID AT UNIQUENESS_KEY
+    celery -A proj scheduler cancel ORDERING_ID AT UNIQUENESS_KEY
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from typing import Any
+
+import click
+
+from celery_scheduler.client import get_client, now_ms, open_store
+from celery_scheduler.config import get_settings
+from celery_scheduler.envelope import CancelEnvelope
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
+
+__all__ = ["scheduler"]
+
+
+def _app(ctx: click.Context) -> Any:
+    app = getattr(ctx.obj, "app", None)
+    if app is None:
+        raise click.UsageError("run it as `celery -A <your app> scheduler ...`")
+    return app
+
+
+def _fail(exc: SchedulerError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
+def _key(ordering_id: str, at: str, uniqueness_key: str) -> TaskKey:
+    try:
+        when = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{at!r} is not an ISO 8601 time", param_hint="AT") from None
+    try:
+        return TaskKey(check_key_part(ordering_id, "ordering id"),
+                       to_epoch_ms(when, dt.timezone.utc),
+                       check_key_part(uniqueness_key, "uniqueness key"))
+    except SchedulerError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.group(name="scheduler")
+@click.pass_context
+def scheduler(ctx: click.Context) -> None:
+    """Durable, ordered scheduling of one-off tasks (celery_scheduler)."""
+
+
+@scheduler.command()
+@click.option("--partitions", type=int, default=None,
+              help="partitions of a new topic (default: scheduler_kafka_partitions)")
+@click.option("--replication-factor", type=int, default=None,
+              help="replication factor of a new topic (default: scheduler_kafka_replication_factor)")
+@click.pass_context
+def init(ctx: click.Context, partitions: int | None, replication_factor: int | None) -> None:
+    """Create the Kafka topic and the Cassandra keyspace and tables (idempotent)."""
+    from confluent_kafka.admin import AdminClient
+
+    from celery_scheduler.tasklog.kafka import client_config, create_topic, topic_partitions
+
+    settings = get_settings(_app(ctx))
+    try:
+        created = create_topic(
+            settings.kafka_bootstrap_servers, settings.kafka_options, settings.kafka_topic,
+            partitions or settings.kafka_partitions,
+            replication_factor or settings.kafka_replication_factor)
+        admin = AdminClient(client_config(settings.kafka_bootstrap_servers, settings.kafka_options))
+        count = topic_partitions(admin, settings.kafka_topic, settings.kafka_produce_timeout)
+        click.echo(f"kafka topic {settings.kafka_topic}: "
+                   f"{'created' if created else 'exists'}, {count} partitions")
+        with open_store(settings) as store:
+            store.create_schema()
+        click.echo(f"cassandra keyspace {settings.cassandra_keyspace}: schema ready")
+    except SchedulerError as exc:
+        _fail(exc)
+
+
+@scheduler.command()
+@click.argument("ordering_id")
+@click.argument("at")
+@click.argument("uniqueness_key")
+@click.pass_context
+def status(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -> None:
+    """Show the status of the task key (AT is ISO 8601, UTC if no offset is given)."""
+    key = _key(ordering_id, at, uniqueness_key)
+    try:
+        found = get_client(_app(ctx)).store.status(key)
+    except SchedulerError as exc:
+        _fail(exc)
+    if found is None:
+        click.echo(f"{key}: unknown (never stored, or its status expired)")
+        sys.exit(3)
+    click.echo(f"{key}: {found.state.value}, task {found.task}, partition {found.partition}, "
+               f"attempts {found.attempts}"
+               + (f", last error: {found.last_error}" if found.last_error else ""))
+
+
+@scheduler.command()
+@click.argument("ordering_id")
+@click.argument("at")
+@click.argument("uniqueness_key")
+@click.pass_context
+def cancel(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -> None:
+    """Cancel the pending task key (AT is ISO 8601, UTC if no offset is given)."""
+    key = _key(ordering_id, at, uniqueness_key)
+    try:
+        get_client(_app(ctx)).publish(CancelEnvelope(key, now_ms()))
+    except SchedulerError as exc:
+        _fail(exc)
+    click.echo(f"{key}: cancel requested")

@@ -1,0 +1,118 @@
+"""The per-app client that schedule calls go through: settings, task log and store.
+
+One client is cached on each Celery app. It opens the Kafka producer on first use and again
+after a fork (librdkafka's threads do not survive ``fork()``, so a prefork worker or a
+preloading web server gets a fresh producer in each child), and Cassandra only when a
+status is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from celery_scheduler.config import Settings, get_settings
+from celery_scheduler.envelope import Envelope, encode
+from celery_scheduler.store.base import ScheduleStore
+from celery_scheduler.tasklog.base import Position, TaskLog
+
+__all__ = ["SchedulerClient", "get_client"]
+
+_CLIENT_ATTRIBUTE = "_celery_scheduler_client"
+_client_lock = threading.Lock()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class SchedulerClient:
+    """Publishes envelopes for one Celery app and answers status queries."""
+
+    def __init__(self, settings: Settings, *, task_log: TaskLog | None = None,
+                 store: ScheduleStore | None = None) -> None:
+        self.settings = settings
+        self._task_log = task_log
+        self._store = store
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def task_log(self) -> TaskLog:
+        with self._lock:
+            if self._task_log is None or self._pid != os.getpid():
+                from celery_scheduler.tasklog.kafka import KafkaTaskLog
+
+                s = self.settings
+                self._task_log = KafkaTaskLog(
+                    s.kafka_bootstrap_servers, s.kafka_topic, timeout=s.kafka_produce_timeout,
+                    max_message_bytes=s.max_envelope_bytes, options=s.kafka_options)
+                self._pid = os.getpid()
+            return self._task_log
+
+    @property
+    def store(self) -> ScheduleStore:
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(self.settings)
+            return self._store
+
+    def encode(self, envelope: Envelope) -> bytes:
+        return encode(envelope, self.settings.max_envelope_bytes)
+
+    def publish(self, envelope: Envelope, wait: bool = True) -> Any:
+        """Publish *envelope* keyed by its ordering id; a Position, or a future if not *wait*."""
+        data = self.encode(envelope)
+        if wait:
+            return self.task_log.publish(envelope.key.ordering_id, data,
+                                         timeout=self.settings.kafka_produce_timeout)
+        return self.task_log.publish_async(envelope.key.ordering_id, data)
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait for records published with ``wait=False``; return how many are still pending."""
+        return 0 if self._task_log is None else self._task_log.flush(timeout)
+
+    def close(self) -> None:
+        if self._task_log is not None and self._pid == os.getpid():
+            self._task_log.close()
+        if self._store is not None:
+            self._store.close()
+        self._task_log = self._store = None
+
+
+def open_store(settings: Settings) -> ScheduleStore:
+    """Connect to the Cassandra schedule store that *settings* describe."""
+    from celery_scheduler.store.cassandra import CassandraScheduleStore
+
+    s = settings
+    return CassandraScheduleStore(
+        s.cassandra_contact_points, s.cassandra_keyspace, port=s.cassandra_port,
+        replication=dict(s.cassandra_replication), consistency=s.cassandra_consistency,
+        serial_consistency=s.cassandra_serial_consistency,
+        bucket_seconds=s.bucket_seconds, status_ttl=s.status_ttl,
+        username=s.cassandra_username, password=s.cassandra_password,
+        use_ssl=s.cassandra_ssl, request_timeout=s.cassandra_request_timeout)
+
+
+def get_client(app: Any) -> SchedulerClient:
+    """Return the scheduler client of Celery *app*, creating it on first use."""
+    client = getattr(app, _CLIENT_ATTRIBUTE, None)
+    if client is None:
+        with _client_lock:
+            client = getattr(app, _CLIENT_ATTRIBUTE, None)
+            if client is None:
+                client = SchedulerClient(get_settings(app))
+                setattr(app, _CLIENT_ATTRIBUTE, client)
+    return client
+
+
+def set_client(app: Any, client: SchedulerClient | None) -> SchedulerClient | None:
+    """Replace the app's client (used by the testing helper); return the previous one."""
+    previous = getattr(app, _CLIENT_ATTRIBUTE, None)
+    setattr(app, _CLIENT_ATTRIBUTE, client)
+    return previous
+
+
+__all__ += ["Position", "now_ms", "open_store", "set_client"]

@@ -1,0 +1,192 @@
+"""The schedule store interface and the records it returns.
+
+Pending tasks live in rows keyed by (Kafka partition, time bucket) and clustered by
+(time, ordering id, uniqueness key); a bucket index lists the buckets of a partition that
+may hold rows. A row written for a time already past goes to the bucket of "now minus one"
+instead of its own, and index entries are removed only for buckets at least two buckets
+old, so a row is never written into a bucket that a dispatcher already dropped from the
+index. A row's bucket is recorded in its status, so it can be found again.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.keys import TaskKey
+
+__all__ = ["Cursor", "Lease", "ScheduleStore", "State", "StoredTask", "TaskStatus", "bucket_of",
+           "write_bucket"]
+
+
+class State(str, enum.Enum):
+    """Lifecycle of a task key."""
+
+    PENDING = "pending"
+    RELEASED = "released"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """A finished (succeeded or failed) key never runs again."""
+        return self in (State.SUCCEEDED, State.FAILED)
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """What the store knows about one task key."""
+
+    key: TaskKey
+    state: State
+    task: str
+    partition: int
+    attempts: int = 0
+    last_error: str | None = None
+    updated_ms: int = 0
+    bucket: int | None = None
+    outcome: str | None = None  # "succeeded"/"failed", written by the worker
+    outcome_attempt: int = 0  # which release the outcome belongs to
+
+
+@dataclass(frozen=True)
+class StoredTask:
+    """A pending task as stored, with its dispatch state."""
+
+    partition: int
+    bucket: int
+    envelope: ScheduleEnvelope
+    attempts: int = 0
+    not_before_ms: int = 0
+    lease_until_ms: int = 0
+    blocked: bool = False
+
+    @property
+    def key(self) -> TaskKey:
+        return self.envelope.key
+
+    @property
+    def position(self) -> Cursor:
+        key = self.envelope.key
+        return Cursor(self.bucket, key.scheduled_ms, key.ordering_id, key.uniqueness_key)
+
+
+@dataclass(frozen=True, order=True)
+class Cursor:
+    """A position in a partition's schedule: rows are read in (bucket, at, ids) order."""
+
+    bucket: int
+    at_ms: int = -1
+    ordering_id: str = ""
+    uniqueness_key: str = ""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Ownership of a partition: only the holder of the newest epoch may release from it."""
+
+    partition: int
+    owner: str
+    epoch: int
+    expires_ms: int
+
+
+def bucket_of(scheduled_ms: int, bucket_seconds: int) -> int:
+    """The time bucket a scheduled time falls in (buckets are *bucket_seconds* wide)."""
+    return scheduled_ms // (bucket_seconds * 1000)
+
+
+def write_bucket(scheduled_ms: int, now_ms: int, bucket_seconds: int) -> int:
+    """The bucket a row is written to: its own, or "now minus one" if that one is older."""
+    return max(bucket_of(scheduled_ms, bucket_seconds), bucket_of(now_ms, bucket_seconds) - 1)
+
+
+def droppable(bucket: int, now_ms: int, bucket_seconds: int) -> bool:
+    """Whether an empty bucket may leave the index: no writer will use it again."""
+    return bucket < bucket_of(now_ms, bucket_seconds) - 2
+
+
+class ScheduleStore(abc.ABC):
+    """Persists pending tasks by (partition, time), task status by key, and partition leases."""
+
+    bucket_seconds: int
+
+    @abc.abstractmethod
+    def create_schema(self) -> None:
+        """Create the keyspace and tables if they do not exist (idempotent)."""
+
+    # --- the schedule call's side (dispatcher ingest) ----------------------------------------
+
+    @abc.abstractmethod
+    def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
+        """Store a pending task (overwriting the same key); None if the key already finished."""
+
+    @abc.abstractmethod
+    def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
+        """Remove a pending (or blocked) task and mark it cancelled; False if there was none."""
+
+    @abc.abstractmethod
+    def status(self, key: TaskKey) -> TaskStatus | None:
+        """Return the status of *key*, or None if the store never saw it."""
+
+    # --- loading ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]:
+        """Indexed buckets of *partition* between *first* and *last* (inclusive), ascending."""
+
+    @abc.abstractmethod
+    def read(self, partition: int, after: Cursor, limit: int, inclusive: bool = False
+             ) -> list[StoredTask]:
+        """Rows of bucket ``after.bucket`` past *after* (or at it, if *inclusive*), in order."""
+
+    @abc.abstractmethod
+    def drop_bucket(self, partition: int, bucket: int) -> None:
+        """Remove an empty bucket from the index."""
+
+    # --- release and completion ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
+        """Record that *task* was released for the *attempt*-th time, leased until a time."""
+
+    @abc.abstractmethod
+    def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
+                   now_ms: int) -> None:
+        """Record a failed attempt; the task is pending again from *not_before_ms*."""
+
+    @abc.abstractmethod
+    def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
+               keep_row: bool = False) -> None:
+        """Mark *task* finished (succeeded/failed); delete its row unless *keep_row* (blocked)."""
+
+    @abc.abstractmethod
+    def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
+                       now_ms: int) -> None:
+        """The worker's report of one attempt (the dispatcher acts on it)."""
+
+    # --- partition leases ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def acquire_lease(self, partition: int, owner: str, ttl_ms: int, now_ms: int) -> Lease | None:
+        """Take *partition* if it is free, expired or already ours; None if someone holds it."""
+
+    @abc.abstractmethod
+    def renew_lease(self, lease: Lease, ttl_ms: int, now_ms: int) -> Lease | None:
+        """Extend *lease*; None if it was lost (another owner took the partition)."""
+
+    @abc.abstractmethod
+    def release_lease(self, lease: Lease) -> None:
+        """Give *lease* up so the next owner need not wait for it to expire."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self) -> ScheduleStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,362 @@
+"""The schedule store on Apache Cassandra, through cassandra-driver.
+
+Writes use ``scheduler_cassandra_consistency`` (LOCAL_QUORUM by default), so an
+acknowledged write survives the loss of a replica. cassandra-driver exceptions are
+translated into :mod:`celery_scheduler.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import ssl
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from cassandra import (
+    ConsistencyLevel,
+    DriverException,
+    InvalidRequest,
+    OperationTimedOut,
+    ReadTimeout,
+    Unavailable,
+    WriteTimeout,
+)
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
+from cassandra.query import BatchStatement, BatchType
+
+from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
+from celery_scheduler.errors import (
+    ConfigurationError,
+    EnvelopeDecodeError,
+    ScheduleStoreError,
+    SchemaMissingError,
+    StoreUnavailableError,
+)
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import (
+    Cursor,
+    Lease,
+    ScheduleStore,
+    State,
+    StoredTask,
+    TaskStatus,
+    write_bucket,
+)
+from celery_scheduler.store.schema import check_identifier, keyspace_statements
+
+__all__ = ["CassandraScheduleStore", "translate_errors"]
+
+logger = logging.getLogger(__name__)
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def _ms(value: dt.datetime | None) -> int:
+    if value is None:
+        return 0
+    delta = value.replace(tzinfo=None) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _ts(ms: int) -> dt.datetime:
+    return _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+@contextlib.contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Turn cassandra-driver exceptions raised inside the block into ScheduleStoreErrors."""
+    try:
+        yield
+    except (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, WriteTimeout) as exc:
+        raise StoreUnavailableError(f"Cassandra could not {what}: {exc}") from exc
+    except InvalidRequest as exc:
+        message = str(exc)
+        if "does not exist" in message or "unconfigured table" in message.lower():
+            raise SchemaMissingError(
+                f"the scheduler's Cassandra schema is missing ({message}); create it with "
+                "`celery -A <your app> scheduler init`"
+            ) from exc
+        raise ScheduleStoreError(f"Cassandra rejected a request to {what}: {message}") from exc
+    except DriverException as exc:
+        raise ScheduleStoreError(f"Cassandra could not {what}: {exc}") from exc
+
+
+_DELETE_ROW = ("DELETE FROM {ks}.schedule WHERE partition = ? AND bucket = ? AND at = ?"
+               " AND ordering_id = ? AND unique_key = ?")
+# A finished task's whole status row is written again so that all of it expires together.
+_FINAL_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
+                 " bucket, attempts, last_error, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                 " USING TTL ?")
+
+
+def _consistency(name: str) -> int:
+    level = ConsistencyLevel.name_to_value.get(name.upper())
+    if level is None:
+        raise ConfigurationError(
+            f"unknown Cassandra consistency level {name!r}; use one of "
+            + ", ".join(sorted(ConsistencyLevel.name_to_value))
+        )
+    return int(level)
+
+
+class CassandraScheduleStore(ScheduleStore):
+    """Pending tasks and task status in one Cassandra keyspace."""
+
+    def __init__(self, contact_points: Sequence[str], keyspace: str, *, port: int = 9042,
+                 replication: dict[str, Any] | None = None, consistency: str = "LOCAL_QUORUM",
+                 serial_consistency: str = "LOCAL_SERIAL",
+                 bucket_seconds: int = 60, status_ttl: int = 7 * 24 * 3600,
+                 username: str | None = None, password: str | None = None,
+                 use_ssl: bool = False, request_timeout: float = 10.0) -> None:
+        self.keyspace = check_identifier(keyspace, "keyspace")
+        self.replication = replication or {"class": "SimpleStrategy", "replication_factor": 1}
+        self.bucket_seconds = bucket_seconds
+        self.status_ttl = status_ttl
+        self._consistency = _consistency(consistency)
+        self._serial = _consistency(serial_consistency)
+        auth = PlainTextAuthProvider(username, password) if username else None
+        ssl_context = ssl.create_default_context() if use_ssl else None
+        profile = ExecutionProfile(consistency_level=self._consistency,
+                                   serial_consistency_level=self._serial,
+                                   request_timeout=request_timeout)
+        self._cluster = Cluster(list(contact_points), port=port, auth_provider=auth,
+                                ssl_context=ssl_context, connect_timeout=request_timeout,
+                                execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+        with translate_errors("connect"):
+            self._session: Session = self._cluster.connect()
+        self._prepared: dict[str, Any] = {}
+
+    def _prepare(self, cql: str) -> Any:
+        statement = self._prepared.get(cql)
+        if statement is None:
+            with translate_errors("prepare a statement"):
+                statement = self._session.prepare(cql.format(ks=self.keyspace))
+            statement.consistency_level = self._consistency
+            self._prepared[cql] = statement
+        return statement
+
+    def create_schema(self) -> None:
+        with translate_errors("create the schema"):
+            for statement in keyspace_statements(self.keyspace, self.replication):
+                self._session.execute(statement, timeout=60)
+            self._cluster.control_connection.wait_for_schema_agreement()
+
+    def _execute(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:
+        with translate_errors(what):
+            return self._session.execute(self._prepare(cql), params)
+
+    def _batch(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        batch = BatchStatement(batch_type=BatchType.LOGGED, consistency_level=self._consistency)
+        for cql, params in statements:
+            batch.add(self._prepare(cql), params)
+        with translate_errors(what):
+            self._session.execute(batch)
+
+    @staticmethod
+    def _pk(key: TaskKey) -> tuple[str, dt.datetime, str]:
+        return (key.ordering_id, _ts(key.scheduled_ms), key.uniqueness_key)
+
+    def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
+        key = envelope.key
+        current = self.status(key)
+        if current is not None and current.state.finished:
+            logger.info("not scheduling %s again: it already %s", key, current.state.value)
+            return None
+        if current is not None and current.state is State.RELEASED:
+            logger.info("not rescheduling %s: it is running", key)
+            return None
+        bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        if current is not None and current.state is State.PENDING and current.bucket is not None:
+            if current.bucket >= bucket:
+                bucket = current.bucket
+            else:
+                statements.append((_DELETE_ROW, (current.partition, current.bucket, _ts(key.scheduled_ms),
+                                                 key.ordering_id, key.uniqueness_key)))
+        statements += [
+            ("INSERT INTO {ks}.schedule (partition, bucket, at, ordering_id, unique_key, task,"
+             " envelope, attempts, not_before, lease_until, blocked)"
+             " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, false)",
+             (partition, bucket, _ts(key.scheduled_ms), key.ordering_id, key.uniqueness_key,
+              envelope.task, encode(envelope))),
+            ("INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?, ?)", (partition, bucket)),
+            ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition, bucket,"
+             " attempts, last_error, outcome, outcome_attempt, updated_at)"
+             " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, 0, ?)",
+             (*self._pk(key), State.PENDING.value, envelope.task, partition, bucket, _ts(now_ms))),
+        ]
+        self._batch(f"store task {key}", statements)
+        return StoredTask(partition, bucket, envelope)
+
+    def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
+        current = self.status(key)
+        if current is None or current.bucket is None or current.state not in (State.PENDING,
+                                                                                State.FAILED):
+            return False
+        row_pk = (current.partition, current.bucket, _ts(key.scheduled_ms), key.ordering_id,
+                  key.uniqueness_key)
+        if current.state is State.FAILED:  # only a task blocked after its last attempt
+            row = self._execute(f"read task {key}", "SELECT blocked FROM {ks}.schedule WHERE partition = ?"
+                                " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
+                                row_pk).one()
+            if row is None:
+                return False
+        self._batch(f"cancel task {key}", [
+            (_DELETE_ROW, row_pk),
+            (_FINAL_STATUS, (*self._pk(key), State.CANCELLED.value, current.task, current.partition,
+                             current.bucket, current.attempts, current.last_error, _ts(now_ms),
+                             self.status_ttl)),
+        ])
+        return True
+
+    def status(self, key: TaskKey) -> TaskStatus | None:
+        row = self._execute(
+            f"read the status of {key}",
+            "SELECT state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
+            " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?",
+            self._pk(key)).one()
+        if row is None or row.state is None:
+            return None
+        return TaskStatus(key, State(row.state), row.task, row.partition, row.attempts or 0,
+                          row.last_error, _ms(row.updated_at), row.bucket, row.outcome,
+                          row.outcome_attempt or 0)
+
+    def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]:
+        rows = self._execute(
+            f"list buckets of partition {partition}",
+            "SELECT bucket FROM {ks}.schedule_buckets WHERE partition = ? AND bucket >= ?"
+            " AND bucket <= ? LIMIT ?", (partition, first, last, limit))
+        return [row.bucket for row in rows]
+
+    def read(self, partition: int, after: Cursor, limit: int, inclusive: bool = False
+             ) -> list[StoredTask]:
+        operator = ">=" if inclusive else ">"
+        rows = self._execute(
+            f"read bucket {after.bucket} of partition {partition}",
+            "SELECT at, ordering_id, unique_key, envelope, attempts, not_before, lease_until, blocked"
+            " FROM {ks}.schedule WHERE partition = ? AND bucket = ?"
+            f" AND (at, ordering_id, unique_key) {operator} (?, ?, ?) LIMIT ?",
+            (partition, after.bucket, _ts(after.at_ms),
+             after.ordering_id, after.uniqueness_key, limit))
+        found: list[StoredTask] = []
+        for row in rows:
+            try:
+                envelope = decode(row.envelope) if row.envelope is not None else None
+            except EnvelopeDecodeError:
+                envelope = None
+            if not isinstance(envelope, ScheduleEnvelope):
+                # a row left behind by a dispatch update racing a cancel or completion
+                logger.warning("removing an incomplete schedule row %s/%s at %s", row.ordering_id,
+                               row.unique_key, row.at)
+                self._execute("remove an incomplete row", _DELETE_ROW,
+                              (partition, after.bucket, row.at, row.ordering_id, row.unique_key))
+                continue
+            found.append(StoredTask(partition, after.bucket, envelope, row.attempts or 0,
+                                    _ms(row.not_before), _ms(row.lease_until), bool(row.blocked)))
+        return found
+
+    def drop_bucket(self, partition: int, bucket: int) -> None:
+        self._execute(f"drop bucket {bucket} of partition {partition}",
+                      "DELETE FROM {ks}.schedule_buckets WHERE partition = ? AND bucket = ?",
+                      (partition, bucket))
+
+    def _row_pk(self, task: StoredTask) -> tuple[Any, ...]:
+        key = task.key
+        return (task.partition, task.bucket, _ts(key.scheduled_ms), key.ordering_id, key.uniqueness_key)
+
+    def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
+        self._batch(f"mark {task.key} released", [
+            ("UPDATE {ks}.schedule SET attempts = ?, lease_until = ? WHERE partition = ? AND bucket = ?"
+             " AND at = ? AND ordering_id = ? AND unique_key = ?",
+             (attempt, _ts(lease_until_ms), *self._row_pk(task))),
+            ("UPDATE {ks}.task_status SET state = ?, attempts = ?, updated_at = ?"
+             " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
+             (State.RELEASED.value, attempt, _ts(now_ms), *self._pk(task.key))),
+        ])
+
+    def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
+                   now_ms: int) -> None:
+        self._batch(f"schedule a retry of {task.key}", [
+            ("UPDATE {ks}.schedule SET attempts = ?, not_before = ?, lease_until = null"
+             " WHERE partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
+             (attempts, _ts(not_before_ms), *self._row_pk(task))),
+            ("UPDATE {ks}.task_status SET state = ?, attempts = ?, last_error = ?, updated_at = ?"
+             " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
+             (State.PENDING.value, attempts, error, _ts(now_ms), *self._pk(task.key))),
+        ])
+
+    def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
+               keep_row: bool = False) -> None:
+        row: tuple[str, tuple[Any, ...]] = (
+            ("UPDATE {ks}.schedule SET blocked = true, lease_until = null WHERE partition = ?"
+             " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?", self._row_pk(task))
+            if keep_row else (_DELETE_ROW, self._row_pk(task)))
+        current = self.status(task.key)
+        last_error = error if error is not None else (current.last_error if current else None)
+        self._batch(f"mark {task.key} {state.value}", [
+            row,
+            (_FINAL_STATUS, (*self._pk(task.key), state.value, task.envelope.task, task.partition,
+                             task.bucket, task.attempts, last_error, _ts(now_ms),
+                             self.status_ttl if not keep_row else 0)),
+        ])
+
+    def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
+                       now_ms: int) -> None:
+        if succeeded:
+            self._execute(f"record the outcome of {key}",
+                          "UPDATE {ks}.task_status USING TTL ? SET state = ?, outcome = ?,"
+                          " outcome_attempt = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
+                          " AND unique_key = ?",
+                          (self.status_ttl, State.SUCCEEDED.value, "succeeded", attempt, _ts(now_ms),
+                           *self._pk(key)))
+        else:
+            self._execute(f"record the outcome of {key}",
+                          "UPDATE {ks}.task_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
+                          " last_error = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
+                          " AND unique_key = ?",
+                          (self.status_ttl, "failed", attempt, error, _ts(now_ms), *self._pk(key)))
+
+    def _lwt(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:
+        statement = self._prepare(cql)
+        statement.serial_consistency_level = self._serial
+        with translate_errors(what):
+            return self._session.execute(statement, params)
+
+    def acquire_lease(self, partition: int, owner: str, ttl_ms: int, now_ms: int) -> Lease | None:
+        current = self._lwt(f"read the lease of partition {partition}",
+                            "SELECT owner, epoch, expires_at FROM {ks}.partition_lease WHERE partition = ?",
+                            (partition,)).one()
+        expires = now_ms + ttl_ms
+        if current is None:
+            applied = self._lwt(f"take partition {partition}",
+                                "INSERT INTO {ks}.partition_lease (partition, owner, epoch, expires_at)"
+                                " VALUES (?, ?, 1, ?) IF NOT EXISTS",
+                                (partition, owner, _ts(expires))).was_applied
+            return Lease(partition, owner, 1, expires) if applied else None
+        if current.owner != owner and _ms(current.expires_at) > now_ms:
+            return None
+        epoch = (current.epoch or 0) + 1
+        applied = self._lwt(f"take partition {partition}",
+                            "UPDATE {ks}.partition_lease SET owner = ?, epoch = ?, expires_at = ?"
+                            " WHERE partition = ? IF epoch = ?",
+                            (owner, epoch, _ts(expires), partition, current.epoch)).was_applied
+        return Lease(partition, owner, epoch, expires) if applied else None
+
+    def renew_lease(self, lease: Lease, ttl_ms: int, now_ms: int) -> Lease | None:
+        expires = now_ms + ttl_ms
+        applied = self._lwt(f"renew the lease of partition {lease.partition}",
+                            "UPDATE {ks}.partition_lease SET expires_at = ? WHERE partition = ?"
+                            " IF owner = ? AND epoch = ?",
+                            (_ts(expires), lease.partition, lease.owner, lease.epoch)).was_applied
+        return Lease(lease.partition, lease.owner, lease.epoch, expires) if applied else None
+
+    def release_lease(self, lease: Lease) -> None:
+        self._lwt(f"give up partition {lease.partition}",
+                  "UPDATE {ks}.partition_lease SET expires_at = ? WHERE partition = ?"
+                  " IF owner = ? AND epoch = ?", (_ts(0), lease.partition, lease.owner, lease.epoch))
+
+    def close(self) -> None:
+        self._cluster.shutdown()

@@ -1,0 +1,166 @@
+"""An in-process schedule store for unit tests and the testing helper."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import (
+    Cursor,
+    Lease,
+    ScheduleStore,
+    State,
+    StoredTask,
+    TaskStatus,
+    write_bucket,
+)
+
+__all__ = ["MemoryScheduleStore"]
+
+
+class MemoryScheduleStore(ScheduleStore):
+    """Same semantics as the Cassandra store, kept in dictionaries."""
+
+    def __init__(self, bucket_seconds: int = 60) -> None:
+        self.bucket_seconds = bucket_seconds
+        self._rows: dict[tuple[int, int], dict[TaskKey, StoredTask]] = {}
+        self._index: dict[int, set[int]] = {}
+        self._status: dict[TaskKey, TaskStatus] = {}
+        self._leases: dict[int, Lease] = {}
+        self._lock = threading.Lock()
+
+    def create_schema(self) -> None:
+        pass
+
+    def _set_row(self, task: StoredTask) -> None:
+        self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task
+        self._index.setdefault(task.partition, set()).add(task.bucket)
+
+    def _delete_row(self, partition: int, bucket: int | None, key: TaskKey) -> None:
+        if bucket is not None:
+            self._rows.get((partition, bucket), {}).pop(key, None)
+
+    def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
+        key = envelope.key
+        with self._lock:
+            current = self._status.get(key)
+            if current is not None and (current.state.finished or current.state is State.RELEASED):
+                return None
+            bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
+            if current is not None and current.state is State.PENDING and current.bucket is not None:
+                if current.bucket >= bucket:
+                    bucket = current.bucket
+                else:
+                    self._delete_row(current.partition, current.bucket, key)
+            task = StoredTask(partition, bucket, envelope)
+            self._set_row(task)
+            self._status[key] = TaskStatus(key, State.PENDING, envelope.task, partition, 0, None,
+                                           now_ms, bucket)
+            return task
+
+    def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
+        with self._lock:
+            current = self._status.get(key)
+            if current is None or current.state not in (State.PENDING, State.FAILED):
+                return False
+            row = self._rows.get((current.partition, current.bucket or 0), {}).get(key)
+            if current.state is State.FAILED and row is None:
+                return False  # failed and gone: nothing to cancel
+            self._delete_row(current.partition, current.bucket, key)
+            self._status[key] = replace(current, state=State.CANCELLED, updated_ms=now_ms)
+            return True
+
+    def status(self, key: TaskKey) -> TaskStatus | None:
+        with self._lock:
+            return self._status.get(key)
+
+    def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]:
+        with self._lock:
+            found = sorted(b for b in self._index.get(partition, ()) if first <= b <= last)
+        return found[:limit]
+
+    def read(self, partition: int, after: Cursor, limit: int, inclusive: bool = False
+             ) -> list[StoredTask]:
+        with self._lock:
+            rows = list(self._rows.get((partition, after.bucket), {}).values())
+        rows.sort(key=lambda t: t.position)
+        found = [t for t in rows if (t.position >= after if inclusive else t.position > after)]
+        return found[:limit]
+
+    def drop_bucket(self, partition: int, bucket: int) -> None:
+        with self._lock:
+            self._index.get(partition, set()).discard(bucket)
+
+    def _update_status(self, key: TaskKey, **changes: object) -> None:
+        current = self._status.get(key)
+        if current is not None:
+            self._status[key] = replace(current, **changes)  # type: ignore[arg-type]
+
+    def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
+        with self._lock:
+            row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
+            if row is not None:
+                self._set_row(replace(row, attempts=attempt, lease_until_ms=lease_until_ms))
+            self._update_status(task.key, state=State.RELEASED, attempts=attempt, updated_ms=now_ms)
+
+    def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
+                   now_ms: int) -> None:
+        with self._lock:
+            row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
+            if row is not None:
+                self._set_row(replace(row, attempts=attempts, not_before_ms=not_before_ms,
+                                      lease_until_ms=0))
+            self._update_status(task.key, state=State.PENDING, attempts=attempts, last_error=error,
+                                updated_ms=now_ms)
+
+    def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
+               keep_row: bool = False) -> None:
+        with self._lock:
+            if keep_row:
+                row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
+                if row is not None:
+                    self._set_row(replace(row, blocked=True, lease_until_ms=0))
+            else:
+                self._delete_row(task.partition, task.bucket, task.key)
+            changes: dict[str, object] = {"state": state, "updated_ms": now_ms}
+            if error is not None:
+                changes["last_error"] = error
+            self._update_status(task.key, **changes)
+
+    def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
+                       now_ms: int) -> None:
+        with self._lock:
+            changes: dict[str, object] = {
+                "outcome": "succeeded" if succeeded else "failed", "outcome_attempt": attempt,
+                "updated_ms": now_ms}
+            if succeeded:
+                changes["state"] = State.SUCCEEDED
+            else:
+                changes["last_error"] = error
+            self._update_status(key, **changes)
+
+    def acquire_lease(self, partition: int, owner: str, ttl_ms: int, now_ms: int) -> Lease | None:
+        with self._lock:
+            current = self._leases.get(partition)
+            if current is not None and current.owner != owner and current.expires_ms > now_ms:
+                return None
+            lease = Lease(partition, owner, (current.epoch if current else 0) + 1, now_ms + ttl_ms)
+            self._leases[partition] = lease
+            return lease
+
+    def renew_lease(self, lease: Lease, ttl_ms: int, now_ms: int) -> Lease | None:
+        with self._lock:
+            current = self._leases.get(lease.partition)
+            if current is None or (current.owner, current.epoch) != (lease.owner, lease.epoch):
+                return None
+            renewed = replace(lease, expires_ms=now_ms + ttl_ms)
+            self._leases[lease.partition] = renewed
+            return renewed
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._lock:
+            current = self._leases.get(lease.partition)
+            if current is not None and (current.owner, current.epoch) == (lease.owner, lease.epoch):
+                self._leases[lease.partition] = replace(current, expires_ms=0)

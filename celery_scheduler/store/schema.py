@@ -1,0 +1,98 @@
+"""CQL for the scheduler's keyspace, created by ``celery -A proj scheduler init``.
+
+``schedule`` holds pending tasks as wide rows per (Kafka partition, time bucket), clustered
+by time then key, so a dispatcher reads its partitions forward in time one bucket at a
+time. ``task_status`` holds one row per task key; finished rows expire after
+``scheduler_status_ttl`` seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from celery_scheduler.errors import ConfigurationError
+
+__all__ = ["check_identifier", "keyspace_statements"]
+
+_IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+
+
+def check_identifier(name: str, what: str) -> str:
+    """Return *name* if it is a plain CQL identifier (it is spliced into statements)."""
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        raise ConfigurationError(
+            f"{what} {name!r} is not a valid Cassandra name: use a letter followed by up to "
+            "47 letters, digits or underscores"
+        )
+    return name
+
+
+def _replication_literal(replication: Mapping[str, Any]) -> str:
+    if "class" not in replication:
+        raise ConfigurationError(
+            f"scheduler_cassandra_replication needs a 'class', got {dict(replication)!r}"
+        )
+    entries = []
+    for name, value in replication.items():
+        if (not isinstance(name, str) or isinstance(value, bool)
+                or not isinstance(value, (str, int)) or "'" in name or "'" in str(value)):
+            raise ConfigurationError(
+                "scheduler_cassandra_replication entries must be text or integers without "
+                f"quotes, got {name!r}: {value!r}"
+            )
+        entries.append(f"'{name}': '{value}'")
+    return "{" + ", ".join(entries) + "}"
+
+
+def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[str]:
+    """Return the idempotent statements that create the keyspace and its tables."""
+    ks = check_identifier(keyspace, "keyspace")
+    return [
+        f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {_replication_literal(replication)}",
+        # pending tasks, and the dispatch state of each (attempts, backoff, lease)
+        f"""CREATE TABLE IF NOT EXISTS {ks}.schedule (
+            partition int,
+            bucket bigint,
+            at timestamp,
+            ordering_id text,
+            unique_key text,
+            task text,
+            envelope blob,
+            attempts int,
+            not_before timestamp,
+            lease_until timestamp,
+            blocked boolean,
+            PRIMARY KEY ((partition, bucket), at, ordering_id, unique_key)
+        ) WITH CLUSTERING ORDER BY (at ASC, ordering_id ASC, unique_key ASC)""",
+        # which buckets of a partition may hold rows, so loading skips empty minutes
+        f"""CREATE TABLE IF NOT EXISTS {ks}.schedule_buckets (
+            partition int,
+            bucket bigint,
+            PRIMARY KEY (partition, bucket)
+        ) WITH CLUSTERING ORDER BY (bucket ASC)""",
+        # one row per task key: what users query
+        f"""CREATE TABLE IF NOT EXISTS {ks}.task_status (
+            ordering_id text,
+            at timestamp,
+            unique_key text,
+            state text,
+            task text,
+            partition int,
+            bucket bigint,
+            attempts int,
+            last_error text,
+            outcome text,
+            outcome_attempt int,
+            updated_at timestamp,
+            PRIMARY KEY ((ordering_id, at, unique_key))
+        )""",
+        # who may release a partition: written only with lightweight transactions
+        f"""CREATE TABLE IF NOT EXISTS {ks}.partition_lease (
+            partition int PRIMARY KEY,
+            owner text,
+            epoch bigint,
+            expires_at timestamp
+        )""",
+    ]

@@ -1,0 +1,189 @@
+"""The task log on Apache Kafka, through confluent-kafka.
+
+Records are produced with Kafka's Java partitioner (``murmur2_random``), ``acks=all`` and
+idempotence on, so that producers in any language agree on an ordering id's partition and
+an acknowledged record is on every in-sync replica. librdkafka and confluent-kafka
+exceptions are translated into :mod:`celery_scheduler.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from celery_scheduler.errors import (
+    EnvelopeTooLargeError,
+    TaskLogError,
+    TaskLogUnavailableError,
+    TopicMissingError,
+)
+from celery_scheduler.tasklog.base import Position, TaskLog
+
+__all__ = ["KafkaTaskLog", "create_topic", "topic_partitions"]
+
+logger = logging.getLogger(__name__)
+
+# How long the background thread blocks in each poll for delivery reports.
+POLL_INTERVAL = 0.05
+
+
+def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The librdkafka settings every client of ours shares (security options included)."""
+    return {"bootstrap.servers": bootstrap_servers, "logger": logger, **options}
+
+
+def _missing_topic(topic: str) -> TopicMissingError:
+    return TopicMissingError(
+        f"Kafka topic {topic!r} does not exist; create it (and the Cassandra schema) with "
+        "`celery -A <your app> scheduler init`"
+    )
+
+
+def topic_partitions(admin: AdminClient | Producer, topic: str, timeout: float) -> int:
+    """Return the partition count of *topic*, or raise TopicMissingError/TaskLogUnavailableError."""
+    try:
+        metadata = admin.list_topics(topic, timeout=timeout)
+    except KafkaException as exc:
+        raise TaskLogUnavailableError(
+            f"Kafka did not answer a metadata request within {timeout}s ({exc.args[0]}); "
+            "check scheduler_kafka_bootstrap_servers and that the brokers are up"
+        ) from exc
+    described = metadata.topics.get(topic)
+    if described is None or described.error is not None:
+        if described is not None and described.error is not None and described.error.code() not in (
+            KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+        ):
+            raise TaskLogError(f"Kafka reports an error for topic {topic!r}: {described.error}")
+        raise _missing_topic(topic)
+    return len(described.partitions)
+
+
+def create_topic(bootstrap_servers: str, options: Mapping[str, Any], topic: str,
+                 partitions: int, replication_factor: int, timeout: float = 30.0) -> bool:
+    """Create *topic* if it does not exist; return True if it was created."""
+    admin = AdminClient(client_config(bootstrap_servers, options))
+    try:
+        topic_partitions(admin, topic, timeout)
+        return False
+    except TopicMissingError:
+        pass
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor,
+                   config={"min.insync.replicas": str(min(2, replication_factor))})
+    try:
+        admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise TaskLogError(f"could not create Kafka topic {topic!r}: {error}") from exc
+    return True
+
+
+class KafkaTaskLog(TaskLog):
+    """Produces envelopes to one Kafka topic; thread-safe.
+
+    A background thread serves delivery reports, so ``publish_async`` never blocks for
+    long and ``publish`` waits only for its own record.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, timeout: float = 10.0,
+                 max_message_bytes: int = 1_000_000, options: Mapping[str, Any] | None = None
+                 ) -> None:
+        self.topic = topic
+        self.timeout = timeout
+        config = client_config(bootstrap_servers, options or {})
+        config.update({
+            "partitioner": "murmur2_random",  # Kafka's Java partitioner for non-null keys
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            # give up on a record at about the time a caller stops waiting for it
+            "delivery.timeout.ms": max(1000, int(timeout * 1000)),
+            "message.max.bytes": max(max_message_bytes + 4096, 1_000_000),
+        })
+        try:
+            self._producer = Producer(config)
+        except KafkaException as exc:
+            raise TaskLogError(f"invalid Kafka producer settings: {exc.args[0]}") from exc
+        self._partitions: int | None = None
+        self._closed = threading.Event()
+        self._checked = threading.Lock()
+        self._poller = threading.Thread(target=self._poll_forever, name="celery-scheduler-kafka",
+                                        daemon=True)
+        self._poller.start()
+
+    def _poll_forever(self) -> None:
+        while not self._closed.is_set():
+            self._producer.poll(POLL_INTERVAL)
+
+    def partitions(self) -> int:
+        if self._partitions is None:
+            with self._checked:
+                if self._partitions is None:
+                    self._partitions = topic_partitions(self._producer, self.topic, self.timeout)
+        return self._partitions
+
+    def publish_async(self, key: str, value: bytes) -> Future[Position]:
+        if self._closed.is_set():
+            raise TaskLogError("the Kafka task log is closed")
+        self.partitions()  # fails fast, with a clear message, when the topic is missing
+        future: Future[Position] = Future()
+
+        def on_delivery(error: KafkaError | None, message: Any) -> None:
+            if error is None:
+                future.set_result(Position(message.partition(), message.offset()))
+            else:
+                future.set_exception(self._translate(error, key))
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self._producer.produce(self.topic, key=key.encode("utf-8"), value=value,
+                                       on_delivery=on_delivery)
+                return future
+            except BufferError:  # local queue full: wait for deliveries to drain it
+                if time.monotonic() > deadline:
+                    raise TaskLogUnavailableError(
+                        f"Kafka producer queue stayed full for {self.timeout}s; "
+                        "the brokers are not keeping up or not reachable"
+                    ) from None
+                time.sleep(POLL_INTERVAL)
+            except KafkaException as exc:
+                raise self._translate(exc.args[0], key) from exc
+
+    def _translate(self, error: KafkaError, key: str) -> TaskLogError | EnvelopeTooLargeError:
+        code = error.code()
+        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            return _missing_topic(self.topic)
+        if code in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE):
+            return EnvelopeTooLargeError(
+                f"Kafka rejected the record for {key!r} as too large ({error.str()}); "
+                "lower scheduler_max_envelope_bytes or raise the topic's max.message.bytes"
+            )
+        if code in (KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                    KafkaError._ALL_BROKERS_DOWN, KafkaError.NOT_ENOUGH_REPLICAS,
+                    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.REQUEST_TIMED_OUT):
+            return TaskLogUnavailableError(
+                f"Kafka did not acknowledge the record for {key!r}: {error.str()}"
+            )
+        return TaskLogError(f"Kafka refused the record for {key!r}: {error.str()}")
+
+    def flush(self, timeout: float | None = None) -> int:
+        remaining: int = self._producer.flush(self.timeout if timeout is None else timeout)
+        return remaining
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        remaining = self.flush()
+        self._closed.set()
+        self._poller.join(timeout=5)
+        if remaining:
+            logger.error("closed the Kafka task log with %d unacknowledged record(s)", remaining)

@@ -1,0 +1,174 @@
+"""One contract for both schedule stores: the in-memory one and Cassandra.
+
+The memory store backs unit tests and the testing helper, so it must behave exactly as the
+real store; every case here runs against both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.errors import SchemaMissingError, StoreUnavailableError
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import Cursor, ScheduleStore, State, bucket_of
+from celery_scheduler.store.cassandra import CassandraScheduleStore
+from celery_scheduler.store.memory import MemoryScheduleStore
+
+NOW = 1_893_456_000_000  # 2030-01-01T00:00:00Z
+B = bucket_of(NOW, 60)
+
+
+def envelope(ordering_id: str, at: int, unique: str = "u", **changes: object) -> ScheduleEnvelope:
+    fields: dict[str, object] = {"args": [ordering_id], **changes}
+    return ScheduleEnvelope(key=TaskKey(ordering_id, at, unique), task="proj.remind", **fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["memory", pytest.param("cassandra", marks=pytest.mark.cassandra)])
+def store(request: pytest.FixtureRequest, unique_name: str) -> Iterator[ScheduleStore]:
+    if request.param == "memory":
+        yield MemoryScheduleStore(bucket_seconds=60)
+        return
+    host, port = request.getfixturevalue("cassandra_contact").rsplit(":", 1)
+    store = CassandraScheduleStore([host], unique_name, port=int(port), consistency="ONE",
+                                   serial_consistency="SERIAL", bucket_seconds=60)
+    store.create_schema()
+    yield store
+    store._session.execute(f"DROP KEYSPACE IF EXISTS {unique_name}")
+    store.close()
+
+
+def test_rows_read_back_in_time_order_through_the_bucket_index(store: ScheduleStore) -> None:
+    tasks = [envelope("b", NOW + 30_000), envelope("a", NOW + 10_000), envelope("c", NOW + 70_000),
+             envelope("a", NOW + 10_000, "v")]
+    stored = [store.put(3, t, NOW) for t in tasks]
+    assert [s.bucket for s in stored if s] == [B, B, B + 1, B]
+
+    assert store.buckets(3, 0, B + 100) == [B, B + 1]
+    assert store.buckets(4, 0, B + 100) == []
+    assert [t.envelope for t in store.read(3, Cursor(B), 100)] == [tasks[1], tasks[3], tasks[0]]
+    assert [t.envelope for t in store.read(3, Cursor(B + 1), 100)] == [tasks[2]]
+    # cursor positions are exclusive, or inclusive on request
+    position = Cursor(B, NOW + 10_000, "a", "u")
+    assert [t.envelope for t in store.read(3, position, 100)] == [tasks[3], tasks[0]]
+    assert store.read(3, position, 100, inclusive=True)[0].envelope == tasks[1]
+    assert len(store.read(3, Cursor(B), 2)) == 2
+    status = store.status(tasks[0].key)
+    assert status is not None
+    assert (status.state, status.partition, status.bucket) == (State.PENDING, 3, B)
+
+
+def test_overdue_rows_go_to_a_recent_bucket(store: ScheduleStore) -> None:
+    old = envelope("a", NOW - 3_600_000)
+    stored = store.put(0, old, NOW)
+    assert stored is not None and stored.bucket == B - 1
+    assert [t.envelope for t in store.read(0, Cursor(B - 1), 10)] == [old]
+
+
+def test_same_key_overwrites_in_place(store: ScheduleStore) -> None:
+    store.put(0, envelope("a", NOW, args=["first"]), NOW)
+    store.put(0, envelope("a", NOW, args=["second"]), NOW + 1)
+    [row] = store.read(0, Cursor(B), 10)
+    assert row.envelope.args == ["second"]
+
+
+def test_finished_keys_are_never_stored_again(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 60_000, NOW)
+    store.record_outcome(stored.key, 1, True, None, NOW + 5)
+    store.finish(stored, State.SUCCEEDED, None, NOW + 6)
+    assert store.read(0, Cursor(B), 10) == []
+    assert store.put(0, envelope("a", NOW), NOW + 7) is None
+    assert store.read(0, Cursor(B), 10) == []
+    status = store.status(stored.key)
+    assert status is not None and status.state is State.SUCCEEDED
+
+
+def test_a_released_key_is_not_overwritten(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 60_000, NOW)
+    assert store.put(0, envelope("a", NOW, args=["new"]), NOW + 1) is None
+    [row] = store.read(0, Cursor(B), 10)
+    assert (row.attempts, row.lease_until_ms, row.envelope.args) == (1, NOW + 60_000, ["a"])
+
+
+def test_retry_state_is_kept_on_the_row(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 60_000, NOW)
+    store.record_outcome(stored.key, 1, False, "boom", NOW + 5)
+    status = store.status(stored.key)
+    assert status is not None and (status.outcome, status.outcome_attempt) == ("failed", 1)
+    store.mark_retry(stored, 1, NOW + 2_000, "boom", NOW + 6)
+    [row] = store.read(0, Cursor(B), 10)
+    assert (row.attempts, row.not_before_ms, row.lease_until_ms) == (1, NOW + 2_000, 0)
+    status = store.status(stored.key)
+    assert status is not None and (status.state, status.last_error) == (State.PENDING, "boom")
+
+
+def test_exhausted_task_can_stay_blocked_until_cancelled(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.finish(stored, State.FAILED, "gave up", NOW + 1, keep_row=True)
+    [row] = store.read(0, Cursor(B), 10)
+    assert row.blocked
+    assert store.cancel(0, stored.key, NOW + 2) is True
+    assert store.read(0, Cursor(B), 10) == []
+    status = store.status(stored.key)
+    assert status is not None and status.state is State.CANCELLED
+
+
+def test_cancel_removes_a_pending_row(store: ScheduleStore) -> None:
+    task = envelope("a", NOW)
+    store.put(5, task, NOW)
+    assert store.cancel(5, task.key, NOW + 1) is True
+    assert store.read(5, Cursor(B), 10) == []
+    status = store.status(task.key)
+    assert status is not None and status.state is State.CANCELLED
+    assert store.cancel(5, task.key, NOW + 2) is False
+    assert store.cancel(5, TaskKey("never", NOW, "u"), NOW) is False
+
+
+def test_drop_bucket_removes_it_from_the_index(store: ScheduleStore) -> None:
+    store.put(1, envelope("a", NOW), NOW)
+    store.drop_bucket(1, B)
+    assert store.buckets(1, 0, B + 10) == []
+
+
+def test_partition_leases_fence_owners(store: ScheduleStore) -> None:
+    first = store.acquire_lease(7, "one", 10_000, NOW)
+    assert first is not None and first.epoch == 1
+    assert store.acquire_lease(7, "two", 10_000, NOW + 1) is None  # held
+    renewed = store.renew_lease(first, 10_000, NOW + 5_000)
+    assert renewed is not None and renewed.expires_ms == NOW + 15_000
+    # once expired, another owner takes it with a higher epoch, and the old one cannot renew
+    second = store.acquire_lease(7, "two", 10_000, NOW + 16_000)
+    assert second is not None and second.epoch == 2
+    assert store.renew_lease(renewed, 10_000, NOW + 16_001) is None
+    # a released lease is free at once
+    store.release_lease(second)
+    third = store.acquire_lease(7, "three", 10_000, NOW + 16_002)
+    assert third is not None and third.epoch == 3
+
+
+@pytest.mark.cassandra
+def test_missing_schema_is_a_clear_error(cassandra_contact: str) -> None:
+    host, port = cassandra_contact.rsplit(":", 1)
+    store = CassandraScheduleStore([host], "no_such_keyspace", port=int(port), consistency="ONE")
+    try:
+        with pytest.raises(SchemaMissingError, match="scheduler init"):
+            store.status(TaskKey("a", NOW, "u"))
+    finally:
+        store.close()
+
+
+def test_unreachable_cassandra_is_a_typed_error() -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match="connect"):
+        CassandraScheduleStore(["127.0.0.1"], "ks", port=1, request_timeout=2.0)
+    assert time.monotonic() - started < 15
