@@ -323,6 +323,9 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
                     retry_backoff_max if retry_backoff_max is not None else defaults.backoff_max)
             except ValueError as exc:
                 raise ScheduleError(f"retry settings of {celery_task.name}: {exc}") from None
+        from celery_scheduler.completion import install_worker_hooks
+
+        install_worker_hooks()  # workers that import this task report its outcomes
         wrapped = ScheduledTask(celery_task, ordering_id=ordering_id,
                                 uniqueness_key=uniqueness_key, retry=retry)
         _REGISTRY[wrapped.name] = wrapped

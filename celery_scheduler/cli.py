@@ -3,6 +3,8 @@
 ::
 
     celery -A proj scheduler init                  # create the Kafka topic and Cassandra schema
+    celery -A proj scheduler dispatch              # run a dispatcher (run several for more)
+    celery -A proj scheduler dispatch --check      # exit 0 if a dispatcher could run here
     celery -A proj scheduler status ORDERING_ID AT UNIQUENESS_KEY
     celery -A proj scheduler cancel ORDERING_ID AT UNIQUENESS_KEY
 """
@@ -65,6 +67,7 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
     """Create the Kafka topic and the Cassandra keyspace and tables (idempotent)."""
     from confluent_kafka.admin import AdminClient
 
+    from celery_scheduler.dispatcher.ingest import dead_letter_topic
     from celery_scheduler.tasklog.kafka import client_config, create_topic, topic_partitions
 
     settings = get_settings(_app(ctx))
@@ -77,6 +80,10 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
         count = topic_partitions(admin, settings.kafka_topic, settings.kafka_produce_timeout)
         click.echo(f"kafka topic {settings.kafka_topic}: "
                    f"{'created' if created else 'exists'}, {count} partitions")
+        dead = dead_letter_topic(settings.kafka_topic)
+        created = create_topic(settings.kafka_bootstrap_servers, settings.kafka_options, dead, 1,
+                               replication_factor or settings.kafka_replication_factor)
+        click.echo(f"kafka topic {dead}: {'created' if created else 'exists'}")
         with open_store(settings) as store:
             store.create_schema()
         click.echo(f"cassandra keyspace {settings.cassandra_keyspace}: schema ready")
@@ -117,3 +124,45 @@ def cancel(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -
     except SchedulerError as exc:
         _fail(exc)
     click.echo(f"{key}: cancel requested")
+
+
+@scheduler.command()
+@click.option("--group", default=None, help="consumer group (default: <topic>.dispatchers)")
+@click.option("--check", is_flag=True,
+              help="only check that Kafka, Cassandra and Redis are usable; exit 0 if so, 1 if not")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.pass_context
+def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str) -> None:
+    """Run a dispatcher: persist scheduled tasks and release them to Celery when due."""
+    import logging
+    import signal
+
+    from celery_scheduler.dispatcher.process import Dispatcher
+    from celery_scheduler.dispatcher.process import check as check_dependencies
+
+    app = _app(ctx)
+    app.loader.import_default_modules()  # register the app's scheduled tasks
+    if check:
+        problems = check_dependencies(app)
+        for problem in problems:
+            click.echo(f"unhealthy: {problem}", err=True)
+        if not problems:
+            click.echo("ok")
+        sys.exit(1 if problems else 0)
+    logging.basicConfig(level=loglevel.upper(),
+                        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
+    try:
+        dispatcher = Dispatcher(app, group_id=group)
+    except SchedulerError as exc:
+        _fail(exc)
+
+    def stop(signum: int, frame: object) -> None:
+        logging.getLogger(__name__).info("received signal %d; stopping", signum)
+        dispatcher.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        dispatcher.run()
+    except SchedulerError as exc:
+        _fail(exc)

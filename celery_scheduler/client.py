@@ -36,7 +36,7 @@ class SchedulerClient:
         self.settings = settings
         self._task_log = task_log
         self._store = store
-        self._pid = os.getpid()
+        self._pid = self._store_pid = os.getpid()
         self._lock = threading.Lock()
 
     @property
@@ -55,8 +55,10 @@ class SchedulerClient:
     @property
     def store(self) -> ScheduleStore:
         with self._lock:
-            if self._store is None:
+            if self._store is None or self._store_pid != os.getpid():
+                # cassandra-driver's connections do not survive fork() either
                 self._store = open_store(self.settings)
+                self._store_pid = os.getpid()
             return self._store
 
     def encode(self, envelope: Envelope) -> bytes:

@@ -72,6 +72,9 @@ class Settings:
     retry_backoff_max: float = 600.0
     on_exhausted: str = "skip"  # "skip": mark failed, move on; "block": hold the ordering id
     lease_seconds: float = 300.0
+    partition_lease_seconds: float = 10.0  # dispatcher ownership of a partition
+    max_loaded_per_partition: int = 5000  # tasks a dispatcher holds in memory per partition
+    lookahead_seconds: float = 60.0  # how far ahead of now the schedule is loaded
     redis_url: str | None = None  # completion notices; defaults to the broker when it is Redis
 
     def __post_init__(self) -> None:
@@ -80,12 +83,14 @@ class Settings:
                 f"scheduler_on_exhausted must be 'skip' or 'block', got {self.on_exhausted!r}"
             )
         for name in ("kafka_partitions", "kafka_replication_factor", "bucket_seconds",
-                     "max_envelope_bytes", "status_ttl", "cassandra_port"):
+                     "max_envelope_bytes", "status_ttl", "cassandra_port",
+                     "max_loaded_per_partition"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(
                     f"{PREFIX}{name} must be positive, got {getattr(self, name)!r}"
                 )
-        for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds"):
+        for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds",
+                     "partition_lease_seconds", "lookahead_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")
         try:

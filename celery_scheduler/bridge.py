@@ -1,0 +1,81 @@
+"""The Celery side of a release: publish a due task to ordinary Celery workers.
+
+A released task is an ordinary Celery message: the task name, its arguments, the user's
+Celery options, a task id derived from the task key (so retries and re-releases of one key
+share an id, visible as such in Flower), and a ``celery_scheduler`` header that tells the
+worker-side hooks which key and attempt the execution belongs to.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kombu.utils.json import loads as _kombu_loads
+
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.keys import TaskKey
+
+__all__ = ["HEADER", "Release", "parse_header", "publish"]
+
+# Message header naming the task key and attempt of a released task.
+HEADER = "celery_scheduler"
+# A released task is killed (hard time limit) this many seconds before its lease ends, so a
+# hung task never overlaps with its own re-release.
+LEASE_MARGIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the worker needs to report an outcome: which key, which attempt, whose partition."""
+
+    key: TaskKey
+    partition: int
+    attempt: int
+    epoch: int
+
+    def header(self) -> str:
+        key = self.key
+        return json.dumps({"o": key.ordering_id, "t": key.scheduled_ms, "u": key.uniqueness_key,
+                           "p": self.partition, "a": self.attempt, "e": self.epoch},
+                          ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_header(value: object) -> Release | None:
+    """Read a ``celery_scheduler`` header; None if absent or not ours."""
+    if not isinstance(value, str):
+        return None
+    try:
+        data = json.loads(value)
+        return Release(TaskKey(str(data["o"]), int(data["t"]), str(data["u"])), int(data["p"]),
+                       int(data["a"]), int(data["e"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _arguments(envelope: ScheduleEnvelope) -> tuple[list[Any], dict[str, Any]]:
+    # Turn kombu's tagged JSON (datetimes, UUIDs, ...) back into objects, so the task gets
+    # them whatever serializer the app uses.
+    args, kwargs = _kombu_loads(json.dumps([envelope.args, envelope.kwargs]))  # type: ignore[no-untyped-call]
+    return args, kwargs
+
+
+def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
+            now: dt.datetime | None = None) -> None:
+    """Send *envelope*'s task to Celery for *release*."""
+    options = dict(envelope.options)
+    headers = dict(options.pop("headers", None) or {})
+    headers[HEADER] = release.header()
+    expires = options.pop("expires", None)
+    if expires is not None:
+        options["expires"] = (now or dt.datetime.now(dt.timezone.utc)) + dt.timedelta(seconds=expires)
+    if lease_seconds > 0:
+        ceiling = max(1.0, lease_seconds - LEASE_MARGIN_SECONDS)
+        options["time_limit"] = min(float(options.get("time_limit", ceiling)), ceiling)
+        if "soft_time_limit" in options:
+            options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
+    args, kwargs = _arguments(envelope)
+    app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=release.key.task_id,
+                  headers=headers, **options)

@@ -1,0 +1,344 @@
+"""The release engine: one thread that owns everything a dispatcher holds in memory.
+
+It receives events (partitions assigned or revoked, tasks persisted or cancelled by the
+ingest loop, outcomes reported by workers) on a queue, and in between:
+
+1. takes and renews the lease of every assigned partition (fencing: it releases from a
+   partition only while its lease is certainly valid by its own monotonic clock);
+2. loads each leased partition's schedule forward (bounded, see ``loader``);
+3. releases due tasks, at most one in flight per ordering id, to Celery;
+4. acts on outcomes: success finishes the key and frees its ordering id; failure retries
+   with jittered exponential backoff or, after the last attempt, fails (or blocks) it; a
+   task whose outcome does not arrive before its lease ends is released again.
+
+Owning all state in one thread keeps the ordering rules free of locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_scheduler.bridge import Release
+from celery_scheduler.completion import Outcome
+from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
+from celery_scheduler.dispatcher.timetable import Loaded, Timetable
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import Lease, ScheduleStore, State, StoredTask
+
+__all__ = ["Engine", "EngineSettings"]
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[Loaded, Release], None]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    lease_seconds: float = 300.0  # a released task's lease
+    partition_lease_seconds: float = 10.0  # a partition's ownership lease
+    max_attempts: int = 5  # default; each envelope carries its own policy
+    on_exhausted: str = "skip"
+    max_loaded: int = 5000  # per partition
+    lookahead_seconds: float = 60.0
+    page_size: int = 500
+    outcome_poll_seconds: float = 2.0  # how often the store is asked about in-flight tasks
+    tick_seconds: float = 0.05  # longest sleep between checks
+
+
+@dataclass
+class _Partition:
+    loader: PartitionLoader
+    lease: Lease | None = None
+    lease_mono: float = 0.0  # monotonic time the lease request was sent
+    next_attempt_mono: float = 0.0
+
+
+@dataclass
+class _Revoke:
+    partitions: list[int]
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Engine:
+    """Loads, releases and completes tasks for the partitions this dispatcher owns."""
+
+    def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
+                 settings: EngineSettings | None = None,
+                 clock: Callable[[], int] | None = None) -> None:
+        self.store = store
+        self.publish = publish
+        self.owner = owner
+        self.settings = settings or EngineSettings()
+        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.timetable = Timetable()
+        self.partitions: dict[int, _Partition] = {}
+        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.stopped = threading.Event()
+        self._last_poll = 0.0
+        self._thread: threading.Thread | None = None
+        self.released_count = 0
+        self.completed_count = 0
+        self.last_loop_mono = time.monotonic()
+
+    # --- called from other threads -------------------------------------------------------
+
+    def assign(self, partitions: Iterable[int]) -> None:
+        self.events.put(("assign", list(partitions)))
+
+    def revoke(self, partitions: Iterable[int], timeout: float = 30.0) -> bool:
+        """Stop releasing from *partitions* and give their leases up; wait until done."""
+        request = _Revoke(list(partitions))
+        if self._thread is None or not self._thread.is_alive():
+            self._revoke(request)
+            return True
+        self.events.put(("revoke", request))
+        return request.done.wait(timeout)
+
+    def persisted(self, task: StoredTask) -> None:
+        self.events.put(("persisted", task))
+
+    def cancelled(self, key: TaskKey) -> None:
+        self.events.put(("cancelled", key))
+
+    def outcome(self, outcome: Outcome) -> None:
+        self.events.put(("outcome", outcome))
+
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self.run, name="celery-scheduler-engine", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- the engine thread ---------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.step()
+            except SchedulerError:
+                logger.exception("dispatcher step failed; retrying")
+                self.stopped.wait(1.0)
+        self._revoke(_Revoke(list(self.partitions)))
+
+    def step(self) -> None:
+        self.last_loop_mono = time.monotonic()
+        self._drain_events(self._wait_seconds())
+        now = self.clock()
+        self._maintain_leases()
+        for partition in list(self.partitions.values()):
+            if self._may_release(partition):
+                partition.loader.fill(self.timetable, now)
+        self._poll_outcomes()
+        self._release_due()
+
+    def _wait_seconds(self) -> float:
+        next_due = self.timetable.next_due_ms()
+        if next_due is None:
+            return self.settings.tick_seconds
+        return max(0.0, min(self.settings.tick_seconds, (next_due - self.clock()) / 1000))
+
+    def _drain_events(self, wait: float) -> None:
+        try:
+            event = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
+        except queue.Empty:
+            return
+        for _ in range(10_000):
+            self._handle(*event)
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "assign":
+            for number in payload:
+                if number not in self.partitions:
+                    s = self.settings
+                    self.partitions[number] = _Partition(PartitionLoader(
+                        self.store, number, page_size=s.page_size, max_loaded=s.max_loaded,
+                        lookahead_ms=int(s.lookahead_seconds * 1000)))
+            logger.info("assigned partitions %s", sorted(payload))
+        elif kind == "revoke":
+            self._revoke(payload)
+        elif kind == "persisted":
+            self._on_persisted(payload)
+        elif kind == "cancelled":
+            if payload in self.timetable and not self.timetable.is_in_flight(payload):
+                self.timetable.remove(payload)
+        elif kind == "outcome":
+            task = self.timetable.get(payload.key)
+            # also for a task a previous owner released: its outcome frees the ordering id
+            if task is not None and task.awaiting_outcome and payload.attempt == task.attempts:
+                self._apply_outcome(task, payload.succeeded, payload.error)
+
+    def _on_persisted(self, row: StoredTask) -> None:
+        partition = self.partitions.get(row.partition)
+        if partition is None:
+            return
+        existing = self.timetable.get(row.key)
+        if existing is not None:
+            self.timetable.add(loaded_from(row))  # a new version of a loaded key
+        elif partition.loader.passed(row.position):
+            if self.timetable.count(row.partition) < self.settings.max_loaded:
+                self.timetable.add(loaded_from(row))
+            else:
+                partition.loader.rewind(row.position)
+
+    def _revoke(self, request: _Revoke) -> None:
+        for number in request.partitions:
+            partition = self.partitions.pop(number, None)
+            if partition is not None and partition.lease is not None:
+                try:
+                    self.store.release_lease(partition.lease)
+                except SchedulerError:
+                    logger.warning("could not give up the lease of partition %d", number)
+        dropped = self.timetable.drop_partitions(request.partitions)
+        logger.info("revoked partitions %s (%d tasks dropped from memory)",
+                    sorted(request.partitions), dropped)
+        request.done.set()
+
+    # --- leases (fencing) ------------------------------------------------------------------
+
+    def _may_release(self, partition: _Partition) -> bool:
+        if partition.lease is None:
+            return False
+        # Valid by our own clock, counted from when the request was sent, with a margin.
+        margin = min(2.0, self.settings.partition_lease_seconds / 4)
+        return time.monotonic() < partition.lease_mono + self.settings.partition_lease_seconds - margin
+
+    def _maintain_leases(self) -> None:
+        ttl_ms = int(self.settings.partition_lease_seconds * 1000)
+        for number, partition in self.partitions.items():
+            mono = time.monotonic()
+            if partition.lease is None:
+                if mono < partition.next_attempt_mono:
+                    continue
+                partition.next_attempt_mono = mono + 0.5
+                try:
+                    lease = self.store.acquire_lease(number, self.owner, ttl_ms, self.clock())
+                except SchedulerError:
+                    logger.warning("could not take the lease of partition %d", number, exc_info=True)
+                    continue
+                if lease is not None:
+                    partition.lease, partition.lease_mono = lease, mono
+                    logger.info("leased partition %d (epoch %d)", number, lease.epoch)
+                continue
+            if mono - partition.lease_mono < self.settings.partition_lease_seconds / 3:
+                continue
+            try:
+                renewed = self.store.renew_lease(partition.lease, ttl_ms, self.clock())
+            except SchedulerError:
+                logger.warning("could not renew the lease of partition %d", number, exc_info=True)
+                continue
+            if renewed is None:
+                logger.warning("lost the lease of partition %d to another dispatcher", number)
+                self.timetable.drop_partitions([number])
+                partition.lease, partition.loader.cursor = None, None
+            else:
+                partition.lease, partition.lease_mono = renewed, mono
+
+    # --- release and outcomes -----------------------------------------------------------------
+
+    def _release_due(self) -> None:
+        now = self.clock()
+        for task in self.timetable.take_due(now):
+            partition = self.partitions.get(task.partition)
+            if partition is None or not self._may_release(partition):
+                self.timetable.defer(task.key, now + 200)  # lease not (yet) certain
+                continue
+            if task.awaiting_outcome and self._settle_from_store(task):
+                continue
+            assert partition.lease is not None
+            self._release(task, partition.lease, now)
+
+    def _release(self, task: Loaded, lease: Lease, now: int) -> None:
+        attempt = task.attempts + 1
+        lease_until = now + int(self.settings.lease_seconds * 1000)
+        self.store.mark_released(task.stored, attempt, lease_until, now)
+        task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
+        task.next_poll_ms = 0
+        self.publish(task, Release(task.key, task.partition, attempt, lease.epoch))
+        self.released_count += 1
+
+    def _settle_from_store(self, task: Loaded) -> bool:
+        """A task released earlier whose lease ran out: did its outcome reach the store?"""
+        status = self.store.status(task.key)
+        if status is not None and status.outcome and status.outcome_attempt == task.attempts:
+            self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
+            return True
+        if status is not None and status.state.finished:
+            self.timetable.remove(task.key)
+            return True
+        if task.attempts >= self._max_attempts(task):
+            self._apply_outcome(task, False, "lease expired without an outcome")
+            return True
+        return False
+
+    def _poll_outcomes(self) -> None:
+        """Ask the store about released tasks whose notice has not come (it may be lost).
+
+        Each task is asked about at growing intervals (2 s, 4 s, 8 s, ... up to 30 s after
+        its release), so long-running tasks cost few reads.
+        """
+        mono = time.monotonic()
+        if mono - self._last_poll < min(0.5, self.settings.outcome_poll_seconds):
+            return
+        self._last_poll = mono
+        now = self.clock()
+        first = int(self.settings.outcome_poll_seconds * 1000)
+        for task in self.timetable.awaiting():
+            if task.next_poll_ms == 0:
+                task.next_poll_ms = (task.released_ms or now) + first
+            if now < task.next_poll_ms:
+                continue
+            since = now - (task.released_ms or now)
+            task.next_poll_ms = now + min(30_000, max(first, since))
+            status = self.store.status(task.key)
+            if status is not None and status.outcome and status.outcome_attempt == task.attempts:
+                self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
+            elif task.released_ms and now >= task.lease_until_ms:
+                logger.warning("no outcome for %s within its lease; releasing it again", task.key)
+                self._apply_outcome(task, False, "lease expired without an outcome")
+
+    def _max_attempts(self, task: Loaded) -> int:
+        return task.envelope.retry.max_attempts
+
+    def _apply_outcome(self, task: Loaded, succeeded: bool, error: str | None) -> None:
+        now = self.clock()
+        if succeeded:
+            self.store.finish(task.stored, State.SUCCEEDED, None, now)
+            self.timetable.remove(task.key)
+            self.completed_count += 1
+            return
+        policy = task.envelope.retry
+        if task.attempts < policy.max_attempts:
+            backoff = min(policy.backoff_max, policy.backoff * 2 ** (task.attempts - 1))
+            delay_ms = int(backoff * random.uniform(0.5, 1.0) * 1000)  # jitter
+            self.store.mark_retry(task.stored, task.attempts, now + delay_ms, error, now)
+            self.timetable.retry_later(task.key, now + delay_ms)
+            task.released_ms = task.next_poll_ms = 0
+            logger.info("attempt %d of %s failed (%s); retrying in %.1fs", task.attempts, task.key,
+                        error, delay_ms / 1000)
+            return
+        block = self.settings.on_exhausted == "block"
+        self.store.finish(task.stored, State.FAILED, error, now, keep_row=block)
+        if block:
+            self.timetable.block(task.key)
+            logger.error("%s failed %d times; its ordering id is blocked until it is cancelled",
+                         task.key, task.attempts)
+        else:
+            self.timetable.remove(task.key)
+            self.completed_count += 1
+            logger.error("%s failed %d times; giving up", task.key, task.attempts)

@@ -1,0 +1,191 @@
+"""Persist before commit: records polled from Kafka are written to the store, and only then
+are their offsets committed.
+
+A batch is applied concurrently across ordering ids and in order within one (a schedule
+followed by a cancel of the same key stays in that order). If any write fails, nothing of
+the batch is committed: the consumer seeks back and the batch is applied again (writes are
+idempotent), so an acknowledged schedule call is never lost. A record that cannot be
+decoded, or breaks the rules a dispatcher relies on, is copied to the dead-letter topic
+with the reason, and the partition moves on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.envelope import CancelEnvelope, Envelope, ScheduleEnvelope, decode
+from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.store.base import ScheduleStore
+
+__all__ = ["DeadLetters", "Ingest", "dead_letter_topic"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Record:
+    """The parts of a consumed Kafka message the dispatcher uses."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+    @classmethod
+    def of(cls, message: Message) -> Record:
+        key, value = message.key(), message.value()
+        return cls(message.topic() or "", message.partition() or 0, message.offset() or 0,
+                   key if isinstance(key, bytes) else None, value if isinstance(value, bytes) else None)
+
+    @property
+    def source(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def dead_letter_topic(topic: str) -> str:
+    """Where records a dispatcher cannot use are kept, with the reason."""
+    return f"{topic}.deadletter"
+
+
+class DeadLetters:
+    """Copies rejected records to the dead-letter topic; flush() waits for Kafka's ack."""
+
+    def __init__(self, producer: Producer, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.count = 0
+        self._errors: list[str] = []
+
+    def send(self, record: Record, reason: str) -> None:
+        logger.warning("dead-lettering record %s: %s", record.source, reason)
+
+        def on_delivery(error: KafkaError | None, _: Any) -> None:
+            if error is not None:
+                self._errors.append(str(error))
+
+        self.producer.produce(self.topic, key=record.key, value=record.value,
+                              headers=[("reason", reason.encode("utf-8")),
+                                       ("source", record.source.encode("utf-8"))],
+                              on_delivery=on_delivery)
+        self.count += 1
+
+    def flush(self, timeout: float = 30.0) -> None:
+        remaining = self.producer.flush(timeout)
+        errors, self._errors = self._errors, []
+        if remaining or errors:
+            raise TaskLogError(f"dead-letter records not acknowledged: {errors or remaining}")
+
+
+class Ingest:
+    """Polls the scheduler topic and persists what it reads."""
+
+    def __init__(self, consumer: Consumer, store: ScheduleStore, engine: Engine,
+                 dead_letters: DeadLetters, partitions: Callable[[], int], *,
+                 allowed: Callable[[str], bool] | None = None, batch_size: int = 500,
+                 concurrency: int = 16, clock: Callable[[], int] | None = None) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.engine = engine
+        self.dead_letters = dead_letters
+        self.partitions = partitions
+        self.allowed = allowed
+        self.batch_size = batch_size
+        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="celery-scheduler-ingest")
+        self.persisted_count = 0
+
+    def poll_once(self, timeout: float = 0.2) -> int:
+        """Consume, persist and commit one batch; return how many records it held."""
+        try:
+            messages = self.consumer.consume(self.batch_size, timeout)
+        except KafkaException as exc:
+            logger.warning("Kafka poll failed: %s", exc)
+            return 0
+        if not messages:
+            return 0
+        first: dict[int, Record] = {}
+        last: dict[int, Record] = {}
+        groups: dict[tuple[int, str], list[tuple[Record, Envelope]]] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    logger.warning("Kafka reported %s", error)
+                continue
+            record = Record.of(message)
+            first.setdefault(record.partition, record)
+            last[record.partition] = record
+            envelope = self._check(record)
+            if envelope is not None:
+                group = (record.partition, envelope.key.ordering_id)
+                groups.setdefault(group, []).append((record, envelope))
+        try:
+            for future in [self.pool.submit(self._apply, items) for items in groups.values()]:
+                future.result()
+            self.dead_letters.flush()
+            if last:
+                self.consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.offset + 1)
+                                              for r in last.values()], asynchronous=False)
+        except (SchedulerError, KafkaException) as exc:
+            # Nothing of this batch counts as done: read it again (the writes are idempotent).
+            logger.warning("could not persist a batch (%s); it will be applied again", exc)
+            for record in first.values():
+                # a partition revoked meanwhile cannot be sought; its new owner reads it
+                with contextlib.suppress(KafkaException):
+                    self.consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
+            time.sleep(1.0)
+            return 0
+        return len(messages)
+
+    def _check(self, record: Record) -> Envelope | None:
+        if record.value is None:
+            self.dead_letters.send(record, "record has no value")
+            return None
+        try:
+            envelope = decode(record.value)
+        except EnvelopeDecodeError as exc:
+            self.dead_letters.send(record, exc.reason)
+            return None
+        key = record.key
+        ordering_id = envelope.key.ordering_id
+        if key is None or key != ordering_id.encode("utf-8"):
+            self.dead_letters.send(record, f"record key {key!r} is not the ordering id {ordering_id!r}")
+            return None
+        expected = partition_for(ordering_id, self.partitions())
+        if record.partition != expected:
+            self.dead_letters.send(record, (
+                f"ordering id {ordering_id!r} belongs in partition {expected}, not "
+                f"{record.partition}: the producer does not use Kafka's Java partitioner"))
+            return None
+        if (isinstance(envelope, ScheduleEnvelope) and self.allowed is not None
+                and not self.allowed(envelope.task)):
+            self.dead_letters.send(record, f"task {envelope.task!r} is not a registered scheduled task")
+            return None
+        return envelope
+
+    def _apply(self, items: list[tuple[Record, Envelope]]) -> None:
+        for record, envelope in items:
+            now = self.clock()
+            if isinstance(envelope, CancelEnvelope):
+                if self.store.cancel(record.partition, envelope.key, now):
+                    logger.info("cancelled %s", envelope.key)
+                self.engine.cancelled(envelope.key)
+            else:
+                stored = self.store.put(record.partition, envelope, now)
+                if stored is not None:
+                    self.persisted_count += 1
+                    self.engine.persisted(stored)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

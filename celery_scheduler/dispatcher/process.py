@@ -1,0 +1,154 @@
+"""A dispatcher process: one member of the Kafka consumer group on the scheduler topic.
+
+Wires the parts together: the ingest loop on the main thread, the release engine on its
+own thread, and a Redis subscriber for completion notices. Several dispatchers (on one or
+many hosts) share the partitions; Kafka's cooperative-sticky assignment moves only the
+partitions that change owner, and Cassandra partition leases make sure two dispatchers
+never release from one partition at the same time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+
+from celery_scheduler import bridge
+from celery_scheduler.api import registered
+from celery_scheduler.client import open_store
+from celery_scheduler.completion import notice_channel, redis_url, subscribe
+from celery_scheduler.config import Settings, get_settings
+from celery_scheduler.dispatcher.engine import Engine, EngineSettings
+from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
+from celery_scheduler.dispatcher.timetable import Loaded
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.tasklog.kafka import client_config, topic_partitions
+
+__all__ = ["Dispatcher", "check", "engine_settings"]
+
+logger = logging.getLogger(__name__)
+
+# Consumer group of all dispatchers of one scheduler topic.
+DEFAULT_GROUP_SUFFIX = ".dispatchers"
+
+
+def engine_settings(settings: Settings) -> EngineSettings:
+    return EngineSettings(lease_seconds=settings.lease_seconds,
+                          partition_lease_seconds=settings.partition_lease_seconds,
+                          on_exhausted=settings.on_exhausted,
+                          max_loaded=settings.max_loaded_per_partition,
+                          lookahead_seconds=settings.lookahead_seconds)
+
+
+class Dispatcher:
+    """Runs until :meth:`stop` is called (from a signal handler or another thread)."""
+
+    def __init__(self, app: Any, *, group_id: str | None = None, owner: str | None = None,
+                 settings: Settings | None = None) -> None:
+        self.app = app
+        self.settings = settings or get_settings(app)
+        s = self.settings
+        self.group_id = group_id or f"{s.kafka_topic}{DEFAULT_GROUP_SUFFIX}"
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stopping = threading.Event()
+        self.store = open_store(s)
+        self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s))
+        base = client_config(s.kafka_bootstrap_servers, s.kafka_options)
+        self._partitions = topic_partitions(Producer(base), s.kafka_topic, s.kafka_produce_timeout)
+        producer = Producer({**base, "acks": "all", "enable.idempotence": True})
+        topic_partitions(producer, dead_letter_topic(s.kafka_topic), s.kafka_produce_timeout)
+        self.consumer = Consumer({
+            **base,
+            "group.id": self.group_id,
+            "client.id": self.owner,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1500,
+        })
+        names = set(registered())
+        self.ingest = Ingest(self.consumer, self.store, self.engine,
+                             DeadLetters(producer, dead_letter_topic(s.kafka_topic)),
+                             lambda: self._partitions, allowed=names.__contains__)
+
+    def _publish(self, task: Loaded, release: bridge.Release) -> None:
+        bridge.publish(self.app, task.envelope, release, self.settings.lease_seconds)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
+        self.engine.assign(p.partition for p in partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
+        started = time.monotonic()
+        if not self.engine.revoke(p.partition for p in partitions):
+            logger.error("partitions %s were not handed over in time", [p.partition for p in partitions])
+        logger.info("handed over partitions %s in %.3fs", [p.partition for p in partitions],
+                    time.monotonic() - started)
+
+    def run(self) -> None:
+        s = self.settings
+        logger.info("dispatcher %s joining group %s on %s (%d partitions)", self.owner,
+                    self.group_id, s.kafka_topic, self._partitions)
+        self.consumer.subscribe([s.kafka_topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        engine_thread = self.engine.start()
+        url = redis_url(self.app, s)
+        if url is not None:
+            subscribe(url, notice_channel(s), self.engine.outcome, self.stopping)
+        else:
+            logger.warning("no Redis for completion notices; outcomes are polled from Cassandra")
+        try:
+            while not self.stopping.is_set():
+                self.ingest.poll_once(0.2)
+                if not engine_thread.is_alive():
+                    raise SchedulerError("the release engine stopped unexpectedly")
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _shutdown(self) -> None:
+        logger.info("dispatcher %s leaving the group", self.owner)
+        try:
+            self.consumer.close()  # commits nothing new; triggers the revoke hand-over
+        except KafkaException as exc:
+            logger.warning("closing the consumer: %s", exc)
+        self.engine.stop()
+        self.ingest.close()
+        self.store.close()
+
+
+def check(app: Any) -> list[str]:
+    """Return the problems that would stop a dispatcher from working (empty: healthy)."""
+    settings = get_settings(app)
+    problems: list[str] = []
+    base = client_config(settings.kafka_bootstrap_servers, settings.kafka_options)
+    producer = Producer(base)
+    for topic in (settings.kafka_topic, dead_letter_topic(settings.kafka_topic)):
+        try:
+            topic_partitions(producer, topic, min(settings.kafka_produce_timeout, 5.0))
+        except SchedulerError as exc:
+            problems.append(f"kafka: {exc}")
+    try:
+        with open_store(settings) as store:
+            from celery_scheduler.keys import TaskKey
+
+            store.status(TaskKey("health-check", 0, "health-check"))
+    except SchedulerError as exc:
+        problems.append(f"cassandra: {exc}")
+    url = redis_url(app, settings)
+    if url is not None:
+        import redis
+
+        try:
+            redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3).ping()
+        except redis.RedisError as exc:
+            problems.append(f"redis: {exc}")
+    return problems

@@ -1,0 +1,211 @@
+"""The dispatcher's in-memory view of what is loaded: one queue per ordering id.
+
+Only a bounded window of the schedule is ever here (the loader decides what). The timetable
+enforces the ordering rule: per ordering id, the head task (earliest scheduled time) is
+released only when nothing of that ordering id is in flight, so tasks of one ordering id
+never overlap and run in schedule order, while any number of ordering ids run side by side.
+It does no I/O and is used from a single thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import StoredTask
+
+__all__ = ["Loaded", "Timetable"]
+
+
+@dataclass(eq=False)
+class Loaded:
+    """A task loaded into memory, with its dispatch state from the store."""
+
+    partition: int
+    envelope: ScheduleEnvelope
+    attempts: int = 0  # releases so far
+    not_before_ms: int = 0  # retry backoff: not released before this time
+    lease_until_ms: int = 0  # released earlier and not finished: blocked until then
+    blocked: bool = False  # retries exhausted under the "block" policy
+    bucket: int = 0  # where its row is stored
+    released_ms: int = 0  # when it was last released (0: not by this process)
+    next_poll_ms: int = 0  # when to ask the store about its outcome next
+
+    @property
+    def key(self) -> TaskKey:
+        return self.envelope.key
+
+    @property
+    def awaiting_outcome(self) -> bool:
+        """Released before and not yet reported: its outcome may already be in the store."""
+        return self.lease_until_ms > 0
+
+    @property
+    def stored(self) -> StoredTask:
+        return StoredTask(self.partition, self.bucket, self.envelope, self.attempts,
+                          self.not_before_ms, self.lease_until_ms, self.blocked)
+
+    @property
+    def due_ms(self) -> int:
+        return max(self.envelope.key.scheduled_ms, self.not_before_ms, self.lease_until_ms)
+
+    @property
+    def order(self) -> tuple[int, str]:
+        return (self.envelope.key.scheduled_ms, self.envelope.key.uniqueness_key)
+
+
+@dataclass(eq=False)
+class _Queue:
+    partition: int
+    tasks: list[tuple[tuple[int, str], Loaded]] = field(default_factory=list)
+    in_flight: Loaded | None = None
+
+    def head(self) -> Loaded | None:
+        return self.tasks[0][1] if self.tasks else None
+
+
+class Timetable:
+    """Loaded tasks by ordering id; tells which are due and releasable."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, _Queue] = {}
+        self._by_key: dict[TaskKey, Loaded] = {}
+        self._per_partition: dict[int, int] = {}
+        self._heap: list[tuple[int, int, str]] = []  # (due_ms, tie, ordering id), lazily pruned
+        self._tie = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __contains__(self, key: TaskKey) -> bool:
+        return key in self._by_key
+
+    def count(self, partition: int) -> int:
+        """How many tasks of *partition* are loaded."""
+        return self._per_partition.get(partition, 0)
+
+    def get(self, key: TaskKey) -> Loaded | None:
+        return self._by_key.get(key)
+
+    def add(self, task: Loaded) -> bool:
+        """Load *task*; a task with the same key is replaced unless it is in flight."""
+        key = task.key
+        queue = self._queues.get(key.ordering_id)
+        if queue is None:
+            queue = self._queues[key.ordering_id] = _Queue(task.partition)
+        existing = self._by_key.get(key)
+        if existing is not None:
+            if queue.in_flight is existing:
+                return False
+            self._unlink(queue, existing)
+        bisect.insort(queue.tasks, (task.order, task), key=lambda item: item[0])
+        self._by_key[key] = task
+        self._per_partition[task.partition] = self._per_partition.get(task.partition, 0) + 1
+        self._schedule(key.ordering_id, queue)
+        return True
+
+    def remove(self, key: TaskKey) -> Loaded | None:
+        """Forget *key* (cancelled or finished); frees its ordering id if it was in flight."""
+        task = self._by_key.get(key)
+        if task is None:
+            return None
+        queue = self._queues[key.ordering_id]
+        if queue.in_flight is task:
+            queue.in_flight = None
+        self._unlink(queue, task)
+        if not queue.tasks and queue.in_flight is None:
+            del self._queues[key.ordering_id]
+        else:
+            self._schedule(key.ordering_id, queue)
+        return task
+
+    def _unlink(self, queue: _Queue, task: Loaded) -> None:
+        index = next(i for i, (_, t) in enumerate(queue.tasks) if t is task)
+        del queue.tasks[index]
+        del self._by_key[task.key]
+        self._per_partition[task.partition] -= 1
+
+    def _schedule(self, ordering_id: str, queue: _Queue) -> None:
+        head = queue.head()
+        if head is not None and queue.in_flight is None and not head.blocked:
+            heapq.heappush(self._heap, (head.due_ms, next(self._tie), ordering_id))
+
+    def take_due(self, now_ms: int, limit: int | None = None) -> list[Loaded]:
+        """Return the releasable tasks due by *now_ms* (one per ordering id), marked in flight."""
+        released: list[Loaded] = []
+        while self._heap and self._heap[0][0] <= now_ms:
+            due_ms, _, ordering_id = heapq.heappop(self._heap)
+            queue = self._queues.get(ordering_id)
+            head = queue.head() if queue is not None else None
+            if queue is None or head is None or queue.in_flight is not None or head.blocked:
+                continue
+            if head.due_ms != due_ms:  # stale entry; the current one is in the heap as well
+                continue
+            queue.in_flight = head
+            released.append(head)
+            if limit is not None and len(released) >= limit:
+                break
+        return released
+
+    def next_due_ms(self) -> int | None:
+        """The earliest due time of a releasable head (may be stale-early, never late)."""
+        return self._heap[0][0] if self._heap else None
+
+    def in_flight(self) -> list[Loaded]:
+        return [q.in_flight for q in self._queues.values() if q.in_flight is not None]
+
+    def is_in_flight(self, key: TaskKey) -> bool:
+        task = self._by_key.get(key)
+        return task is not None and self._queues[key.ordering_id].in_flight is task
+
+    def awaiting(self) -> list[Loaded]:
+        """Tasks released (by us or a previous owner) whose outcome has not been seen."""
+        return [t for t in self._by_key.values() if t.lease_until_ms > 0]
+
+    def defer(self, key: TaskKey, until_ms: int) -> None:
+        """Put the in-flight *key* back unchanged, to be looked at again at *until_ms*."""
+        task = self._by_key[key]
+        queue = self._queues[key.ordering_id]
+        if queue.in_flight is task:
+            queue.in_flight = None
+        task.not_before_ms = max(task.not_before_ms, until_ms)
+        self._schedule(key.ordering_id, queue)
+
+    def retry_later(self, key: TaskKey, not_before_ms: int) -> None:
+        """Put the in-flight *key* back as the head of its ordering id, due at *not_before_ms*."""
+        task = self._by_key[key]
+        queue = self._queues[key.ordering_id]
+        if queue.in_flight is task:
+            queue.in_flight = None
+        task.not_before_ms = not_before_ms
+        task.lease_until_ms = 0
+        self._schedule(key.ordering_id, queue)
+
+    def block(self, key: TaskKey) -> None:
+        """Hold *key*'s ordering id until the task is removed (an operator cancels it)."""
+        task = self._by_key[key]
+        task.blocked = True
+        queue = self._queues[key.ordering_id]
+        if queue.in_flight is task:
+            queue.in_flight = None
+
+    def drop_partitions(self, partitions: Iterable[int]) -> int:
+        """Forget everything of *partitions* (they were revoked); return how many tasks."""
+        gone = set(partitions)
+        dropped = 0
+        for ordering_id in [o for o, q in self._queues.items() if q.partition in gone]:
+            queue = self._queues.pop(ordering_id)
+            for _, task in queue.tasks:
+                del self._by_key[task.key]
+                dropped += 1
+        for partition in gone:
+            self._per_partition.pop(partition, None)
+        return dropped
+
+    def partition_tasks(self, partition: int) -> list[Loaded]:
+        return [t for t in self._by_key.values() if t.partition == partition]

@@ -1,0 +1,70 @@
+"""Scheduled tasks for dispatcher tests; each execution appends start/end lines to a log.
+
+The log (``CELERY_SCHEDULER_TEST_EXECLOG``) is the independent record the tests check:
+which keys ran, when, in which process, and whether runs of one ordering id overlapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery
+
+from celery_scheduler import scheduled_task
+
+REDIS_URL = os.environ.get("CELERY_SCHEDULER_TEST_REDIS", "redis://127.0.0.1:6379")
+EXECLOG = os.environ.get("CELERY_SCHEDULER_TEST_EXECLOG", "")
+
+app = Celery("dispatching", broker=f"{REDIS_URL}/1", backend=f"{REDIS_URL}/2")
+app.conf.update(
+    scheduler_kafka_bootstrap_servers=os.environ.get("CELERY_SCHEDULER_TEST_KAFKA", "127.0.0.1:9092"),
+    scheduler_kafka_topic=os.environ.get("CELERY_SCHEDULER_TEST_TOPIC", "celery_scheduler_tests"),
+    scheduler_kafka_partitions=int(os.environ.get("CELERY_SCHEDULER_TEST_PARTITIONS", "6")),
+    scheduler_cassandra_keyspace=os.environ.get("CELERY_SCHEDULER_TEST_KEYSPACE", "celery_scheduler_tests"),
+    scheduler_cassandra_consistency="ONE",
+    scheduler_cassandra_serial_consistency="SERIAL",
+    scheduler_lease_seconds=float(os.environ.get("CELERY_SCHEDULER_TEST_LEASE", "30")),
+    scheduler_partition_lease_seconds=float(os.environ.get("CELERY_SCHEDULER_TEST_PARTITION_LEASE", "6")),
+    scheduler_retry_backoff=0.2,
+    scheduler_retry_backoff_max=1.0,
+    scheduler_max_attempts=3,
+    task_default_queue=os.environ.get("CELERY_SCHEDULER_TEST_QUEUE", "dispatching"),
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+
+
+def log(event: str, ordering_id: str, seq: int, **extra: object) -> None:
+    line = json.dumps({"event": event, "o": ordering_id, "seq": seq, "t": time.time(),
+                       "pid": os.getpid(), **extra})
+    with open(EXECLOG, "a") as handle:  # one short append: atomic on Linux
+        handle.write(line + "\n")
+
+
+def unique_seq(ordering_id: str, seq: int, *args: object, **kwargs: object) -> str:
+    return f"seq-{seq}"
+
+
+@scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
+@app.task(name="dispatching.record")
+def record(ordering_id: str, seq: int, duration: float = 0.0, scheduled_for: float = 0.0) -> int:
+    log("start", ordering_id, seq, scheduled_for=scheduled_for)
+    if duration:
+        time.sleep(duration)
+    log("end", ordering_id, seq)
+    return seq
+
+
+@scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
+@app.task(name="dispatching.flaky")
+def flaky(ordering_id: str, seq: int, failures: int) -> int:
+    attempt = redis.Redis.from_url(f"{REDIS_URL}/3").incr(f"flaky:{EXECLOG}:{ordering_id}:{seq}")
+    log("start", ordering_id, seq, attempt=attempt)
+    if attempt <= failures:
+        log("end", ordering_id, seq, failed=True)
+        raise RuntimeError(f"planned failure {attempt} of {failures}")
+    log("end", ordering_id, seq)
+    return attempt

@@ -1,0 +1,1 @@
+from tests.integration.dispatch_fixtures import schedule, scheduler  # noqa: F401

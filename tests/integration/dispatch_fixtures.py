@@ -1,0 +1,133 @@
+"""Fixtures that run real dispatchers and workers as subprocesses on a topic of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_scheduler.client import SchedulerClient, set_client
+from celery_scheduler.config import get_settings
+from tests.services import REPO
+
+APP = "tests.apps.dispatching"
+
+
+@dataclass
+class Scheduler:
+    """One test's scheduler: its topic/keyspace/queue, processes and execution log."""
+
+    env: dict[str, str]
+    execlog: Path
+    tmp: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: dict[int, Path] = field(default_factory=dict)
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "celery", "-A", APP, "scheduler", *args],
+                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
+        path = self.tmp / f"{name}-{len(self.processes)}.log"
+        with path.open("wb") as out:
+            process = subprocess.Popen(argv, cwd=REPO, env={**self.env, **(extra_env or {})},
+                                       stdout=out, stderr=subprocess.STDOUT)
+        self.processes.append(process)
+        self.logs[process.pid] = path
+        return process
+
+    def log_of(self, process: subprocess.Popen[bytes]) -> str:
+        return self.logs[process.pid].read_text(errors="replace")
+
+    def wait_for_log(self, process: subprocess.Popen[bytes], text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log_of(process):
+            if process.poll() is not None:
+                pytest.fail(f"process exited with {process.returncode}:\n{self.log_of(process)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{text!r} not seen after {timeout}s:\n{self.log_of(process)[-5000:]}")
+            time.sleep(0.1)
+
+    def dispatcher(self, wait: bool = True) -> subprocess.Popen[bytes]:
+        process = self._spawn("dispatcher", [sys.executable, "-m", "celery", "-A", APP, "scheduler",
+                                             "dispatch", "--loglevel", "INFO"])
+        if wait:
+            self.wait_for_log(process, "leased partition")
+        return process
+
+    def worker(self, *extra: str) -> subprocess.Popen[bytes]:
+        queue = self.env["CELERY_SCHEDULER_TEST_QUEUE"]
+        process = self._spawn("worker", [
+            sys.executable, "-m", "celery", "-A", APP, "worker", "--loglevel=INFO", "--pool=solo",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", queue,
+            "-n", f"{queue}-{len(self.processes)}@%h", *extra])
+        self.wait_for_log(process, "ready.")
+        return process
+
+    def executions(self) -> list[dict[str, Any]]:
+        if not self.execlog.exists():
+            return []
+        return [json.loads(line) for line in self.execlog.read_text().splitlines() if line]
+
+    def starts(self) -> list[dict[str, Any]]:
+        return [e for e in self.executions() if e["event"] == "start"]
+
+    def wait_for_starts(self, count: int, timeout: float = 60, what: str = "executions") -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.starts()) < count:
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {p.args[-1] if p.args else p.pid}\n{self.log_of(p)[-3000:]}"
+                                 for p in self.processes)
+                pytest.fail(f"{len(self.starts())} of {count} {what} after {timeout}s\n{logs}")
+            time.sleep(0.1)
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+@pytest.fixture
+def scheduler(kafka_bootstrap: str, cassandra_contact: str, redis_url: str, unique_name: str,
+              tmp_path: Path) -> Iterator[Scheduler]:
+    execlog = tmp_path / "executions.jsonl"
+    env = {**os.environ,
+           "CELERY_SCHEDULER_TEST_TOPIC": unique_name, "CELERY_SCHEDULER_TEST_KEYSPACE": unique_name,
+           "CELERY_SCHEDULER_TEST_QUEUE": unique_name, "CELERY_SCHEDULER_TEST_EXECLOG": str(execlog),
+           "CELERY_SCHEDULER_TEST_KAFKA": kafka_bootstrap}
+    scheduler = Scheduler(env, execlog, tmp_path)
+    result = scheduler.cli("init")
+    assert result.returncode == 0, result.stderr
+    yield scheduler
+    scheduler.stop_all()
+
+
+@pytest.fixture
+def schedule(scheduler: Scheduler) -> Iterator[Callable[..., Any]]:
+    """The test app's tasks, scheduling onto this test's topic from the test process."""
+    from tests.apps import dispatching
+
+    settings = get_settings(dispatching.app).replace(
+        kafka_topic=scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"],
+        cassandra_keyspace=scheduler.env["CELERY_SCHEDULER_TEST_KEYSPACE"])
+    client = SchedulerClient(settings)
+    previous = set_client(dispatching.app, client)
+    yield dispatching
+    client.close()
+    set_client(dispatching.app, previous)

@@ -1,0 +1,221 @@
+"""The dispatcher against real Kafka, Cassandra, Redis and Celery worker processes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import pytest
+
+from celery_scheduler.store.base import State
+from tests.integration.dispatch_fixtures import Scheduler
+
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+
+
+def utc(timestamp: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc)
+
+
+def check_order_and_no_overlap(scheduler: Scheduler) -> dict[str, list[int]]:
+    """Per ordering id: starts in seq order, and each start after the previous end."""
+    runs: dict[str, list[dict]] = defaultdict(list)
+    for event in scheduler.executions():
+        runs[event["o"]].append(event)
+    order: dict[str, list[int]] = {}
+    for ordering_id, events in runs.items():
+        open_run = None
+        for event in events:
+            if event["event"] == "start":
+                assert open_run is None, f"{ordering_id}: {event} started while {open_run} ran"
+                open_run = event
+            else:
+                assert open_run is not None and open_run["seq"] == event["seq"]
+                open_run = None
+        order[ordering_id] = [e["seq"] for e in events if e["event"] == "start"]
+    return order
+
+
+def test_tasks_run_on_time_in_order_per_ordering_id(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker()
+    start = time.time() + 3
+    handles = []
+    for seq in range(5):
+        for ordering_id in ("alice", "bob"):
+            at = start + seq * 0.3
+            handles.append(schedule.record.schedule(
+                (ordering_id, seq), {"duration": 0.05, "scheduled_for": at}, at=utc(at)))
+
+    scheduler.wait_for_starts(10, timeout=60)
+
+    order = check_order_and_no_overlap(scheduler)
+    assert order == {"alice": [0, 1, 2, 3, 4], "bob": [0, 1, 2, 3, 4]}
+    lateness = [s["t"] - s["scheduled_for"] for s in scheduler.starts()]
+    assert min(lateness) >= 0, "a task ran before its time"
+    assert max(lateness) < 1.0, f"lateness {max(lateness):.3f}s"
+    # completion is recorded: every key ends up succeeded
+    wait_for_states(handles, State.SUCCEEDED)
+
+
+def wait_for_states(handles: list, state: State, timeout: float = 20) -> None:
+    def states() -> list[State | None]:
+        return [getattr(h.status(), "state", None) for h in handles]
+
+    wait_until(lambda: all(s is state for s in states()), timeout, states)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, show: Callable[[], object]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached after {timeout}s: {show()}"
+        time.sleep(0.2)
+
+
+def schedule_grid(schedule, ordering_ids: int, per_id: int, spacing: float, duration: float,
+                  delay: float = 4.0) -> list[str]:
+    """Schedule seq 0..per_id-1 for each ordering id, *spacing* seconds apart."""
+    start = time.time() + delay
+    names = [f"o{i}" for i in range(ordering_ids)]
+    for seq in range(per_id):
+        for ordering_id in names:
+            schedule.record.schedule((ordering_id, seq), {"duration": duration},
+                                     at=utc(start + seq * spacing))
+    return names
+
+
+def distinct_runs(scheduler: Scheduler) -> int:
+    return len({(s["o"], s["seq"]) for s in scheduler.starts()})
+
+
+def seqs_in_order(order: dict[str, list[int]], expected: dict[str, int]) -> None:
+    """Every seq ran (duplicates allowed: at least once), never out of order."""
+    for ordering_id, count in expected.items():
+        ran = order.get(ordering_id, [])
+        assert ran == sorted(ran), f"{ordering_id} ran out of order: {ran}"
+        assert set(ran) == set(range(count)), f"{ordering_id} missed some: {ran}"
+
+
+def test_two_dispatchers_two_workers_keep_order_without_overlap(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.dispatcher(wait=False)
+    scheduler.worker()
+    scheduler.worker()
+    # all due within half a second: only the ordering rule keeps them apart
+    ordering_ids = schedule_grid(schedule, ordering_ids=6, per_id=8, spacing=0.05, duration=0.05)
+
+    scheduler.wait_for_starts(48, timeout=90)
+
+    order = check_order_and_no_overlap(scheduler)
+    assert order == {o: list(range(8)) for o in ordering_ids}
+    assert len({s["pid"] for s in scheduler.starts()}) == 2, "both workers took part"
+
+
+def test_failing_and_hanging_ordering_ids_do_not_delay_others(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker()
+    scheduler.worker()
+    start = time.time() + 3
+    schedule.flaky.schedule(("failing", 0), {"failures": 100}, at=utc(start))
+    schedule.record.schedule(("hanging", 0), {"duration": 15.0}, at=utc(start))
+    for seq in range(6):
+        at = start + 0.5 + seq * 0.5
+        schedule.record.schedule(("healthy", seq), {"scheduled_for": at}, at=utc(at))
+
+    wait_until(lambda: len([s for s in scheduler.starts() if s["o"] == "healthy"]) >= 6, 40,
+               scheduler.executions)
+    healthy = [s for s in scheduler.starts() if s["o"] == "healthy"]
+    lateness = [s["t"] - s["scheduled_for"] for s in healthy]
+    assert max(lateness) < 1.0, lateness
+    assert [s["seq"] for s in healthy] == list(range(6))
+
+
+def test_failures_are_retried_while_the_ordering_id_waits(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker()
+    start = time.time() + 3
+    first = schedule.flaky.schedule(("acct", 0), {"failures": 2}, at=utc(start))
+    second = schedule.record.schedule(("acct", 1), {}, at=utc(start + 0.1))
+    gives_up = schedule.flaky.schedule(("doomed", 0), {"failures": 100}, at=utc(start))
+    after = schedule.record.schedule(("doomed", 1), {}, at=utc(start + 0.1))
+
+    scheduler.wait_for_starts(3 + 1 + 3 + 1, timeout=60)
+    wait_for_states([first, second, after], State.SUCCEEDED)
+    wait_for_states([gives_up], State.FAILED)
+
+    acct = [(s["seq"], s.get("attempt")) for s in scheduler.starts() if s["o"] == "acct"]
+    assert acct == [(0, 1), (0, 2), (0, 3), (1, None)]  # seq 1 waited for all of seq 0's attempts
+    doomed = [s["seq"] for s in scheduler.starts() if s["o"] == "doomed"]
+    assert doomed == [0, 0, 0, 1]  # after the last attempt the ordering id moved on
+    status = gives_up.status()
+    assert status.attempts == 3 and "planned failure 3" in status.last_error
+
+
+def test_same_key_runs_once_and_a_completed_key_never_again(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker()
+    when = utc(time.time() + 3)
+    first = schedule.record.schedule(("k", 0), {"duration": 0.0}, at=when)
+    again = schedule.record.schedule(("k", 0), {"duration": 0.0}, at=when)
+    assert first.key == again.key
+    scheduler.wait_for_starts(1)
+    wait_for_states([first], State.SUCCEEDED)
+
+    schedule.record.schedule(("k", 0), {"duration": 0.0}, at=when)  # completed: never again
+    marker = schedule.record.schedule(("k", 1), {}, at=utc(time.time() + 1))
+    wait_for_states([marker], State.SUCCEEDED)
+    assert [s["seq"] for s in scheduler.starts()] == [0, 1]
+
+
+def test_cancelled_task_never_runs(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker()
+    start = time.time() + 4
+    doomed = schedule.record.schedule(("c", 0), {}, at=utc(start))
+    kept = schedule.record.schedule(("c", 1), {}, at=utc(start + 0.2))
+    doomed.cancel()
+    wait_for_states([kept], State.SUCCEEDED, timeout=30)
+    time.sleep(1)
+    assert [s["seq"] for s in scheduler.starts()] == [1]
+    assert doomed.status().state is State.CANCELLED
+
+
+def test_sigkilled_dispatcher_loses_nothing(scheduler: Scheduler, schedule) -> None:
+    first = scheduler.dispatcher()
+    scheduler.worker()
+    ordering_ids = schedule_grid(schedule, ordering_ids=4, per_id=20, spacing=0.5, duration=0.02)
+
+    scheduler.wait_for_starts(12, timeout=60)
+    first.kill()  # SIGKILL mid-run: no hand-over, leases expire on their own
+    first.wait()
+    killed_at = time.time()
+    scheduler.dispatcher(wait=False)
+
+    wait_until(lambda: distinct_runs(scheduler) >= 80, 90, scheduler.starts)
+    order = check_order_and_no_overlap(scheduler)
+    seqs_in_order(order, {o: 20 for o in ordering_ids})
+    resumed = min(s["t"] for s in scheduler.starts() if s["t"] > killed_at)
+    print(f"release resumed {resumed - killed_at:.1f}s after SIGKILL")
+
+
+def test_rebalance_moves_partitions_without_loss(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker()
+    ordering_ids = schedule_grid(schedule, ordering_ids=12, per_id=30, spacing=0.4, duration=0.0)
+
+    time.sleep(5)
+    second = scheduler.dispatcher(wait=False)  # joins: some partitions move to it
+    time.sleep(4)
+    second.terminate()  # leaves cleanly: they move back
+    second.wait(timeout=30)
+
+    wait_until(lambda: distinct_runs(scheduler) >= 360, 90, scheduler.starts)
+    order = check_order_and_no_overlap(scheduler)
+    seqs_in_order(order, {o: 30 for o in ordering_ids})
+    times = sorted(s["t"] for s in scheduler.starts())
+    pause = max(b - a for a, b in itertools.pairwise(times))
+    print(f"longest pause between releases during the rebalances: {pause:.2f}s")
+    assert "handed over partitions" in scheduler.log_of(second)
