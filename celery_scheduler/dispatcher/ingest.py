@@ -1,10 +1,12 @@
 """Persist before commit: records polled from Kafka are written to the store, and only then
 are their offsets committed.
 
-A batch is applied concurrently across ordering ids and in order within one (a schedule
-followed by a cancel of the same key stays in that order). If any write fails, nothing of
-the batch is committed: the consumer seeks back and the batch is applied again (writes are
-idempotent), so an acknowledged schedule call is never lost. A record that cannot be
+A batch is applied in rounds: each round holds at most one record per task key and is
+written concurrently, and a later record of the same key (a cancel after its schedule) goes
+to a later round, so records of one key take effect in the order Kafka delivered them.
+If any write fails, nothing of the batch is committed: the consumer seeks back and the
+batch is applied again (writes are idempotent), so an acknowledged schedule call is never
+lost. A record that cannot be
 decoded, or breaks the rules a dispatcher relies on, is copied to the dead-letter topic
 with the reason, and the partition moves on.
 """
@@ -15,7 +17,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.envelope import CancelEnvelope, Envelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.store.base import ScheduleStore
+from celery_scheduler.store.base import Cancel, Put, ScheduleStore, StoredTask
 
 __all__ = ["DeadLetters", "Ingest", "dead_letter_topic"]
 
@@ -92,8 +93,8 @@ class Ingest:
 
     def __init__(self, consumer: Consumer, store: ScheduleStore, engine: Engine,
                  dead_letters: DeadLetters, partitions: Callable[[], int], *,
-                 allowed: Callable[[str], bool] | None = None, batch_size: int = 500,
-                 concurrency: int = 16, clock: Callable[[], int] | None = None) -> None:
+                 allowed: Callable[[str], bool] | None = None, batch_size: int = 1000,
+                 clock: Callable[[], int] | None = None) -> None:
         self.consumer = consumer
         self.store = store
         self.engine = engine
@@ -102,7 +103,6 @@ class Ingest:
         self.allowed = allowed
         self.batch_size = batch_size
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
-        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="celery-scheduler-ingest")
         self.persisted_count = 0
 
     def poll_once(self, timeout: float = 0.2) -> int:
@@ -116,7 +116,7 @@ class Ingest:
             return 0
         first: dict[int, Record] = {}
         last: dict[int, Record] = {}
-        groups: dict[tuple[int, str], list[tuple[Record, Envelope]]] = {}
+        rounds: list[dict[object, Put | Cancel]] = []
         for message in messages:
             error = message.error()
             if error is not None:
@@ -128,11 +128,18 @@ class Ingest:
             last[record.partition] = record
             envelope = self._check(record)
             if envelope is not None:
-                group = (record.partition, envelope.key.ordering_id)
-                groups.setdefault(group, []).append((record, envelope))
+                operation = (Cancel(record.partition, envelope.key)
+                             if isinstance(envelope, CancelEnvelope) else Put(record.partition, envelope))
+                # first round without this key: keeps the records of one key in order
+                for round_ in rounds:
+                    if envelope.key not in round_:
+                        round_[envelope.key] = operation
+                        break
+                else:
+                    rounds.append({envelope.key: operation})
         try:
-            for future in [self.pool.submit(self._apply, items) for items in groups.values()]:
-                future.result()
+            for round_ in rounds:
+                self._apply(list(round_.values()))
             self.dead_letters.flush()
             if last:
                 self.consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.offset + 1)
@@ -174,18 +181,16 @@ class Ingest:
             return None
         return envelope
 
-    def _apply(self, items: list[tuple[Record, Envelope]]) -> None:
-        for record, envelope in items:
-            now = self.clock()
-            if isinstance(envelope, CancelEnvelope):
-                if self.store.cancel(record.partition, envelope.key, now):
-                    logger.info("cancelled %s", envelope.key)
-                self.engine.cancelled(envelope.key)
-            else:
-                stored = self.store.put(record.partition, envelope, now)
-                if stored is not None:
-                    self.persisted_count += 1
-                    self.engine.persisted(stored)
+    def _apply(self, operations: list[Put | Cancel]) -> None:
+        results = self.store.apply(operations, self.clock())
+        for operation, result in zip(operations, results, strict=True):
+            if isinstance(operation, Cancel):
+                if result:
+                    logger.info("cancelled %s", operation.key)
+                self.engine.cancelled(operation.key)
+            elif isinstance(result, StoredTask):
+                self.persisted_count += 1
+                self.engine.persisted(result)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)
+        pass

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
-__all__ = ["Cursor", "Lease", "ScheduleStore", "State", "StoredTask", "TaskStatus", "bucket_of",
-           "write_bucket"]
+__all__ = ["Cancel", "Cursor", "Lease", "Put", "ScheduleStore", "State", "StoredTask", "TaskStatus",
+           "bucket_of", "write_bucket"]
 
 
 class State(str, enum.Enum):
@@ -94,6 +94,26 @@ class Lease:
     expires_ms: int
 
 
+@dataclass(frozen=True)
+class Put:
+    """Store *envelope* as pending in *partition* (see :meth:`ScheduleStore.put`)."""
+
+    partition: int
+    envelope: ScheduleEnvelope
+
+    @property
+    def key(self) -> TaskKey:
+        return self.envelope.key
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel the pending *key* (see :meth:`ScheduleStore.cancel`)."""
+
+    partition: int
+    key: TaskKey
+
+
 def bucket_of(scheduled_ms: int, bucket_seconds: int) -> int:
     """The time bucket a scheduled time falls in (buckets are *bucket_seconds* wide)."""
     return scheduled_ms // (bucket_seconds * 1000)
@@ -127,6 +147,16 @@ class ScheduleStore(abc.ABC):
     @abc.abstractmethod
     def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
         """Remove a pending (or blocked) task and mark it cancelled; False if there was none."""
+
+    def apply(self, operations: list[Put | Cancel], now_ms: int) -> list[StoredTask | bool | None]:
+        """Apply puts and cancels of distinct keys, concurrently where the store can.
+
+        Returns, per operation, what :meth:`put` or :meth:`cancel` would have returned.
+        """
+        if len({op.key for op in operations}) != len(operations):
+            raise ValueError("apply() takes at most one operation per task key")
+        return [self.put(op.partition, op.envelope, now_ms) if isinstance(op, Put)
+                else self.cancel(op.partition, op.key, now_ms) for op in operations]
 
     @abc.abstractmethod
     def status(self, key: TaskKey) -> TaskStatus | None:

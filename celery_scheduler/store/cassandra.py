@@ -25,6 +25,8 @@ from cassandra import (
 )
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
+from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType
 
 from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
@@ -37,8 +39,10 @@ from celery_scheduler.errors import (
 )
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import (
+    Cancel,
     Cursor,
     Lease,
+    Put,
     ScheduleStore,
     State,
     StoredTask,
@@ -92,6 +96,20 @@ _FINAL_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, sta
                  " USING TTL ?")
 
 
+_SELECT_STATUS = ("SELECT state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
+                  " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?")
+# Requests in flight at once for bulk reads and writes.
+CONCURRENCY = 64
+
+
+def _status(key: TaskKey, row: Any) -> TaskStatus | None:
+    if row is None or row.state is None:
+        return None
+    return TaskStatus(key, State(row.state), row.task, row.partition, row.attempts or 0,
+                      row.last_error, _ms(row.updated_at), row.bucket, row.outcome,
+                      row.outcome_attempt or 0)
+
+
 def _consistency(name: str) -> int:
     level = ConsistencyLevel.name_to_value.get(name.upper())
     if level is None:
@@ -119,7 +137,8 @@ class CassandraScheduleStore(ScheduleStore):
         self._serial = _consistency(serial_consistency)
         auth = PlainTextAuthProvider(username, password) if username else None
         ssl_context = ssl.create_default_context() if use_ssl else None
-        profile = ExecutionProfile(consistency_level=self._consistency,
+        profile = ExecutionProfile(load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+                                   consistency_level=self._consistency,
                                    serial_consistency_level=self._serial,
                                    request_timeout=request_timeout)
         self._cluster = Cluster(list(contact_points), port=port, auth_provider=auth,
@@ -128,6 +147,8 @@ class CassandraScheduleStore(ScheduleStore):
         with translate_errors("connect"):
             self._session: Session = self._cluster.connect()
         self._prepared: dict[str, Any] = {}
+        # buckets this process indexed already: one index write per bucket, not per task
+        self._indexed: set[tuple[int, int]] = set()
 
     def _prepare(self, cql: str) -> Any:
         statement = self._prepared.get(cql)
@@ -148,10 +169,17 @@ class CassandraScheduleStore(ScheduleStore):
         with translate_errors(what):
             return self._session.execute(self._prepare(cql), params)
 
-    def _batch(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        batch = BatchStatement(batch_type=BatchType.LOGGED, consistency_level=self._consistency)
+    def _batch_statement(self, statements: list[tuple[str, tuple[Any, ...]]]) -> BatchStatement:
+        # Unlogged: every caller retries the whole set until it is acknowledged (ingest does
+        # not commit, the engine re-reads), and all writes are idempotent, so the batch log's
+        # extra round of writes would buy nothing.
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self._consistency)
         for cql, params in statements:
             batch.add(self._prepare(cql), params)
+        return batch
+
+    def _batch(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        batch = self._batch_statement(statements)
         with translate_errors(what):
             self._session.execute(batch)
 
@@ -159,15 +187,15 @@ class CassandraScheduleStore(ScheduleStore):
     def _pk(key: TaskKey) -> tuple[str, dt.datetime, str]:
         return (key.ordering_id, _ts(key.scheduled_ms), key.uniqueness_key)
 
-    def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
+    def _plan_put(self, partition: int, envelope: ScheduleEnvelope, current: TaskStatus | None,
+                  now_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], StoredTask | None]:
         key = envelope.key
-        current = self.status(key)
         if current is not None and current.state.finished:
             logger.info("not scheduling %s again: it already %s", key, current.state.value)
-            return None
+            return [], None
         if current is not None and current.state is State.RELEASED:
             logger.info("not rescheduling %s: it is running", key)
-            return None
+            return [], None
         bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
         statements: list[tuple[str, tuple[Any, ...]]] = []
         if current is not None and current.state is State.PENDING and current.bucket is not None:
@@ -182,20 +210,21 @@ class CassandraScheduleStore(ScheduleStore):
              " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, false)",
              (partition, bucket, _ts(key.scheduled_ms), key.ordering_id, key.uniqueness_key,
               envelope.task, encode(envelope))),
-            ("INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?, ?)", (partition, bucket)),
             ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition, bucket,"
              " attempts, last_error, outcome, outcome_attempt, updated_at)"
              " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, 0, ?)",
              (*self._pk(key), State.PENDING.value, envelope.task, partition, bucket, _ts(now_ms))),
         ]
-        self._batch(f"store task {key}", statements)
-        return StoredTask(partition, bucket, envelope)
+        if (partition, bucket) not in self._indexed:
+            statements.append(("INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?, ?)",
+                               (partition, bucket)))
+        return statements, StoredTask(partition, bucket, envelope)
 
-    def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
-        current = self.status(key)
+    def _plan_cancel(self, key: TaskKey, current: TaskStatus | None, now_ms: int
+                     ) -> list[tuple[str, tuple[Any, ...]]]:
         if current is None or current.bucket is None or current.state not in (State.PENDING,
                                                                                 State.FAILED):
-            return False
+            return []
         row_pk = (current.partition, current.bucket, _ts(key.scheduled_ms), key.ordering_id,
                   key.uniqueness_key)
         if current.state is State.FAILED:  # only a task blocked after its last attempt
@@ -203,26 +232,65 @@ class CassandraScheduleStore(ScheduleStore):
                                 " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
                                 row_pk).one()
             if row is None:
-                return False
-        self._batch(f"cancel task {key}", [
+                return []
+        return [
             (_DELETE_ROW, row_pk),
             (_FINAL_STATUS, (*self._pk(key), State.CANCELLED.value, current.task, current.partition,
                              current.bucket, current.attempts, current.last_error, _ts(now_ms),
                              self.status_ttl)),
-        ])
-        return True
+        ]
+
+    def _indexed_now(self, planned: list[StoredTask | None]) -> None:
+        if len(self._indexed) > 100_000:
+            self._indexed.clear()
+        self._indexed.update((t.partition, t.bucket) for t in planned if t is not None)
+
+    def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
+        statements, stored = self._plan_put(partition, envelope, self.status(envelope.key), now_ms)
+        if statements:
+            self._batch(f"store task {envelope.key}", statements)
+            self._indexed_now([stored])
+        return stored
+
+    def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
+        statements = self._plan_cancel(key, self.status(key), now_ms)
+        if statements:
+            self._batch(f"cancel task {key}", statements)
+        return bool(statements)
+
+    def apply(self, operations: list[Put | Cancel], now_ms: int) -> list[StoredTask | bool | None]:
+        """Read every key's status concurrently, then write every batch concurrently."""
+        if len({op.key for op in operations}) != len(operations):
+            raise ValueError("apply() takes at most one operation per task key")
+        statuses = self._statuses([op.key for op in operations])
+        results: list[StoredTask | bool | None] = []
+        batches: list[tuple[BatchStatement, None]] = []
+        for op, current in zip(operations, statuses, strict=True):
+            if isinstance(op, Put):
+                statements, stored = self._plan_put(op.partition, op.envelope, current, now_ms)
+                results.append(stored)
+            else:
+                statements = self._plan_cancel(op.key, current, now_ms)
+                results.append(bool(statements))
+            if statements:
+                batches.append((self._batch_statement(statements), None))
+        with translate_errors(f"store {len(batches)} task(s)"):
+            execute_concurrent(self._session, batches, concurrency=CONCURRENCY,
+                               raise_on_first_error=True)
+        self._indexed_now([r for r in results if isinstance(r, StoredTask)])
+        return results
+
+    def _statuses(self, keys: list[TaskKey]) -> list[TaskStatus | None]:
+        statement = self._prepare(_SELECT_STATUS)
+        with translate_errors(f"read the status of {len(keys)} task(s)"):
+            answers = execute_concurrent_with_args(self._session, statement,
+                                                   [self._pk(k) for k in keys],
+                                                   concurrency=CONCURRENCY, raise_on_first_error=True)
+        return [_status(key, result.one()) for key, (_, result) in zip(keys, answers, strict=True)]
 
     def status(self, key: TaskKey) -> TaskStatus | None:
-        row = self._execute(
-            f"read the status of {key}",
-            "SELECT state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
-            " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?",
-            self._pk(key)).one()
-        if row is None or row.state is None:
-            return None
-        return TaskStatus(key, State(row.state), row.task, row.partition, row.attempts or 0,
-                          row.last_error, _ms(row.updated_at), row.bucket, row.outcome,
-                          row.outcome_attempt or 0)
+        return _status(key, self._execute(f"read the status of {key}", _SELECT_STATUS,
+                                          self._pk(key)).one())
 
     def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]:
         rows = self._execute(
@@ -259,6 +327,7 @@ class CassandraScheduleStore(ScheduleStore):
         return found
 
     def drop_bucket(self, partition: int, bucket: int) -> None:
+        self._indexed.discard((partition, bucket))
         self._execute(f"drop bucket {bucket} of partition {partition}",
                       "DELETE FROM {ks}.schedule_buckets WHERE partition = ? AND bucket = ?",
                       (partition, bucket))

@@ -206,9 +206,9 @@ def test_rebalance_moves_partitions_without_loss(scheduler: Scheduler, schedule)
     scheduler.worker()
     ordering_ids = schedule_grid(schedule, ordering_ids=12, per_id=30, spacing=0.4, duration=0.0)
 
-    time.sleep(5)
-    second = scheduler.dispatcher(wait=False)  # joins: some partitions move to it
-    time.sleep(4)
+    time.sleep(3)
+    second = scheduler.dispatcher()  # joins, and waits until partitions moved to it
+    time.sleep(2)
     second.terminate()  # leaves cleanly: they move back
     second.wait(timeout=30)
 

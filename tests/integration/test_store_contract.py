@@ -14,7 +14,7 @@ import pytest
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import SchemaMissingError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import Cursor, ScheduleStore, State, bucket_of
+from celery_scheduler.store.base import Cancel, Cursor, Put, ScheduleStore, State, StoredTask, bucket_of
 from celery_scheduler.store.cassandra import CassandraScheduleStore
 from celery_scheduler.store.memory import MemoryScheduleStore
 
@@ -172,3 +172,20 @@ def test_unreachable_cassandra_is_a_typed_error() -> None:
     with pytest.raises(StoreUnavailableError, match="connect"):
         CassandraScheduleStore(["127.0.0.1"], "ks", port=1, request_timeout=2.0)
     assert time.monotonic() - started < 15
+
+
+def test_apply_writes_a_set_of_operations_like_single_calls(store: ScheduleStore) -> None:
+    keep, drop, done = envelope("a", NOW), envelope("b", NOW + 1), envelope("c", NOW + 2)
+    store.put(0, drop, NOW)
+    finished = store.put(0, done, NOW)
+    assert finished is not None
+    store.finish(finished, State.SUCCEEDED, None, NOW)
+
+    never = Cancel(0, TaskKey("x", NOW, "u"))
+    results = store.apply([Put(0, keep), Cancel(0, drop.key), Put(0, done), never], NOW + 5)
+
+    assert isinstance(results[0], StoredTask) and results[0].envelope == keep
+    assert results[1:] == [True, None, False]
+    assert [t.envelope for t in store.read(0, Cursor(B), 10)] == [keep]
+    with pytest.raises(ValueError, match="one operation per task key"):
+        store.apply([Put(0, keep), Cancel(0, keep.key)], NOW)
