@@ -22,6 +22,7 @@ import datetime as dt
 import hashlib
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -323,6 +324,12 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
                     retry_backoff_max if retry_backoff_max is not None else defaults.backoff_max)
             except ValueError as exc:
                 raise ScheduleError(f"retry settings of {celery_task.name}: {exc}") from None
+        if getattr(celery_task, "max_retries", 3) is None:
+            warnings.warn(
+                f"task {celery_task.name} has max_retries=None: Celery's own retry would send "
+                "copies that run outside the scheduler's ordering; the scheduler owns retries "
+                "of scheduled runs (scheduler_max_attempts), so give max_retries a number",
+                stacklevel=2)
         from celery_scheduler.completion import install_worker_hooks
 
         install_worker_hooks()  # workers that import this task report its outcomes

@@ -25,6 +25,11 @@ HEADER = "celery_scheduler"
 # A released task is killed (hard time limit) this many seconds before its lease ends, so a
 # hung task never overlaps with its own re-release.
 LEASE_MARGIN_SECONDS = 5.0
+# The scheduler owns retries of scheduled runs. Released messages say they have been retried
+# this often already, so Celery's own retry (self.retry, autoretry_for) finds its limit
+# reached and raises the failure, which the scheduler retries in order, instead of sending
+# a copy of the task that would run outside the ordering.
+CELERY_RETRIES_EXHAUSTED = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -78,4 +83,4 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
             options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
     args, kwargs = _arguments(envelope)
     app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=release.key.task_id,
-                  headers=headers, **options)
+                  headers=headers, retries=CELERY_RETRIES_EXHAUSTED, **options)

@@ -3,6 +3,7 @@
 Run it with the demo (``scripts/demo``) or by hand::
 
     celery -A examples.reminders scheduler init
+    celery -A examples.reminders scheduler dispatch
     celery -A examples.reminders worker --loglevel=INFO
     python -m examples.reminders            # schedules a few reminders
 """
@@ -34,19 +35,19 @@ app.conf.update(
 @scheduled_task(ordering_id="customer_id", uniqueness_key="step")
 @app.task(name="reminders.send")
 def send(customer_id: str, step: str, text: str) -> str:
-    line = f"[{dt.datetime.now(dt.timezone.utc):%H:%M:%S.%f}] {customer_id}: {step} - {text}"
-    print(line, flush=True)
-    return line
+    print(f"REMINDER {customer_id}: {step} - {text}", flush=True)
+    return f"sent {step} to {customer_id}"
 
 
-def schedule_examples(seconds_ahead: float = 5.0) -> list:
+def schedule_examples(seconds_ahead: float = 5.0, run: str = "") -> list:
     """Schedule three reminders each for two customers, a second apart."""
     start = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds_ahead)
     handles = []
     for customer in ("alice", "bob"):
         for n, step in enumerate(("welcome", "tips", "survey")):
             when = start + dt.timedelta(seconds=n)
-            handles.append(send.schedule_at(when, customer, step, text=f"reminder {n + 1} of 3"))
+            text = f"reminder {n + 1} of 3 {run}".strip()
+            handles.append(send.schedule_at(when, customer, step, text=text))
     return handles
 
 

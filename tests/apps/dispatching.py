@@ -58,9 +58,7 @@ def record(ordering_id: str, seq: int, duration: float = 0.0, scheduled_for: flo
     return seq
 
 
-@scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
-@app.task(name="dispatching.flaky")
-def flaky(ordering_id: str, seq: int, failures: int) -> int:
+def fail_first(ordering_id: str, seq: int, failures: int) -> int:
     attempt = redis.Redis.from_url(f"{REDIS_URL}/3").incr(f"flaky:{EXECLOG}:{ordering_id}:{seq}")
     log("start", ordering_id, seq, attempt=attempt)
     if attempt <= failures:
@@ -68,3 +66,16 @@ def flaky(ordering_id: str, seq: int, failures: int) -> int:
         raise RuntimeError(f"planned failure {attempt} of {failures}")
     log("end", ordering_id, seq)
     return attempt
+
+
+@scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
+@app.task(name="dispatching.flaky")
+def flaky(ordering_id: str, seq: int, failures: int) -> int:
+    return fail_first(ordering_id, seq, failures)
+
+
+@scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
+@app.task(name="dispatching.autoretry", autoretry_for=(RuntimeError,), max_retries=5,
+          default_retry_delay=0)
+def autoretry(ordering_id: str, seq: int, failures: int) -> int:
+    return fail_first(ordering_id, seq, failures)

@@ -154,6 +154,21 @@ def test_failures_are_retried_while_the_ordering_id_waits(scheduler: Scheduler, 
     assert status.attempts == 3 and "planned failure 3" in status.last_error
 
 
+def test_celery_autoretry_defers_to_the_scheduler(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker()
+    start = time.time() + 3
+    handle = schedule.autoretry.schedule(("acct", 0), {"failures": 2}, at=utc(start))
+    follower = schedule.record.schedule(("acct", 1), {}, at=utc(start + 0.1))
+
+    wait_for_states([handle, follower], State.SUCCEEDED, timeout=60)
+
+    # three scheduler attempts, not one attempt that Celery retried behind the ordering's back
+    assert handle.status().attempts == 3
+    runs = [(s["seq"], s.get("attempt")) for s in scheduler.starts()]
+    assert runs == [(0, 1), (0, 2), (0, 3), (1, None)]
+
+
 def test_same_key_runs_once_and_a_completed_key_never_again(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
     scheduler.worker()
