@@ -82,7 +82,7 @@ class Engine:
         self.partitions: dict[int, _Partition] = {}
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.stopped = threading.Event()
-        self._last_poll = 0.0
+        self._last_poll_ms = 0
         self._thread: threading.Thread | None = None
         self.released_count = 0
         self.completed_count = 0
@@ -292,11 +292,10 @@ class Engine:
         Each task is asked about at growing intervals (2 s, 4 s, 8 s, ... up to 30 s after
         its release), so long-running tasks cost few reads.
         """
-        mono = time.monotonic()
-        if mono - self._last_poll < min(0.5, self.settings.outcome_poll_seconds):
-            return
-        self._last_poll = mono
         now = self.clock()
+        if now - self._last_poll_ms < min(500, self.settings.outcome_poll_seconds * 1000):
+            return
+        self._last_poll_ms = now
         first = int(self.settings.outcome_poll_seconds * 1000)
         for task in self.timetable.awaiting():
             if task.next_poll_ms == 0:

@@ -234,3 +234,46 @@ def test_rebalance_moves_partitions_without_loss(scheduler: Scheduler, schedule)
     pause = max(b - a for a, b in itertools.pairwise(times))
     print(f"longest pause between releases during the rebalances: {pause:.2f}s")
     assert "handed over partitions" in scheduler.log_of(second)
+
+
+def test_malformed_records_are_dead_lettered_and_the_partition_continues(
+        scheduler: Scheduler, schedule, kafka_bootstrap: str) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    from celery_scheduler.partitioner import partition_for
+
+    topic = scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    bad = [(b"acct", b"\xff not json"), (b"acct", b'{"v": 99}'), (b"other", b'{"v": 1, "type": "cancel"}')]
+    for key, value in bad:  # into the partition the good task uses
+        producer.produce(topic, key=key, value=value, partition=partition_for("acct", 6))
+    assert producer.flush(10) == 0
+    scheduler.dispatcher()
+    scheduler.worker()
+    good = schedule.record.schedule(("acct", 0), {}, at=utc(time.time() + 1))
+
+    wait_for_states([good], State.SUCCEEDED, timeout=30)
+
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic}-dlq-check",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([f"{topic}.deadletter"])
+    reasons = []
+    deadline = time.monotonic() + 30
+    while len(reasons) < 3 and time.monotonic() < deadline:
+        message = consumer.poll(1.0)
+        if message is not None and message.error() is None:
+            reasons.append(dict(message.headers())["reason"].decode())
+    consumer.close()
+    assert len(reasons) == 3
+    assert "not UTF-8" in reasons[0]
+    assert "unsupported envelope version 99" in reasons[1]
+    assert "missing field" in reasons[2]
+
+
+def test_health_check_exit_code(scheduler: Scheduler) -> None:
+    healthy = scheduler.cli("dispatch", "--check")
+    assert (healthy.returncode, healthy.stdout.strip()) == (0, "ok")
+    scheduler.env["CELERY_SCHEDULER_TEST_KAFKA"] = "127.0.0.1:1"
+    unhealthy = scheduler.cli("dispatch", "--check")
+    assert unhealthy.returncode == 1
+    assert "unhealthy: kafka" in unhealthy.stderr

@@ -1,0 +1,177 @@
+"""The release engine against the in-memory store, driven step by step with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_scheduler.bridge import Release
+from celery_scheduler.completion import Outcome
+from celery_scheduler.dispatcher.engine import Engine, EngineSettings
+from celery_scheduler.dispatcher.timetable import Loaded
+from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import State
+from celery_scheduler.store.memory import MemoryScheduleStore
+
+NOW = 1_893_456_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = NOW
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store() -> MemoryScheduleStore:
+    return MemoryScheduleStore()
+
+
+class Harness:
+    def __init__(self, store: MemoryScheduleStore, clock: Clock, **settings: object) -> None:
+        self.store = store
+        self.clock = clock
+        self.released: list[tuple[TaskKey, int]] = []
+        self.engine = Engine(store, self.publish, "owner-1",
+                             EngineSettings(**{"tick_seconds": 0, "outcome_poll_seconds": 1.0, **settings}),
+                             clock=clock)
+        self.engine.assign([0])
+
+    def publish(self, task: Loaded, release: Release) -> None:
+        self.released.append((task.key, release.attempt))
+
+    def schedule(self, ordering_id: str, offset_ms: int, unique: str = "u", attempts: int = 3) -> TaskKey:
+        envelope = ScheduleEnvelope(TaskKey(ordering_id, NOW + offset_ms, unique), "t",
+                                    retry=RetryPolicy(attempts, 1.0, 10.0))
+        stored = self.store.put(0, envelope, self.clock())
+        assert stored is not None
+        self.engine.persisted(stored)
+        return envelope.key
+
+    def step(self, advance_ms: int = 0) -> None:
+        self.clock.ms += advance_ms
+        self.engine.step()
+
+    def report(self, key: TaskKey, attempt: int, ok: bool) -> None:
+        self.store.record_outcome(key, attempt, ok, None if ok else "boom", self.clock())
+        self.engine.outcome(Outcome(key, 0, attempt, ok, None if ok else "boom"))
+
+
+def test_releases_when_due_and_next_after_completion(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    first, second = h.schedule("a", 100), h.schedule("a", 200)
+    h.step()
+    assert h.released == []  # not due yet
+    h.step(250)
+    assert h.released == [(first, 1)]  # second waits for first
+    h.report(first, 1, True)
+    h.step()
+    assert h.released == [(first, 1), (second, 1)]
+    assert store.status(first).state is State.SUCCEEDED
+
+
+def test_failure_retries_with_backoff_then_gives_up(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    key = h.schedule("a", 0, attempts=2)
+    h.step()
+    h.report(key, 1, False)
+    h.step()
+    assert h.released == [(key, 1)]
+    assert store.status(key).state is State.PENDING  # retry pending
+    h.step(1000)  # backoff 1 s * jitter(0.5..1) has passed
+    assert h.released == [(key, 1), (key, 2)]
+    h.report(key, 2, False)
+    h.step()
+    status = store.status(key)
+    assert (status.state, status.attempts, status.last_error) == (State.FAILED, 2, "boom")
+
+
+def test_stale_outcomes_are_ignored(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    key = h.schedule("a", 0)
+    h.step()
+    h.engine.outcome(Outcome(key, 0, 7, True, None))  # not the attempt in flight
+    h.step()
+    assert store.status(key).state is State.RELEASED
+
+
+def test_lost_notice_is_found_in_the_store(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    first, second = h.schedule("a", 0), h.schedule("a", 1)
+    h.step()
+    store.record_outcome(first, 1, True, None, clock())  # the worker wrote, Redis lost it
+    h.step(1500)
+    h.step()
+    assert (second, 1) in h.released
+
+
+def test_expired_lease_releases_again(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock, lease_seconds=10.0)
+    key = h.schedule("a", 0)
+    h.step()
+    for _ in range(40):
+        h.step(500)
+    assert h.released[:2] == [(key, 1), (key, 2)]
+
+
+def test_task_left_in_flight_by_a_previous_owner_blocks_until_its_outcome(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    # a previous dispatcher released "first" and died; its lease runs for another minute
+    envelope = ScheduleEnvelope(TaskKey("a", NOW, "u"), "t")
+    stored = store.put(0, envelope, NOW)
+    store.mark_released(stored, 1, NOW + 60_000, NOW)
+    h = Harness(store, clock)
+    second = h.schedule("a", 10)
+    h.step(100)
+    h.step()
+    assert h.released == []  # the ordering id waits for the adopted task
+    h.report(envelope.key, 1, True)  # its worker reports: the new owner accepts it
+    h.step()
+    assert h.released == [(second, 1)]
+
+
+def test_no_release_without_the_partition_lease(store: MemoryScheduleStore, clock: Clock) -> None:
+    other = store.acquire_lease(0, "someone-else", 60_000, NOW)
+    assert other is not None
+    h = Harness(store, clock)
+    h.schedule("a", 0)
+    for _ in range(5):
+        h.step(100)
+    assert h.released == []
+    store.release_lease(other)
+    h.engine.partitions[0].next_attempt_mono = 0
+    h.step()
+    h.step()
+    assert len(h.released) == 1
+
+
+def test_cancel_removes_a_loaded_task(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    key = h.schedule("a", 1000)
+    h.step()
+    store.cancel(0, key, clock())
+    h.engine.cancelled(key)
+    h.step(2000)
+    assert h.released == []
+
+
+def test_memory_is_bounded_per_partition(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock, max_loaded=10, page_size=4)
+    for i in range(50):
+        h.schedule(f"o{i}", i)
+    h.step()
+    assert h.engine.timetable.count(0) <= 10
+    for _ in range(20):  # drain: everything runs eventually, oldest first
+        for key, attempt in h.released[-10:]:
+            if store.status(key).state is State.RELEASED:
+                h.report(key, attempt, True)
+        h.step(100)
+        assert h.engine.timetable.count(0) <= 10
+    assert len({k for k, _ in h.released}) == 50
