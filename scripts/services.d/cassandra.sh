@@ -73,7 +73,10 @@ EOF
     # would otherwise pick whatever it resolves on the day.
     # With -q Maven prints only errors, but Debian's build still emits colour-reset codes, so
     # its output goes to a file that is shown only on failure.
-    if ! mvn -B -q -f "$home/pom.xml" "$CASSANDRA_MAVEN_DEPENDENCY_PLUGIN:copy-dependencies" \
+    # Maven's own repository lives in the cache too (as for Kafka), so removing the cache
+    # directory removes everything; -U retries downloads Maven remembers as failed.
+    if ! mvn -B -q -U -f "$home/pom.xml" "$CASSANDRA_MAVEN_DEPENDENCY_PLUGIN:copy-dependencies" \
+        -Dmaven.repo.local="$CACHE_DIR/m2" \
         -DincludeScope=runtime -DoutputDirectory="$lib.partial" >"$home/maven.log" 2>&1; then
         cat "$home/maven.log" >&2
         die "Maven could not fetch cassandra-all $CASSANDRA_VERSION and its dependencies"
