@@ -131,8 +131,11 @@ def cancel(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -
 @click.option("--check", is_flag=True,
               help="only check that Kafka, Cassandra and Redis are usable; exit 0 if so, 1 if not")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--metrics-port", type=int, default=None,
+              help="serve Prometheus metrics on this port (needs the [monitoring] extra)")
 @click.pass_context
-def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str) -> None:
+def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str,
+             metrics_port: int | None) -> None:
     """Run a dispatcher: persist scheduled tasks and release them to Celery when due."""
     import logging
     import signal
@@ -152,7 +155,10 @@ def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str) 
     logging.basicConfig(level=loglevel.upper(),
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     try:
-        dispatcher = Dispatcher(app, group_id=group)
+        from celery_scheduler.metrics import Metrics, serve
+
+        metrics = serve(metrics_port) if metrics_port is not None else Metrics()
+        dispatcher = Dispatcher(app, group_id=group, metrics=metrics)
     except SchedulerError as exc:
         _fail(exc)
 

@@ -31,6 +31,7 @@ from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import Lease, ScheduleStore, State, StoredTask
 
 __all__ = ["Engine", "EngineSettings"]
@@ -72,13 +73,14 @@ class Engine:
 
     def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
                  settings: EngineSettings | None = None,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None, metrics: Metrics | None = None) -> None:
         self.store = store
         self.publish = publish
         self.owner = owner
         self.settings = settings or EngineSettings()
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.timetable = Timetable()
+        self.metrics = metrics or Metrics()
         self.partitions: dict[int, _Partition] = {}
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.stopped = threading.Event()
@@ -142,6 +144,8 @@ class Engine:
                 partition.loader.fill(self.timetable, now)
         self._poll_outcomes()
         self._release_due()
+        self.metrics.state(len(self.timetable), len(self.timetable.in_flight()),
+                           sum(1 for p in self.partitions.values() if p.lease is not None))
 
     def _wait_seconds(self) -> float:
         next_due = self.timetable.next_due_ms()
@@ -271,6 +275,7 @@ class Engine:
         task.next_poll_ms = 0
         self.publish(task, Release(task.key, task.partition, attempt, lease.epoch))
         self.released_count += 1
+        self.metrics.released((now - task.due_ms) / 1000 if attempt == 1 else 0.0)
 
     def _settle_from_store(self, task: Loaded) -> bool:
         """A task released earlier whose lease ran out: did its outcome reach the store?"""
@@ -320,6 +325,7 @@ class Engine:
             self.store.finish(task.stored, State.SUCCEEDED, None, now)
             self.timetable.remove(task.key)
             self.completed_count += 1
+            self.metrics.finished("succeeded")
             return
         policy = task.envelope.retry
         if task.attempts < policy.max_attempts:
@@ -328,10 +334,12 @@ class Engine:
             self.store.mark_retry(task.stored, task.attempts, now + delay_ms, error, now)
             self.timetable.retry_later(task.key, now + delay_ms)
             task.released_ms = task.next_poll_ms = 0
+            self.metrics.retried()
             logger.info("attempt %d of %s failed (%s); retrying in %.1fs", task.attempts, task.key,
                         error, delay_ms / 1000)
             return
         block = self.settings.on_exhausted == "block"
+        self.metrics.finished("failed")
         self.store.finish(task.stored, State.FAILED, error, now, keep_row=block)
         if block:
             self.timetable.block(task.key)

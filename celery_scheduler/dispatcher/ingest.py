@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.envelope import CancelEnvelope, Envelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
+from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put, ScheduleStore, StoredTask
 
@@ -62,9 +63,10 @@ def dead_letter_topic(topic: str) -> str:
 class DeadLetters:
     """Copies rejected records to the dead-letter topic; flush() waits for Kafka's ack."""
 
-    def __init__(self, producer: Producer, topic: str) -> None:
+    def __init__(self, producer: Producer, topic: str, metrics: Metrics | None = None) -> None:
         self.producer = producer
         self.topic = topic
+        self.metrics = metrics or Metrics()
         self.count = 0
         self._errors: list[str] = []
 
@@ -80,6 +82,7 @@ class DeadLetters:
                                        ("source", record.source.encode("utf-8"))],
                               on_delivery=on_delivery)
         self.count += 1
+        self.metrics.dead_lettered()
 
     def flush(self, timeout: float = 30.0) -> None:
         remaining = self.producer.flush(timeout)
@@ -187,9 +190,11 @@ class Ingest:
             if isinstance(operation, Cancel):
                 if result:
                     logger.info("cancelled %s", operation.key)
+                    self.engine.metrics.cancelled()
                 self.engine.cancelled(operation.key)
             elif isinstance(result, StoredTask):
                 self.persisted_count += 1
+                self.engine.metrics.persisted()
                 self.engine.persisted(result)
 
     def close(self) -> None:

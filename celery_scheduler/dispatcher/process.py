@@ -28,6 +28,7 @@ from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.errors import SchedulerError
+from celery_scheduler.metrics import Metrics
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 
 __all__ = ["Dispatcher", "check", "engine_settings"]
@@ -50,7 +51,7 @@ class Dispatcher:
     """Runs until :meth:`stop` is called (from a signal handler or another thread)."""
 
     def __init__(self, app: Any, *, group_id: str | None = None, owner: str | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, metrics: Metrics | None = None) -> None:
         self.app = app
         self.settings = settings or get_settings(app)
         s = self.settings
@@ -58,7 +59,9 @@ class Dispatcher:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stopping = threading.Event()
         self.store = open_store(s)
-        self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s))
+        self.metrics = metrics or Metrics()
+        self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
+                             metrics=self.metrics)
         base = client_config(s.kafka_bootstrap_servers, s.kafka_options)
         self._partitions = topic_partitions(Producer(base), s.kafka_topic, s.kafka_produce_timeout)
         producer = Producer({**base, "acks": "all", "enable.idempotence": True})
@@ -75,7 +78,7 @@ class Dispatcher:
         })
         names = set(registered())
         self.ingest = Ingest(self.consumer, self.store, self.engine,
-                             DeadLetters(producer, dead_letter_topic(s.kafka_topic)),
+                             DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
                              lambda: self._partitions, allowed=names.__contains__)
 
     def _publish(self, task: Loaded, release: bridge.Release) -> None:

@@ -58,9 +58,9 @@ class Scheduler:
                 pytest.fail(f"{text!r} not seen after {timeout}s:\n{self.log_of(process)[-5000:]}")
             time.sleep(0.1)
 
-    def dispatcher(self, wait: bool = True) -> subprocess.Popen[bytes]:
+    def dispatcher(self, *extra: str, wait: bool = True) -> subprocess.Popen[bytes]:
         process = self._spawn("dispatcher", [sys.executable, "-m", "celery", "-A", APP, "scheduler",
-                                             "dispatch", "--loglevel", "INFO"])
+                                             "dispatch", "--loglevel", "INFO", *extra])
         if wait:
             self.wait_for_log(process, "leased partition")
         return process

@@ -277,3 +277,26 @@ def test_health_check_exit_code(scheduler: Scheduler) -> None:
     unhealthy = scheduler.cli("dispatch", "--check")
     assert unhealthy.returncode == 1
     assert "unhealthy: kafka" in unhealthy.stderr
+
+
+def test_dispatcher_metrics_on_prometheus(scheduler: Scheduler, schedule) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port for this test
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    scheduler.dispatcher("--metrics-port", str(port))
+    scheduler.worker()
+    handles = [schedule.record.schedule(("m", seq), {}, at=utc(time.time() + 1)) for seq in range(3)]
+    wait_for_states(handles, State.SUCCEEDED)
+    time.sleep(0.5)
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    samples = {line.split(" ")[0]: float(line.split(" ")[1])
+               for line in text.splitlines() if line.startswith("celery_scheduler_")}
+    assert samples["celery_scheduler_persisted_total"] == 3
+    assert samples["celery_scheduler_released_total"] == 3
+    assert samples['celery_scheduler_finished_total{outcome="succeeded"}'] == 3
+    assert samples["celery_scheduler_release_lateness_seconds_count"] == 3
+    assert samples["celery_scheduler_owned_partitions"] == 6

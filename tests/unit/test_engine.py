@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from celery_scheduler.bridge import Release
 from celery_scheduler.completion import Outcome
@@ -10,6 +11,7 @@ from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
 
@@ -39,10 +41,14 @@ class Harness:
         self.store = store
         self.clock = clock
         self.released: list[tuple[TaskKey, int]] = []
+        self.registry = CollectorRegistry()
         self.engine = Engine(store, self.publish, "owner-1",
                              EngineSettings(**{"tick_seconds": 0, "outcome_poll_seconds": 1.0, **settings}),
-                             clock=clock)
+                             clock=clock, metrics=PrometheusMetrics(self.registry))
         self.engine.assign([0])
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
 
     def publish(self, task: Loaded, release: Release) -> None:
         self.released.append((task.key, release.attempt))
@@ -91,6 +97,10 @@ def test_failure_retries_with_backoff_then_gives_up(store: MemoryScheduleStore, 
     h.step()
     status = store.status(key)
     assert (status.state, status.attempts, status.last_error) == (State.FAILED, 2, "boom")
+    assert h.sample("celery_scheduler_released_total") == 2
+    assert h.sample("celery_scheduler_retries_total") == 1
+    assert h.sample("celery_scheduler_finished_total", outcome="failed") == 1
+    assert h.sample("celery_scheduler_in_flight_tasks") == 0
 
 
 def test_stale_outcomes_are_ignored(store: MemoryScheduleStore, clock: Clock) -> None:

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from celery_scheduler.bridge import CELERY_RETRIES_EXHAUSTED, HEADER, Release, parse_header, publish
+from celery_scheduler.envelope import ScheduleEnvelope, encode_arguments
+from celery_scheduler.keys import TaskKey
+
+KEY = TaskKey("customer-42", 1_893_456_000_000, "welcome")
+NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class RecordingApp:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, **options: Any) -> None:
+        self.sent.append((name, options))
+
+
+def released(options: dict[str, Any], lease: float = 300.0, args: list[Any] | None = None
+             ) -> dict[str, Any]:
+    encoded_args, encoded_kwargs = encode_arguments(args or ["customer-42"], {"kind": "welcome"})
+    envelope = ScheduleEnvelope(KEY, "proj.remind", encoded_args, encoded_kwargs, options)
+    app = RecordingApp()
+    publish(app, envelope, Release(KEY, 3, 2, 7), lease, now=NOW)
+    [(name, sent)] = app.sent
+    assert name == "proj.remind"
+    return sent
+
+
+def test_release_carries_key_attempt_and_deterministic_id() -> None:
+    sent = released({"queue": "mail", "priority": 5, "headers": {"trace": "abc"}})
+    assert sent["task_id"] == KEY.task_id
+    assert (sent["queue"], sent["priority"]) == ("mail", 5)
+    assert sent["headers"]["trace"] == "abc"
+    assert parse_header(sent["headers"][HEADER]) == Release(KEY, 3, 2, 7)
+    assert sent["retries"] == CELERY_RETRIES_EXHAUSTED  # Celery's own retry defers to ours
+    assert (sent["args"], sent["kwargs"]) == (["customer-42"], {"kind": "welcome"})
+
+
+def test_hard_time_limit_stays_below_the_lease() -> None:
+    assert released({})["time_limit"] == 295.0
+    assert released({"time_limit": 60})["time_limit"] == 60.0
+    assert released({"time_limit": 600})["time_limit"] == 295.0
+    assert released({"soft_time_limit": 900})["soft_time_limit"] == 295.0
+
+
+def test_expires_counts_from_the_release() -> None:
+    assert released({"expires": 30})["expires"] == NOW + dt.timedelta(seconds=30)
+
+
+def test_tagged_arguments_arrive_as_objects() -> None:
+    ident = uuid.UUID(int=5)
+    sent = released({}, args=[NOW, ident])
+    assert sent["args"] == [NOW, ident]
+
+
+def test_foreign_headers_are_not_ours() -> None:
+    assert parse_header(None) is None
+    assert parse_header("not json") is None
+    assert parse_header('{"o": "x"}') is None
