@@ -129,8 +129,10 @@ class Engine:
         while not self.stopped.is_set():
             try:
                 self.step()
-            except SchedulerError:
-                logger.exception("dispatcher step failed; retrying")
+            except Exception:
+                # A store or broker outage (or a bug) must not stop releasing for good: log
+                # it, and try again; nothing in memory is lost by a failed step.
+                logger.exception("dispatcher step failed; retrying in 1s")
                 self.stopped.wait(1.0)
         self._revoke(_Revoke(list(self.partitions)))
 
@@ -140,7 +142,7 @@ class Engine:
         now = self.clock()
         self._maintain_leases()
         for partition in list(self.partitions.values()):
-            if self._may_release(partition):
+            if self._may_release(partition) and partition.loader.due_for_fill(now):
                 partition.loader.fill(self.timetable, now)
         self._poll_outcomes()
         self._release_due()
@@ -199,6 +201,9 @@ class Engine:
                 self.timetable.add(loaded_from(row))
             else:
                 partition.loader.rewind(row.position)
+                partition.loader.dirty = True
+        else:
+            partition.loader.dirty = True  # ahead of the cursor: the next fill reads it
 
     def _revoke(self, request: _Revoke) -> None:
         for number in request.partitions:
@@ -273,7 +278,14 @@ class Engine:
         self.store.mark_released(task.stored, attempt, lease_until, now)
         task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
         task.next_poll_ms = 0
-        self.publish(task, Release(task.key, task.partition, attempt, lease.epoch))
+        try:
+            self.publish(task, Release(task.key, task.partition, attempt, lease.epoch))
+        except Exception as exc:  # the Celery broker is down: undo, and try again shortly
+            logger.warning("could not publish %s to Celery (%s); retrying in 1s", task.key, exc)
+            task.attempts, task.released_ms = attempt - 1, 0
+            self.store.mark_retry(task.stored, attempt - 1, now + 1000, f"broker: {exc}", now)
+            self.timetable.retry_later(task.key, now + 1000)
+            return
         self.released_count += 1
         self.metrics.released((now - task.due_ms) / 1000 if attempt == 1 else 0.0)
 
@@ -321,6 +333,9 @@ class Engine:
 
     def _apply_outcome(self, task: Loaded, succeeded: bool, error: str | None) -> None:
         now = self.clock()
+        partition = self.partitions.get(task.partition)
+        if partition is not None:
+            partition.loader.dirty = True  # room in memory: more may be loaded
         if succeeded:
             self.store.finish(task.stored, State.SUCCEEDED, None, now)
             self.timetable.remove(task.key)

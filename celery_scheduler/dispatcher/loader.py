@@ -37,6 +37,15 @@ class PartitionLoader:
         self.lookahead_ms = lookahead_ms
         self.cursor: Cursor | None = None  # None: not started; find the first indexed bucket
         self.inclusive = False
+        # Reading is needed only when something may have changed: rows written ahead of the
+        # cursor (ingest says so), room freed in memory, or the horizon moving on. A slow
+        # periodic read covers anything else.
+        self.dirty = True
+        self.last_fill_ms = 0
+        self.refresh_ms = 1000
+
+    def due_for_fill(self, now_ms: int) -> bool:
+        return self.dirty or now_ms - self.last_fill_ms >= self.refresh_ms
 
     def passed(self, position: Cursor) -> bool:
         """Whether the cursor is at or beyond *position* (a row there will not be read again)."""
@@ -55,6 +64,7 @@ class PartitionLoader:
         """Load rows up to the horizon while there is room; return how many were added."""
         horizon = bucket_of(now_ms + self.lookahead_ms, self.store.bucket_seconds)
         added = 0
+        self.dirty, self.last_fill_ms = False, now_ms
         if self.cursor is None:
             first = self.store.buckets(self.partition, 0, horizon, limit=1)
             if not first:

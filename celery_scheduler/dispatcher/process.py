@@ -27,7 +27,7 @@ from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
 from celery_scheduler.dispatcher.timetable import Loaded
-from celery_scheduler.errors import SchedulerError
+from celery_scheduler.errors import ConfigurationError, SchedulerError
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 
@@ -53,6 +53,14 @@ class Dispatcher:
     def __init__(self, app: Any, *, group_id: str | None = None, owner: str | None = None,
                  settings: Settings | None = None, metrics: Metrics | None = None) -> None:
         self.app = app
+        names = set(registered())
+        if not names:
+            raise ConfigurationError(
+                "no @scheduled_task is registered in this process, so every record would be "
+                "dead-lettered; run the dispatcher with the app whose modules define the "
+                "scheduled tasks (celery -A proj scheduler dispatch), or list them in the "
+                "app's imports/include")
+        logger.info("releasing scheduled tasks: %s", ", ".join(sorted(names)))
         self.settings = settings or get_settings(app)
         s = self.settings
         self.group_id = group_id or f"{s.kafka_topic}{DEFAULT_GROUP_SUFFIX}"
@@ -76,7 +84,6 @@ class Dispatcher:
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1500,
         })
-        names = set(registered())
         self.ingest = Ingest(self.consumer, self.store, self.engine,
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
                              lambda: self._partitions, allowed=names.__contains__)

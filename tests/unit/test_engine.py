@@ -185,3 +185,21 @@ def test_memory_is_bounded_per_partition(store: MemoryScheduleStore, clock: Cloc
         h.step(100)
         assert h.engine.timetable.count(0) <= 10
     assert len({k for k, _ in h.released}) == 50
+
+
+def test_broker_outage_at_release_is_retried_without_spending_an_attempt(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    failures = [RuntimeError("broker down")]
+
+    def flaky_publish(task: Loaded, release: Release) -> None:
+        if failures:
+            raise failures.pop()
+        h.released.append((task.key, release.attempt))
+
+    h.engine.publish = flaky_publish
+    key = h.schedule("a", 0)
+    h.step()
+    assert h.released == [] and store.status(key).state is State.PENDING
+    h.step(1000)
+    assert h.released == [(key, 1)]  # first real release is attempt 1
