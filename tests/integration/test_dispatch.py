@@ -300,3 +300,26 @@ def test_dispatcher_metrics_on_prometheus(scheduler: Scheduler, schedule) -> Non
     assert samples['celery_scheduler_finished_total{outcome="succeeded"}'] == 3
     assert samples["celery_scheduler_release_lateness_seconds_count"] == 3
     assert samples["celery_scheduler_owned_partitions"] == 6
+
+
+def test_hung_task_is_killed_before_its_lease_ends_and_released_again(
+        scheduler: Scheduler, schedule) -> None:
+    # lease 10 s: the release carries a hard time limit of 5 s, enforced by the prefork pool
+    scheduler.env["CELERY_SCHEDULER_TEST_LEASE"] = "10"
+    scheduler.dispatcher()
+    scheduler.worker("--pool=prefork", "--concurrency=1")
+    start = time.time() + 2
+    hung = schedule.record.schedule(("acct", 0), {"duration": 120.0}, at=utc(start))
+    follower = schedule.record.schedule(("acct", 1), {}, at=utc(start + 0.1))
+
+    wait_for_states([hung], State.FAILED, timeout=90)
+    wait_for_states([follower], State.SUCCEEDED, timeout=30)
+
+    runs = [s for s in scheduler.starts() if s["seq"] == 0]
+    assert len(runs) == 3  # every attempt hung and was killed; then the key failed
+    for earlier, later in itertools.pairwise(runs):
+        # killed at the 5 s hard limit (well inside the lease), and only then released again
+        assert later["t"] - earlier["t"] >= 5.0
+    follower_start = next(s["t"] for s in scheduler.starts() if s["seq"] == 1)
+    assert follower_start > runs[-1]["t"] + 5.0
+    assert "TimeLimitExceeded" in hung.status().last_error
