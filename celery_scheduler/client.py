@@ -15,6 +15,7 @@ from typing import Any
 
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.envelope import Envelope, encode
+from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import Position, TaskLog
 
@@ -36,6 +37,7 @@ class SchedulerClient:
         self.settings = settings
         self._task_log = task_log
         self._store = store
+        self._signer = settings.signer
         self._pid = self._store_pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -67,10 +69,14 @@ class SchedulerClient:
     def publish(self, envelope: Envelope, wait: bool = True) -> Any:
         """Publish *envelope* keyed by its ordering id; a Position, or a future if not *wait*."""
         data = self.encode(envelope)
+        key = envelope.key.ordering_id
+        headers = None
+        if self._signer is not None:
+            headers = {SIGNATURE_HEADER: self._signer.sign(key.encode("utf-8"), data)}
         if wait:
-            return self.task_log.publish(envelope.key.ordering_id, data,
-                                         timeout=self.settings.kafka_produce_timeout)
-        return self.task_log.publish_async(envelope.key.ordering_id, data)
+            return self.task_log.publish(key, data, timeout=self.settings.kafka_produce_timeout,
+                                         headers=headers)
+        return self.task_log.publish_async(key, data, headers)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for records published with ``wait=False``; return how many are still pending."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.errors import ConfigurationError
+from celery_scheduler.signing import Signer
 
 __all__ = ["PREFIX", "Settings", "get_settings"]
 
@@ -77,6 +78,10 @@ class Settings:
     lookahead_seconds: float = 60.0  # how far ahead of now the schedule is loaded
     redis_url: str | None = None  # completion notices; defaults to the broker when it is Redis
 
+    # optional HMAC signing of records (see celery_scheduler.signing)
+    signing_keys: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    signing_key_id: str | None = None
+
     def __post_init__(self) -> None:
         if self.on_exhausted not in ("skip", "block"):
             raise ConfigurationError(
@@ -93,10 +98,17 @@ class Settings:
                      "partition_lease_seconds", "lookahead_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.signing_keys:
+            Signer(self.signing_keys, self.signing_key_id)  # validates keys and the active id
         try:
             self.retry_policy  # noqa: B018 - validates the three retry settings together
         except ValueError as exc:
             raise ConfigurationError(f"retry settings: {exc}") from None
+
+    @property
+    def signer(self) -> Signer | None:
+        """The signer when signing is configured, else None."""
+        return Signer(self.signing_keys, self.signing_key_id) if self.signing_keys else None
 
     @property
     def retry_policy(self) -> RetryPolicy:

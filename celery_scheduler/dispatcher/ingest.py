@@ -27,6 +27,8 @@ from celery_scheduler.envelope import CancelEnvelope, Envelope, ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
+from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
+from celery_scheduler.signing import Signer
 from celery_scheduler.store.base import Cancel, Put, ScheduleStore, StoredTask
 
 __all__ = ["DeadLetters", "Ingest", "dead_letter_topic"]
@@ -43,12 +45,18 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    signature: bytes | None = None
 
     @classmethod
     def of(cls, message: Message) -> Record:
         key, value = message.key(), message.value()
+        signature = None
+        for header in message.headers() or ():
+            if isinstance(header, tuple) and header[0] == SIGNATURE_HEADER:
+                signature = header[1]
         return cls(message.topic() or "", message.partition() or 0, message.offset() or 0,
-                   key if isinstance(key, bytes) else None, value if isinstance(value, bytes) else None)
+                   key if isinstance(key, bytes) else None, value if isinstance(value, bytes) else None,
+                   signature if isinstance(signature, bytes) else None)
 
     @property
     def source(self) -> str:
@@ -96,7 +104,8 @@ class Ingest:
 
     def __init__(self, consumer: Consumer, store: ScheduleStore, engine: Engine,
                  dead_letters: DeadLetters, partitions: Callable[[], int], *,
-                 allowed: Callable[[str], bool] | None = None, batch_size: int = 1000,
+                 allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
+                 batch_size: int = 1000,
                  clock: Callable[[], int] | None = None) -> None:
         self.consumer = consumer
         self.store = store
@@ -104,6 +113,7 @@ class Ingest:
         self.dead_letters = dead_letters
         self.partitions = partitions
         self.allowed = allowed
+        self.signer = signer
         self.batch_size = batch_size
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.persisted_count = 0
@@ -162,6 +172,11 @@ class Ingest:
         if record.value is None:
             self.dead_letters.send(record, "record has no value")
             return None
+        if self.signer is not None:
+            problem = self.signer.problem(record.key, record.value, record.signature)
+            if problem is not None:
+                self.dead_letters.send(record, problem)
+                return None
         try:
             envelope = decode(record.value)
         except EnvelopeDecodeError as exc:

@@ -86,7 +86,8 @@ class Dispatcher:
         })
         self.ingest = Ingest(self.consumer, self.store, self.engine,
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
-                             lambda: self._partitions, allowed=names.__contains__)
+                             lambda: self._partitions, allowed=names.__contains__,
+                             signer=s.signer)
 
     def _publish(self, task: Loaded, release: bridge.Release) -> None:
         bridge.publish(self.app, task.envelope, release, self.settings.lease_seconds)

@@ -20,17 +20,19 @@ class TaskLog(abc.ABC):
     """Append-only, partitioned log of envelopes; records of one key keep their order."""
 
     @abc.abstractmethod
-    def publish_async(self, key: str, value: bytes) -> Future[Position]:
+    def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
+                      ) -> Future[Position]:
         """Start appending *value* under *key*; the future resolves once it is acknowledged.
 
         The future fails with a :class:`~celery_scheduler.errors.TaskLogError`.
         """
 
-    def publish(self, key: str, value: bytes, timeout: float | None = None) -> Position:
+    def publish(self, key: str, value: bytes, timeout: float | None = None,
+                headers: dict[str, bytes] | None = None) -> Position:
         """Append *value* under *key* and wait until it is acknowledged (or raise)."""
         from celery_scheduler.errors import TaskLogUnavailableError
 
-        future = self.publish_async(key, value)
+        future = self.publish_async(key, value, headers)
         try:
             return future.result(timeout)
         except TimeoutError:

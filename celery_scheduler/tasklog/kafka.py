@@ -130,7 +130,8 @@ class KafkaTaskLog(TaskLog):
                     self._partitions = topic_partitions(self._producer, self.topic, self.timeout)
         return self._partitions
 
-    def publish_async(self, key: str, value: bytes) -> Future[Position]:
+    def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
+                      ) -> Future[Position]:
         if self._closed.is_set():
             raise TaskLogError("the Kafka task log is closed")
         self.partitions()  # fails fast, with a clear message, when the topic is missing
@@ -146,7 +147,7 @@ class KafkaTaskLog(TaskLog):
         while True:
             try:
                 self._producer.produce(self.topic, key=key.encode("utf-8"), value=value,
-                                       on_delivery=on_delivery)
+                                       headers=list((headers or {}).items()), on_delivery=on_delivery)
                 return future
             except BufferError:  # local queue full: wait for deliveries to drain it
                 if time.monotonic() > deadline:

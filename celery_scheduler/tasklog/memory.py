@@ -16,12 +16,15 @@ class MemoryTaskLog(TaskLog):
 
     def __init__(self, partitions: int = 12) -> None:
         self._records: list[list[tuple[str, bytes]]] = [[] for _ in range(partitions)]
+        self.headers: list[list[dict[str, bytes]]] = [[] for _ in range(partitions)]
         self._lock = threading.Lock()
 
-    def publish_async(self, key: str, value: bytes) -> Future[Position]:
+    def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
+                      ) -> Future[Position]:
         partition = partition_for(key, len(self._records))
         with self._lock:
             self._records[partition].append((key, bytes(value)))
+            self.headers[partition].append(dict(headers or {}))
             position = Position(partition, len(self._records[partition]) - 1)
         future: Future[Position] = Future()
         future.set_result(position)

@@ -35,6 +35,9 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+if os.environ.get("CELERY_SCHEDULER_TEST_SIGNING_SECRET"):
+    app.conf.scheduler_signing_keys = {"k1": os.environ["CELERY_SCHEDULER_TEST_SIGNING_SECRET"]}
+    app.conf.scheduler_signing_key_id = "k1"
 
 
 def log(event: str, ordering_id: str, seq: int, **extra: object) -> None:

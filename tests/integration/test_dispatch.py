@@ -238,7 +238,7 @@ def test_rebalance_moves_partitions_without_loss(scheduler: Scheduler, schedule)
 
 def test_malformed_records_are_dead_lettered_and_the_partition_continues(
         scheduler: Scheduler, schedule, kafka_bootstrap: str) -> None:
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Producer
 
     from celery_scheduler.partitioner import partition_for
 
@@ -254,20 +254,59 @@ def test_malformed_records_are_dead_lettered_and_the_partition_continues(
 
     wait_for_states([good], State.SUCCEEDED, timeout=30)
 
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic}-dlq-check",
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([f"{topic}.deadletter"])
-    reasons = []
-    deadline = time.monotonic() + 30
-    while len(reasons) < 3 and time.monotonic() < deadline:
-        message = consumer.poll(1.0)
-        if message is not None and message.error() is None:
-            reasons.append(dict(message.headers())["reason"].decode())
-    consumer.close()
+    reasons = dead_letter_reasons(kafka_bootstrap, topic, 3)
     assert len(reasons) == 3
     assert "not UTF-8" in reasons[0]
     assert "unsupported envelope version 99" in reasons[1]
     assert "missing field" in reasons[2]
+
+
+def dead_letter_reasons(kafka_bootstrap: str, topic: str, count: int) -> list[str]:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic}-dlq-check",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([f"{topic}.deadletter"])
+    reasons: list[str] = []
+    deadline = time.monotonic() + 30
+    while len(reasons) < count and time.monotonic() < deadline:
+        message = consumer.poll(1.0)
+        if message is not None and message.error() is None:
+            reasons.append(dict(message.headers())["reason"].decode())
+    consumer.close()
+    return reasons
+
+
+def test_signing_dead_letters_unsigned_and_forged_records(scheduler: Scheduler, kafka_bootstrap: str) -> None:
+    from celery_scheduler.client import SchedulerClient, set_client
+    from celery_scheduler.config import get_settings
+    from tests.apps import dispatching
+
+    secret = "integration-secret-0123456789"
+    scheduler.env["CELERY_SCHEDULER_TEST_SIGNING_SECRET"] = secret
+    dispatcher = scheduler.dispatcher("--loglevel", "DEBUG")
+    scheduler.worker()
+    topic = scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"]
+    base = get_settings(dispatching.app).replace(
+        kafka_topic=topic, cassandra_keyspace=scheduler.env["CELERY_SCHEDULER_TEST_KEYSPACE"])
+    producers = {
+        "signed": base.replace(signing_keys={"k1": secret}, signing_key_id="k1"),
+        "unsigned": base,
+        "forged": base.replace(signing_keys={"k1": "guessed-secret-0123456789"}, signing_key_id="k1"),
+    }
+    handles = {}
+    previous = set_client(dispatching.app, None)
+    try:
+        for seq, (name, settings) in enumerate(producers.items()):
+            set_client(dispatching.app, SchedulerClient(settings))
+            handles[name] = dispatching.record.schedule(("s", seq), {}, at=utc(time.time() + 1))
+        wait_for_states([handles["signed"]], State.SUCCEEDED)
+    finally:
+        set_client(dispatching.app, previous)
+    reasons = dead_letter_reasons(kafka_bootstrap, topic, 2)
+    assert any("not signed" in r for r in reasons) and any("does not match" in r for r in reasons)
+    assert [s["seq"] for s in scheduler.starts()] == [0]
+    assert secret not in scheduler.log_of(dispatcher)
 
 
 def test_health_check_exit_code(scheduler: Scheduler) -> None:

@@ -203,3 +203,22 @@ def test_undecorated_task() -> None:
     with pytest.raises(NotAScheduledTaskError, match="decorates a Celery task"):
         scheduled_task(ordering_id=constant("x"))(lambda: None)
     assert as_scheduled(remind.task) is remind
+
+
+def test_signed_calls_carry_a_verifiable_signature() -> None:
+    from celery_scheduler.signing import HEADER, Signer
+
+    secret = "unit-test-secret-0123456789"
+    app.conf.scheduler_signing_keys = {"k1": secret}
+    app.conf.scheduler_signing_key_id = "k1"
+    vars(app).pop("_celery_scheduler_settings", None)
+    try:
+        with scheduler_testing(app) as recorder:
+            handle = remind.schedule_in(60, "c1")
+            partition = handle.wait().partition
+            [(key, value)] = recorder.task_log.records(partition)
+            [headers] = recorder.task_log.headers[partition]
+            assert Signer({"k1": secret}, "k1").problem(key.encode(), value, headers[HEADER]) is None
+    finally:
+        app.conf.update(scheduler_signing_keys={}, scheduler_signing_key_id=None)
+        vars(app).pop("_celery_scheduler_settings", None)
