@@ -1,0 +1,105 @@
+"""Fuzz the dispatcher's ingest path: any record is either stored or dead-lettered."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, Record
+from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.store.base import Cancel, Put
+from celery_scheduler.store.memory import MemoryScheduleStore
+
+PARTITIONS = 6
+NOW = 1_893_456_000_000
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.records: list[tuple[Any, Any, Any]] = []
+
+    def produce(self, topic: str, key: Any, value: Any, headers: Any, on_delivery: Any) -> None:
+        self.records.append((key, value, dict(headers)["reason"]))
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+
+def ingest() -> tuple[Ingest, FakeProducer, MemoryScheduleStore]:
+    store = MemoryScheduleStore()
+    producer = FakeProducer()
+    engine = Engine(store, lambda task, release: None, "fuzz", clock=lambda: NOW)
+    return (Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
+                   dead_letters=DeadLetters(producer, "t.deadletter"),  # type: ignore[arg-type]
+                   partitions=lambda: PARTITIONS, allowed={"proj.remind"}.__contains__,
+                   clock=lambda: NOW),
+            producer, store)
+
+
+def valid(ordering_id: str, at: int, cancel: bool) -> bytes:
+    key = TaskKey(ordering_id, at, "u")
+    return encode(CancelEnvelope(key, NOW) if cancel else ScheduleEnvelope(key, "proj.remind", [1]))
+
+
+def mutate(data: bytes, path: str, value: Any) -> bytes:
+    document = json.loads(data)
+    if path in document:
+        document[path] = value
+    return json.dumps(document).encode()
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+records = st.one_of(
+    st.tuples(st.binary(max_size=64), st.binary(max_size=300)),
+    st.builds(lambda o, at, cancel, field, value: (o.encode(), mutate(valid(o, at, cancel), field, value)),
+              st.text(min_size=1, max_size=8), st.integers(0, 2**43), st.booleans(),
+              st.sampled_from(["v", "type", "task", "key", "args", "kwargs", "options", "retry",
+                               "enqueued_at", "none"]), json_values),
+    st.builds(lambda o, at, cancel: (o.encode(), valid(o, at, cancel)),
+              st.text(min_size=1, max_size=8).filter(lambda o: "\x00" not in o),
+              st.integers(0, 2**43), st.booleans()),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.tuples(records, st.integers(0, PARTITIONS - 1), st.booleans()), max_size=20))
+def test_every_record_is_stored_or_dead_lettered_never_an_exception(batch: list[Any]) -> None:
+    runner, producer, store = ingest()
+    accepted = []
+    for offset, ((key, value), partition, right_partition) in enumerate(batch):
+        if right_partition:
+            partition = partition_for(key, PARTITIONS)
+        envelope = runner._check(Record("t", partition, offset, key, value))
+        if envelope is not None:
+            accepted.append(envelope)
+            op = Cancel(partition, envelope.key) if isinstance(envelope, CancelEnvelope) else Put(
+                partition, envelope)
+            runner._apply([op])
+    # nothing dropped silently: each record was accepted or dead-lettered with a reason
+    assert len(accepted) + len(producer.records) == len(batch)
+    assert all(reason for _, _, reason in producer.records)
+    # and every accepted schedule record reached the store
+    for envelope in accepted:
+        if isinstance(envelope, ScheduleEnvelope):
+            assert store.status(envelope.key) is not None
+
+
+def test_the_fuzzed_path_accepts_good_records_and_stores_them() -> None:
+    runner, producer, store = ingest()
+    good = Record("t", partition_for(b"acct", PARTITIONS), 0, b"acct", valid("acct", 5, False))
+    wrong_partition = Record("t", (good.partition + 1) % PARTITIONS, 1, b"acct", valid("acct", 6, False))
+    envelope = runner._check(good)
+    assert isinstance(envelope, ScheduleEnvelope)
+    runner._apply([Put(good.partition, envelope)])
+    assert store.status(envelope.key) is not None
+    assert runner._check(wrong_partition) is None
+    assert "belongs in partition" in producer.records[0][2]
