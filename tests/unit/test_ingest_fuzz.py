@@ -102,4 +102,4 @@ def test_the_fuzzed_path_accepts_good_records_and_stores_them() -> None:
     runner._apply([Put(good.partition, envelope)])
     assert store.status(envelope.key) is not None
     assert runner._check(wrong_partition) is None
-    assert "belongs in partition" in producer.records[0][2]
+    assert b"belongs in partition" in producer.records[0][2]
