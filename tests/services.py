@@ -7,6 +7,7 @@ it) but fails when ``CI`` is set, so a broken service can never turn into a gree
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -52,3 +53,20 @@ def require(service: str) -> str:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     return ADDRESSES[service]
+
+
+def drop_scheduler(topic: str, keyspace: str) -> None:
+    """Delete a test's scheduler topics and keyspace, so the services do not fill up."""
+    from cassandra.cluster import Cluster
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": KAFKA})
+    for future in admin.delete_topics([topic, f"{topic}.deadletter"], operation_timeout=30).values():
+        with contextlib.suppress(Exception):  # never created, or already gone
+            future.result(30)
+    host, port = CASSANDRA.rsplit(":", 1)
+    cluster = Cluster([host], port=int(port))
+    try:
+        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+    finally:
+        cluster.shutdown()

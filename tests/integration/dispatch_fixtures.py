@@ -17,7 +17,7 @@ import pytest
 
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
-from tests.services import REPO
+from tests.services import REPO, drop_scheduler
 
 APP = "tests.apps.dispatching"
 
@@ -116,6 +116,7 @@ def scheduler(kafka_bootstrap: str, cassandra_contact: str, redis_url: str, uniq
     assert result.returncode == 0, result.stderr
     yield scheduler
     scheduler.stop_all()
+    drop_scheduler(unique_name, unique_name)
 
 
 @pytest.fixture

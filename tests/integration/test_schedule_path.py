@@ -17,7 +17,7 @@ from celery_scheduler.config import get_settings
 from celery_scheduler.envelope import ScheduleEnvelope, decode
 from celery_scheduler.errors import TaskLogUnavailableError, TopicMissingError
 from celery_scheduler.partitioner import partition_for
-from tests.services import REPO
+from tests.services import REPO, drop_scheduler
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra]
 UTC = dt.timezone.utc
@@ -36,6 +36,7 @@ def names(kafka_bootstrap: str, cassandra_contact: str, unique_name: str,
     env = {"CELERY_SCHEDULER_TEST_TOPIC": unique_name, "CELERY_SCHEDULER_TEST_KEYSPACE": unique_name,
            "CELERY_SCHEDULER_TEST_KAFKA": kafka_bootstrap}
     yield env
+    drop_scheduler(unique_name, unique_name)
 
 
 @pytest.fixture
