@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -91,14 +92,23 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
         _fail(exc)
 
 
-@scheduler.command()
-@click.argument("ordering_id")
-@click.argument("at")
-@click.argument("uniqueness_key")
-@click.pass_context
-def status(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -> None:
+def _key_command(function: Callable[[click.Context, TaskKey], None]) -> click.Command:
+    """A sub-command taking a task key as ORDERING_ID AT UNIQUENESS_KEY."""
+
+    @scheduler.command(name=function.__name__, help=function.__doc__)
+    @click.argument("ordering_id")
+    @click.argument("at")
+    @click.argument("uniqueness_key")
+    @click.pass_context
+    def command(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -> None:
+        function(ctx, _key(ordering_id, at, uniqueness_key))
+
+    return command
+
+
+@_key_command
+def status(ctx: click.Context, key: TaskKey) -> None:
     """Show the status of the task key (AT is ISO 8601, UTC if no offset is given)."""
-    key = _key(ordering_id, at, uniqueness_key)
     try:
         found = get_client(_app(ctx)).store.status(key)
     except SchedulerError as exc:
@@ -111,14 +121,9 @@ def status(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -
                + (f", last error: {found.last_error}" if found.last_error else ""))
 
 
-@scheduler.command()
-@click.argument("ordering_id")
-@click.argument("at")
-@click.argument("uniqueness_key")
-@click.pass_context
-def cancel(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str) -> None:
+@_key_command
+def cancel(ctx: click.Context, key: TaskKey) -> None:
     """Cancel the pending task key (AT is ISO 8601, UTC if no offset is given)."""
-    key = _key(ordering_id, at, uniqueness_key)
     try:
         get_client(_app(ctx)).publish(CancelEnvelope(key, now_ms()))
     except SchedulerError as exc:
