@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Apache Cassandra for local development: one node answering CQL on 127.0.0.1:9042.
+# Apache Cassandra for local development: one node answering CQL on 127.0.0.1:$CASSANDRA_PORT
+# (9042).
 #
 # Sourced by scripts/services, which provides CACHE_DIR, STATE_DIR, SCRIPT_DIR and PY, and the
 # helpers log, die, is_pid_alive and wait_ready.
@@ -15,12 +16,19 @@
 #   CASSANDRA_JVM_OPTS extra JVM flags, appended after the ones below
 #   CASSANDRA_JAVA     java binary; Cassandra 5.0 runs on Java 11 or 17 only
 #                      (default: $JAVA_HOME/bin/java, else java on PATH)
+#   CASSANDRA_PORT, CASSANDRA_STORAGE_PORT, CASSANDRA_JMX_PORT
+#                      CQL (9042), gossip (7000) and JMX (7199) ports; a second instance
+#                      beside the first needs other ports and its own CELERY_SCHEDULER_STATE
 
 : "${CASSANDRA_VERSION:=5.0.9}"
 : "${CASSANDRA_HEAP:=-Xms512m -Xmx1g}"
+: "${CASSANDRA_PORT:=9042}"
+: "${CASSANDRA_STORAGE_PORT:=7000}"
+: "${CASSANDRA_JMX_PORT:=7199}"
 
 CASSANDRA_MAVEN_DEPENDENCY_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
+cassandra_address() { echo "127.0.0.1:$CASSANDRA_PORT"; }
 cassandra_home() { echo "$CACHE_DIR/cassandra-$CASSANDRA_VERSION"; }
 cassandra_dir() { echo "$STATE_DIR/cassandra"; }
 cassandra_pidfile() { echo "$(cassandra_dir)/cassandra.pid"; }
@@ -138,11 +146,11 @@ endpoint_snitch: SimpleSnitch
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
-      - seeds: "127.0.0.1:7000"
+      - seeds: "127.0.0.1:$CASSANDRA_STORAGE_PORT"
 listen_address: 127.0.0.1
 rpc_address: 127.0.0.1
-storage_port: 7000
-native_transport_port: 9042
+storage_port: $CASSANDRA_STORAGE_PORT
+native_transport_port: $CASSANDRA_PORT
 start_native_transport: true
 
 # A node created by 5.0 has no 4.x nodes or sstables to stay compatible with.
@@ -205,7 +213,7 @@ cassandra_start() {
     logfile="$(cassandra_logfile)"
 
     if pid="$(_cassandra_pid)"; then
-        if "$PY" "$SCRIPT_DIR/probe.py" cassandra >/dev/null 2>&1; then
+        if "$PY" "$SCRIPT_DIR/probe.py" cassandra "$(cassandra_address)" >/dev/null 2>&1; then
             log "cassandra already running (pid $pid)"
             return 0
         fi
@@ -215,7 +223,7 @@ cassandra_start() {
         return 0
     fi
     rm -f "$pidfile"
-    if out="$("$PY" "$SCRIPT_DIR/probe.py" cassandra 2>/dev/null)"; then
+    if out="$("$PY" "$SCRIPT_DIR/probe.py" cassandra "$(cassandra_address)" 2>/dev/null)"; then
         die "something not started by this script already answers: $out"
     fi
 
@@ -289,7 +297,7 @@ cassandra_start() {
         #   java --add-exports java.base/sun.nio.ch=ALL-UNNAMED --add-exports \
         #     java.base/jdk.internal.ref=ALL-UNNAMED -cp "<lib>/*" \
         #     org.apache.cassandra.tools.NodeTool -p 7199 status
-        -Dcassandra.jmx.local.port=7199
+        "-Dcassandra.jmx.local.port=$CASSANDRA_JMX_PORT"
         # A lone seed has no peers to wait for: skip the gossip settle and ring delays.
         -Dcassandra.skip_wait_for_gossip_to_settle=0
         -Dcassandra.ring_delay_ms=0
@@ -384,7 +392,7 @@ cassandra_status() {
         echo "cassandra: stopped"
         return 1
     fi
-    if out="$("$PY" "$SCRIPT_DIR/probe.py" cassandra 2>&1)"; then
+    if out="$("$PY" "$SCRIPT_DIR/probe.py" cassandra "$(cassandra_address)" 2>&1)"; then
         echo "cassandra: running (pid $pid): $out"
         return 0
     fi

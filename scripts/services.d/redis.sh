@@ -4,6 +4,8 @@
 
 REDIS_PORT=${REDIS_PORT:-6379}
 
+redis_address() { echo "127.0.0.1:$REDIS_PORT"; }
+
 redis_dir() { echo "$STATE_DIR/redis"; }
 
 redis_logfile() { echo "$(redis_dir)/redis.log"; }
@@ -23,7 +25,7 @@ redis_start() {
     local dir pidfile
     dir=$(redis_dir)
     pidfile=$dir/redis.pid
-    if is_pid_alive "$pidfile" && "$PY" "$SCRIPT_DIR/probe.py" redis >/dev/null 2>&1; then
+    if is_pid_alive "$pidfile" && "$PY" "$SCRIPT_DIR/probe.py" redis "$(redis_address)" >/dev/null 2>&1; then
         log "redis already running (pid $(<"$pidfile"))"
         return 0
     fi
@@ -45,7 +47,7 @@ redis_stop() { stop_pid redis "$(redis_dir)/redis.pid" 10; }
 redis_status() {
     local pidfile out
     pidfile=$(redis_dir)/redis.pid
-    if is_pid_alive "$pidfile" && out=$("$PY" "$SCRIPT_DIR/probe.py" redis 2>&1); then
+    if is_pid_alive "$pidfile" && out=$("$PY" "$SCRIPT_DIR/probe.py" redis "$(redis_address)" 2>&1); then
         echo "redis: running (pid $(<"$pidfile")) — $out"
         return 0
     fi
