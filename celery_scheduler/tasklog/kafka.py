@@ -83,7 +83,17 @@ def create_topic(bootstrap_servers: str, options: Mapping[str, Any], topic: str,
         if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
         raise TaskLogError(f"could not create Kafka topic {topic!r}: {error}") from exc
-    return True
+    # The controller has created it, but the other brokers learn of it a moment later; a
+    # client asking one of them right away would be told the topic does not exist.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            topic_partitions(admin, topic, timeout)
+            return True
+        except TopicMissingError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 class KafkaTaskLog(TaskLog):
