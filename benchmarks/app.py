@@ -1,0 +1,70 @@
+"""The Celery app the benchmarks run in dispatchers and workers, configured from the environment.
+
+``bench.record`` is a scheduled task; ``bench.plain`` is the same body as an ordinary Celery
+task, for Celery's own ``eta=``. Both log when their body started (``benchmarks.execlog``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+
+from benchmarks.execlog import write_start
+from celery_scheduler import scheduled_task
+
+REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
+EXECLOG = os.environ.get("BENCH_EXECLOG", "")
+
+app = Celery("bench", broker=REDIS)
+app.conf.update(
+    scheduler_kafka_bootstrap_servers=os.environ.get("BENCH_KAFKA", "127.0.0.1:9092"),
+    scheduler_kafka_topic=os.environ.get("BENCH_TOPIC", "bench"),
+    scheduler_kafka_partitions=int(os.environ.get("BENCH_PARTITIONS", "12")),
+    scheduler_cassandra_keyspace=os.environ.get("BENCH_KEYSPACE", "bench"),
+    scheduler_lease_seconds=float(os.environ.get("BENCH_LEASE", "300")),
+    task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    worker_enable_remote_control=False,
+)
+if os.environ.get("BENCH_VISIBILITY_TIMEOUT"):
+    app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["BENCH_VISIBILITY_TIMEOUT"])}
+
+
+def sequence_key(ordering_id: str, seq: int, *args: Any, **kwargs: Any) -> str:
+    return f"s{seq}"
+
+
+def body(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
+    """Log the start (*at* is the scheduled time), then work for *sleep* seconds."""
+    write_start(EXECLOG, ordering_id, seq, at)
+    if sleep:
+        time.sleep(sleep)
+
+
+@scheduled_task(ordering_id="ordering_id", uniqueness_key=sequence_key)
+@app.task(name="bench.record")
+def record(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
+    body(ordering_id, seq, at, sleep)
+
+
+@app.task(name="bench.plain")
+def plain(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
+    body(ordering_id, seq, at, sleep)
+
+
+@signals.worker_ready.connect
+def _ready(**_: Any) -> None:
+    # the harness waits for this file rather than for a log line at INFO level
+    marker = os.environ.get("BENCH_READY_FILE")
+    if marker:
+        Path(marker).touch()
+
+
+def rq_record(ordering_id: str, seq: int, at: float) -> None:
+    """The same body as an RQ job."""
+    body(ordering_id, seq, at)

@@ -1,0 +1,61 @@
+"""The execution log: one line per task body started, written by the task itself.
+
+Lateness is measured in the task (its start time minus the scheduled time it was given),
+with the clock of the one machine everything runs on. Each line is one short append, which
+Linux keeps whole when several worker processes write at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Start", "read", "write_start"]
+
+
+@dataclass(frozen=True)
+class Start:
+    ordering_id: str
+    seq: int
+    at: float  # scheduled time, epoch seconds
+    started: float  # when the body started, epoch seconds
+    pid: int
+
+    @property
+    def lateness(self) -> float:
+        return self.started - self.at
+
+
+def write_start(path: str, ordering_id: str, seq: int, at: float) -> None:
+    started = time.time()
+    with open(path, "a") as handle:
+        handle.write(f"{ordering_id},{seq},{at!r},{started!r},{os.getpid()}\n")
+
+
+def read(path: Path) -> list[Start]:
+    """Every start logged so far (a line still being written is skipped)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    starts = []
+    for line in text.splitlines():
+        parts = line.split(",")
+        if len(parts) != 5:
+            continue
+        try:
+            starts.append(Start(parts[0], int(parts[1]), float(parts[2]), float(parts[3]), int(parts[4])))
+        except ValueError:
+            continue
+    return starts
+
+
+def count(path: Path) -> int:
+    """Lines written so far; cheaper than read() while waiting."""
+    try:
+        with path.open("rb") as handle:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0

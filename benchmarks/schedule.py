@@ -1,0 +1,148 @@
+"""Scenarios 1 and 1b: how fast one Python process schedules, against the raw clients.
+
+1: the batched form (``schedule(..., wait=False)`` then ``flush(app)``) against plain
+confluent-kafka produce of records of the same size, keys and producer settings.
+1b: the synchronous ``schedule_at`` (returns after Kafka's ack) against Celery's
+``apply_async(eta=...)`` and plain ``send_task`` on the Redis broker.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from benchmarks.context import Context, utc
+from benchmarks.harness import KAFKA, REDIS_URL, clean_redis, stack
+from benchmarks.report import Section
+from benchmarks.stats import Figure, percentile, ratio
+
+__all__ = ["run"]
+
+ORDERING_IDS = 1000
+
+
+def _raw_producer() -> Producer:
+    # The settings the package's producer documents: Kafka's Java partitioner, acks=all,
+    # idempotence, linger 5 ms.
+    return Producer({"bootstrap.servers": KAFKA, "partitioner": "murmur2_random", "acks": "all",
+                     "enable.idempotence": True, "linger.ms": 5})
+
+
+def _raw_produce(topic: str, value: bytes, count: int) -> float:
+    producer = _raw_producer()
+    errors: list[Any] = []
+
+    def delivered(error: Any, _: Any) -> None:
+        if error is not None:
+            errors.append(error)
+
+    keys = [f"o{i}".encode() for i in range(ORDERING_IDS)]
+    started = time.perf_counter()
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, key=keys[i % ORDERING_IDS], value=value, on_delivery=delivered)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    remaining = producer.flush(60)
+    elapsed = time.perf_counter() - started
+    if remaining or errors:
+        raise RuntimeError(f"raw produce: {remaining} unacknowledged, errors {errors[:3]}")
+    return count / elapsed
+
+
+def _batched(app: Any, count: int, at: float) -> float:
+    from celery_scheduler import flush
+
+    started = time.perf_counter()
+    for i in range(count):
+        app.record.schedule((f"o{i % ORDERING_IDS}", i, at), {}, at=utc(at), wait=False)
+    remaining = flush(app.app, 60)
+    elapsed = time.perf_counter() - started
+    if remaining:
+        raise RuntimeError(f"flush left {remaining} records unacknowledged")
+    return count / elapsed
+
+
+def _timed_calls(call: Any, seconds: float) -> list[float]:
+    """Call ``call(i)`` back to back for *seconds*; return each call's latency."""
+    latencies = []
+    deadline = time.perf_counter() + seconds
+    i = 0
+    while True:
+        started = time.perf_counter()
+        if started >= deadline:
+            return latencies
+        call(i)
+        latencies.append(time.perf_counter() - started)
+        i += 1
+
+
+def run(ctx: Context) -> list[Section]:
+    batched_count = ctx.pick(20_000, 100_000)
+    seconds = ctx.pick(2, 5)
+    one = Section("1", "Schedule rate from one process, batched")
+    sync = Section("1b", "Synchronous schedule_at: rate and call latency")
+    with stack(ctx.tmp) as s:
+        app = s.use_client()
+        at = time.time() + 7 * 86_400
+        value = s._client.encode(app.record.build((f"o{ORDERING_IDS - 1}", batched_count, at), {},
+                                                  at=utc(at)))
+        raw_topic = f"{s.name}_raw"
+        admin = AdminClient({"bootstrap.servers": KAFKA})
+        admin.create_topics([NewTopic(raw_topic, num_partitions=s.partitions,
+                                      replication_factor=1)])[raw_topic].result(30)
+        broker = redis.Redis.from_url(REDIS_URL)
+        ours, raw, ours_sync, p50, p99, celery_eta, send_task = ([] for _ in range(7))
+        try:
+            _raw_produce(raw_topic, value, 1000)  # warm up connections and metadata
+            _batched(app, 1000, at)
+            for _ in range(ctx.runs):
+                ours.append(_batched(app, batched_count, at))
+                raw.append(_raw_produce(raw_topic, value, batched_count))
+                latencies = _timed_calls(
+                    lambda i: app.record.schedule_at(utc(at), f"o{i % ORDERING_IDS}", i, at), seconds)
+                ours_sync.append(len(latencies) / sum(latencies))
+                p50.append(percentile(latencies, 50) * 1000)
+                p99.append(percentile(latencies, 99) * 1000)
+                calls = _timed_calls(lambda i: app.plain.apply_async(
+                    (f"o{i % ORDERING_IDS}", i, at), eta=utc(at), queue=s.name), seconds)
+                celery_eta.append(len(calls) / sum(calls))
+                calls = _timed_calls(lambda i: app.app.send_task(
+                    "bench.plain", (f"o{i % ORDERING_IDS}", i, at), queue=s.name), seconds)
+                send_task.append(len(calls) / sum(calls))
+                broker.delete(s.name)  # nothing consumes these; keep Redis small between runs
+        finally:
+            admin.delete_topics([raw_topic], operation_timeout=30)
+            clean_redis(s.name)
+    ratios = [ratio(a, b) for a, b in zip(ours, raw, strict=True)]
+    one.add("celery_scheduler `schedule(..., wait=False)` + `flush`", Figure.of(ours, "/s"))
+    one.add("raw confluent-kafka produce, same records", Figure.of(raw, "/s"))
+    one.add("ratio to raw produce", Figure.of(ratios, "%"), "≥ 50%",
+            Figure.of(ratios).median >= 0.5)
+    one.method = [
+        f"{batched_count:,} tasks per run, due 7 days ahead, {ORDERING_IDS} ordering ids, record "
+        f"{len(value)} bytes; rate = tasks / (time to schedule them all + flush until every ack).",
+        "raw: one confluent-kafka Producer with the package's documented settings (murmur2_random, "
+        "acks=all, idempotence, linger.ms=5) producing the same bytes and keys, then flush.",
+        "ours and raw alternate in each run, on topics with the same partition count.",
+    ]
+    sync_ratios = [ratio(a, b) for a, b in zip(ours_sync, celery_eta, strict=True)]
+    sync.add("celery_scheduler `schedule_at` (waits for Kafka's ack)", Figure.of(ours_sync, "/s"))
+    sync.add("`schedule_at` call latency p50", Figure.of(p50, "ms", 2))
+    sync.add("`schedule_at` call latency p99", Figure.of(p99, "ms", 2))
+    sync.add("Celery `apply_async(eta=...)` publish, Redis broker", Figure.of(celery_eta, "/s"))
+    sync.add("plain Celery `send_task` publish (floor)", Figure.of(send_task, "/s"))
+    sync.add("`schedule_at` rate / `apply_async` rate", Figure.of(sync_ratios, "%"),
+             "≥ 100% (rate ≥ apply_async's)", Figure.of(sync_ratios).median >= 1.0)
+    sync.method = [
+        f"each form called back to back for {seconds} s per run from one thread; rate = calls / "
+        "total call time; latency of every call.",
+    ]
+    return [one, sync]
