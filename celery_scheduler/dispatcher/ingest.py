@@ -105,7 +105,7 @@ class Ingest:
     def __init__(self, consumer: Consumer, store: ScheduleStore, engine: Engine,
                  dead_letters: DeadLetters, partitions: Callable[[], int], *,
                  allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
-                 batch_size: int = 1000,
+                 max_bytes: int | None = None, batch_size: int = 1000,
                  clock: Callable[[], int] | None = None) -> None:
         self.consumer = consumer
         self.store = store
@@ -114,6 +114,7 @@ class Ingest:
         self.partitions = partitions
         self.allowed = allowed
         self.signer = signer
+        self.max_bytes = max_bytes
         self.batch_size = batch_size
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.persisted_count = 0
@@ -171,6 +172,12 @@ class Ingest:
     def _check(self, record: Record) -> Envelope | None:
         if record.value is None:
             self.dead_letters.send(record, "record has no value")
+            return None
+        if self.max_bytes is not None and len(record.value) > self.max_bytes:
+            # a producer that bypassed the schedule call's limit would otherwise cost every
+            # dispatcher that loads it this much memory per task
+            self.dead_letters.send(record, f"record is {len(record.value)} bytes, over the limit of "
+                                           f"{self.max_bytes} (scheduler_max_envelope_bytes)")
             return None
         if self.signer is not None:
             problem = self.signer.problem(record.key, record.value, record.signature)

@@ -87,7 +87,7 @@ class Dispatcher:
         self.ingest = Ingest(self.consumer, self.store, self.engine,
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
                              lambda: self._partitions, allowed=names.__contains__,
-                             signer=s.signer)
+                             signer=s.signer, max_bytes=s.max_envelope_bytes)
 
     def _publish(self, task: Loaded, release: bridge.Release) -> None:
         bridge.publish(self.app, task.envelope, release, self.settings.lease_seconds)

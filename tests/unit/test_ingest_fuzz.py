@@ -103,3 +103,12 @@ def test_the_fuzzed_path_accepts_good_records_and_stores_them() -> None:
     assert store.status(envelope.key) is not None
     assert runner._check(wrong_partition) is None
     assert b"belongs in partition" in producer.records[0][2]
+
+
+def test_records_over_the_size_limit_are_dead_lettered() -> None:
+    runner, producer, _ = ingest()
+    runner.max_bytes = 200
+    value = encode(ScheduleEnvelope(TaskKey("acct", 5, "u"), "proj.remind", ["x" * 300]))
+    record = Record("t", partition_for(b"acct", PARTITIONS), 0, b"acct", value)
+    assert runner._check(record) is None
+    assert b"over the limit of 200" in producer.records[0][2]
