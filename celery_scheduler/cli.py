@@ -59,9 +59,9 @@ def scheduler(ctx: click.Context) -> None:
 
 
 @scheduler.command()
-@click.option("--partitions", type=int, default=None,
+@click.option("--partitions", type=click.IntRange(min=1), default=None,
               help="partitions of a new topic (default: scheduler_kafka_partitions)")
-@click.option("--replication-factor", type=int, default=None,
+@click.option("--replication-factor", type=click.IntRange(min=1), default=None,
               help="replication factor of a new topic (default: scheduler_kafka_replication_factor)")
 @click.pass_context
 def init(ctx: click.Context, partitions: int | None, replication_factor: int | None) -> None:
