@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from celery_scheduler.envelope import ScheduleEnvelope
@@ -142,7 +143,8 @@ class ScheduleStore(abc.ABC):
 
     @abc.abstractmethod
     def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
-        """Store a pending task (overwriting the same key); None if the key already finished."""
+        """Store a pending task (overwriting the same key); None if the key already finished,
+        runs, or was cancelled (a cancel is final, also against a schedule record read again)."""
 
     @abc.abstractmethod
     def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
@@ -183,6 +185,12 @@ class ScheduleStore(abc.ABC):
     def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
         """Record that *task* was released for the *attempt*-th time, leased until a time."""
 
+    def mark_released_many(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int) -> None:
+        """:meth:`mark_released` for each (task, attempt, lease until), concurrently where the
+        store can. If it raises, any of them may or may not be marked."""
+        for task, attempt, lease_until_ms in releases:
+            self.mark_released(task, attempt, lease_until_ms, now_ms)
+
     @abc.abstractmethod
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
@@ -192,6 +200,12 @@ class ScheduleStore(abc.ABC):
     def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
                keep_row: bool = False) -> None:
         """Mark *task* finished (succeeded/failed); delete its row unless *keep_row* (blocked)."""
+
+    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int) -> None:
+        """:meth:`finish` each task without a new error, deleting its row, concurrently where
+        the store can. If it raises, any of them may or may not be finished."""
+        for task in tasks:
+            self.finish(task, state, None, now_ms)
 
     @abc.abstractmethod
     def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,

@@ -183,6 +183,14 @@ class CassandraScheduleStore(ScheduleStore):
         with translate_errors(what):
             self._session.execute(batch)
 
+    def _batches(self, what: str, statement_sets: list[list[tuple[str, tuple[Any, ...]]]]) -> None:
+        """One batch per set, CONCURRENCY of them in flight: one round trip's latency for all."""
+        batches = [(self._batch_statement(statements), None) for statements in statement_sets
+                   if statements]
+        with translate_errors(what):
+            execute_concurrent(self._session, batches, concurrency=CONCURRENCY,
+                               raise_on_first_error=True)
+
     @staticmethod
     def _pk(key: TaskKey) -> tuple[str, dt.datetime, str]:
         return (key.ordering_id, _ts(key.scheduled_ms), key.uniqueness_key)
@@ -195,6 +203,11 @@ class CassandraScheduleStore(ScheduleStore):
             return [], None
         if current is not None and current.state is State.RELEASED:
             logger.info("not rescheduling %s: it is running", key)
+            return [], None
+        if current is not None and current.state is State.CANCELLED:
+            # A schedule record read again after its cancel (a batch re-read after a failed
+            # commit or a rebalance) must not bring the task back: a cancel is final.
+            logger.info("not scheduling %s again: it was cancelled", key)
             return [], None
         bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
         statements: list[tuple[str, tuple[Any, ...]]] = []
@@ -264,7 +277,7 @@ class CassandraScheduleStore(ScheduleStore):
             raise ValueError("apply() takes at most one operation per task key")
         statuses = self._statuses([op.key for op in operations])
         results: list[StoredTask | bool | None] = []
-        batches: list[tuple[BatchStatement, None]] = []
+        statement_sets: list[list[tuple[str, tuple[Any, ...]]]] = []
         for op, current in zip(operations, statuses, strict=True):
             if isinstance(op, Put):
                 statements, stored = self._plan_put(op.partition, op.envelope, current, now_ms)
@@ -272,11 +285,8 @@ class CassandraScheduleStore(ScheduleStore):
             else:
                 statements = self._plan_cancel(op.key, current, now_ms)
                 results.append(bool(statements))
-            if statements:
-                batches.append((self._batch_statement(statements), None))
-        with translate_errors(f"store {len(batches)} task(s)"):
-            execute_concurrent(self._session, batches, concurrency=CONCURRENCY,
-                               raise_on_first_error=True)
+            statement_sets.append(statements)
+        self._batches(f"store {len(operations)} task(s)", statement_sets)
         self._indexed_now([r for r in results if isinstance(r, StoredTask)])
         return results
 
@@ -336,15 +346,24 @@ class CassandraScheduleStore(ScheduleStore):
         key = task.key
         return (task.partition, task.bucket, _ts(key.scheduled_ms), key.ordering_id, key.uniqueness_key)
 
-    def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
-        self._batch(f"mark {task.key} released", [
+    def _released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int
+                  ) -> list[tuple[str, tuple[Any, ...]]]:
+        return [
             ("UPDATE {ks}.schedule SET attempts = ?, lease_until = ? WHERE partition = ? AND bucket = ?"
              " AND at = ? AND ordering_id = ? AND unique_key = ?",
              (attempt, _ts(lease_until_ms), *self._row_pk(task))),
             ("UPDATE {ks}.task_status SET state = ?, attempts = ?, updated_at = ?"
              " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
              (State.RELEASED.value, attempt, _ts(now_ms), *self._pk(task.key))),
-        ])
+        ]
+
+    def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
+        self._batch(f"mark {task.key} released", self._released(task, attempt, lease_until_ms, now_ms))
+
+    def mark_released_many(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int) -> None:
+        self._batches(f"mark {len(releases)} task(s) released",
+                      [self._released(task, attempt, lease_until_ms, now_ms)
+                       for task, attempt, lease_until_ms in releases])
 
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
@@ -357,20 +376,39 @@ class CassandraScheduleStore(ScheduleStore):
              (State.PENDING.value, attempts, error, _ts(now_ms), *self._pk(task.key))),
         ])
 
-    def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
-               keep_row: bool = False) -> None:
+    @staticmethod
+    def _may_have_error(task: StoredTask) -> bool:
+        # Only a failed attempt (or a failed publish) records an error, and each of those
+        # leaves a retry time on the row; a first attempt without one has none to keep.
+        return task.attempts > 1 or task.not_before_ms > 0
+
+    def _finished(self, task: StoredTask, state: State, error: str | None, current: TaskStatus | None,
+                  now_ms: int, keep_row: bool) -> list[tuple[str, tuple[Any, ...]]]:
         row: tuple[str, tuple[Any, ...]] = (
             ("UPDATE {ks}.schedule SET blocked = true, lease_until = null WHERE partition = ?"
              " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?", self._row_pk(task))
             if keep_row else (_DELETE_ROW, self._row_pk(task)))
-        current = self.status(task.key)
         last_error = error if error is not None else (current.last_error if current else None)
-        self._batch(f"mark {task.key} {state.value}", [
+        return [
             row,
             (_FINAL_STATUS, (*self._pk(task.key), state.value, task.envelope.task, task.partition,
                              task.bucket, task.attempts, last_error, _ts(now_ms),
                              self.status_ttl if not keep_row else 0)),
-        ])
+        ]
+
+    def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
+               keep_row: bool = False) -> None:
+        # the whole status row is written again (see _FINAL_STATUS): keep its last error
+        current = self.status(task.key) if error is None and self._may_have_error(task) else None
+        self._batch(f"mark {task.key} {state.value}",
+                    self._finished(task, state, error, current, now_ms, keep_row))
+
+    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int) -> None:
+        reading = [task.key for task in tasks if self._may_have_error(task)]
+        current = dict(zip(reading, self._statuses(reading), strict=True)) if reading else {}
+        self._batches(f"mark {len(tasks)} task(s) {state.value}",
+                      [self._finished(task, state, None, current.get(task.key), now_ms, False)
+                       for task in tasks])
 
     def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
                        now_ms: int) -> None:

@@ -46,7 +46,8 @@ class MemoryScheduleStore(ScheduleStore):
         key = envelope.key
         with self._lock:
             current = self._status.get(key)
-            if current is not None and (current.state.finished or current.state is State.RELEASED):
+            if current is not None and (current.state.finished
+                                        or current.state in (State.RELEASED, State.CANCELLED)):
                 return None
             bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
             if current is not None and current.state is State.PENDING and current.bucket is not None:
