@@ -80,6 +80,7 @@ def make_app(args: argparse.Namespace, name: str) -> tuple[Celery, Any]:
     app.conf.update(
         scheduler_kafka_bootstrap_servers=args.kafka,
         scheduler_kafka_topic=name,
+        scheduler_kafka_options=dict(option.split("=", 1) for option in args.kafka_option),
         scheduler_kafka_partitions=PARTITIONS,
         scheduler_cassandra_contact_points=(args.cassandra.rsplit(":", 1)[0],),
         scheduler_cassandra_port=int(args.cassandra.rsplit(":", 1)[1]),
@@ -326,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--form", choices=["batched", "sync"], default="batched",
                         help="schedule path: wait=False calls and one flush, or one ack per call")
     parser.add_argument("--no-profile", action="store_true", help="measure without pyinstrument")
+    parser.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="librdkafka setting for the schedule calls' producer, e.g. linger.ms=5")
     parser.add_argument("--kafka", default="127.0.0.1:9092")
     parser.add_argument("--cassandra", default="127.0.0.1:9042")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")

@@ -1,0 +1,173 @@
+"""Scenarios 3 and 3b: release lateness at a steady rate of due tasks, beside the peers.
+
+Lateness is the time a task body started minus the time it was scheduled for, measured
+in the task. Each system gets the same load: task i is due at ``t0 + i / rate`` and is
+published ``lead`` seconds before it is due, from this process. celery_scheduler runs one
+dispatcher and two solo Celery workers; Celery's own ``eta=`` runs two solo workers on the
+Redis broker; RQ runs two SimpleWorkers, one of which holds RQ's own scheduler (built into
+RQ since 1.2: ``Queue.enqueue_at`` + ``rq worker --with-scheduler``, not the separate
+rq-scheduler package).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import redis
+
+from benchmarks.context import Context, feed, utc
+from benchmarks.harness import REDIS_URL, Stack, stack
+from benchmarks.report import Section
+from benchmarks.stats import Figure, percentile
+
+__all__ = ["Load", "Outcome", "measure", "run", "systems"]
+
+ORDERING_IDS = 1000
+WORKERS = 2
+SYSTEMS = ("celery_scheduler", "Celery eta=", "RQ enqueue_at")
+
+
+@dataclass(frozen=True)
+class Load:
+    rate: float
+    duration: float
+    lead: float
+    grace: float  # how long after the last due time to wait for stragglers
+
+
+@dataclass(frozen=True)
+class Outcome:
+    lateness: list[float]  # seconds, first start of each task
+    expected: int
+    published_late: int  # tasks the publisher could only publish after they were due
+    duplicates: int
+
+    @property
+    def ran(self) -> float:
+        return len(self.lateness) / self.expected if self.expected else float("nan")
+
+    def ms(self, q: float) -> float:
+        return percentile(self.lateness, q) * 1000
+
+
+Publish = Callable[[int, float], None]
+
+
+@contextmanager
+def systems(ctx: Context, name: str, env: dict[str, str] | None = None
+            ) -> Iterator[tuple[Stack, Publish, Callable[[], None]]]:
+    """The running system *name*: its stack, how to publish task (seq, due), and a final flush."""
+    scheduler = name == "celery_scheduler"
+    with stack(ctx.tmp, init=scheduler, env=env) as s:
+        app = s.use_client()
+        if scheduler:
+            s.dispatcher()
+        for _ in range(WORKERS):
+            s.rq_worker() if name == "RQ enqueue_at" else s.worker()
+        if scheduler:
+            from celery_scheduler import flush
+
+            def publish(seq: int, due: float) -> None:
+                app.record.schedule((f"o{seq % ORDERING_IDS}", seq, due), {}, at=utc(due), wait=False)
+
+            yield s, publish, lambda: flush(app.app, 60) and None
+        elif name == "Celery eta=":
+            def publish(seq: int, due: float) -> None:
+                app.plain.apply_async((f"o{seq % ORDERING_IDS}", seq, due), eta=utc(due), queue=s.name)
+
+            yield s, publish, lambda: None
+        else:
+            from rq import Queue
+
+            queue = Queue(s.name, connection=redis.Redis.from_url(REDIS_URL))
+
+            def publish(seq: int, due: float) -> None:
+                queue.enqueue_at(utc(due), app.rq_record, f"o{seq % ORDERING_IDS}", seq, due,
+                                 job_id=f"{s.name}-{seq}", result_ttl=0)
+
+            yield s, publish, lambda: None
+
+
+def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, first_seq: int
+            ) -> Outcome:
+    """Run *load* through a running system; tasks get seqs from *first_seq* on."""
+    late = 0
+
+    def timed(i: int, due: float) -> None:
+        nonlocal late
+        if time.time() > due:
+            late += 1
+        publish(first_seq + i, due)
+
+    t0, total = feed(timed, load.rate, load.duration, load.lead)
+    flush()
+    last_due = t0 + (total - 1) / load.rate
+    deadline = last_due + load.grace
+    while time.time() < deadline:
+        mine = [x for x in s.starts() if first_seq <= x.seq < first_seq + total]
+        if len({x.seq for x in mine}) >= total:
+            break
+        s.check_alive()
+        time.sleep(0.5)
+    first: dict[int, float] = {}
+    mine = [x for x in s.starts() if first_seq <= x.seq < first_seq + total]
+    for start in mine:
+        first[start.seq] = min(first.get(start.seq, start.lateness), start.lateness)
+    return Outcome(list(first.values()), total, late, len(mine) - len(first))
+
+
+def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: float | None,
+          p99_target: float | None) -> None:
+    ours = system == "celery_scheduler"
+    p50 = Figure.of([o.ms(50) for o in outcomes], "ms", 1)
+    p99 = Figure.of([o.ms(99) for o in outcomes], "ms", 1)
+    section.add(f"{system}: lateness p50", p50, f"≤ {p50_target:g} ms" if ours and p50_target else "",
+                p50.median <= p50_target if ours and p50_target else None)
+    section.add(f"{system}: lateness p99", p99, f"≤ {p99_target:g} ms" if ours and p99_target else "",
+                p99.median <= p99_target if ours and p99_target else None)
+    section.add(f"{system}: lateness max", Figure.of([o.ms(100) for o in outcomes], "ms", 1))
+    section.add(f"{system}: tasks run by the deadline", Figure.of([o.ran for o in outcomes], "%", 1))
+    if any(o.published_late for o in outcomes):
+        section.add(f"{system}: tasks published after their due time (publisher behind)",
+                    Figure.of([o.published_late for o in outcomes]))
+    if any(o.duplicates for o in outcomes):
+        section.add(f"{system}: duplicate executions", Figure.of([o.duplicates for o in outcomes]))
+
+
+def run(ctx: Context) -> list[Section]:
+    slow = Load(rate=100, duration=ctx.pick(10, 30), lead=ctx.pick(5, 10), grace=ctx.pick(10, 20))
+    fast = Load(rate=1000, duration=ctx.pick(10, 60), lead=ctx.pick(5, 10), grace=ctx.pick(15, 30))
+    runs = ctx.pick(1, 2)
+    results: dict[str, tuple[list[Outcome], list[Outcome]]] = {}
+    errors = []
+    for system in SYSTEMS:
+        try:
+            with systems(ctx, system) as (s, publish, flush):
+                slow_runs = [measure(s, publish, flush, slow, (k + 1) * 10_000_000) for k in range(runs)]
+                fast_runs = [measure(s, publish, flush, fast, (k + 10) * 10_000_000) for k in range(runs)]
+                results[system] = (slow_runs, fast_runs)
+        except Exception as exc:
+            errors.append(f"{system}: {type(exc).__name__}: {exc}"[:500])
+    three = Section("3", f"Release lateness at {fast.rate:g} due tasks/s for {fast.duration:g} s")
+    three_b = Section("3b", f"Release lateness at {slow.rate:g} due tasks/s for {slow.duration:g} s")
+    for system, (slow_runs, fast_runs) in results.items():
+        _rows(three, system, fast_runs, 20, 100)
+        _rows(three_b, system, slow_runs, None, 20)
+    method = [
+        f"task i is due at t0 + i/rate and published {fast.lead:g} s before it is due "
+        f"(batched form for celery_scheduler); {ORDERING_IDS} ordering ids; the task body logs its "
+        "start; lateness = start - due time, first start of each task.",
+        f"{WORKERS} workers per system (Celery: --pool=solo; RQ: SimpleWorker, RQ's own scheduler "
+        "via enqueue_at and --with-scheduler); celery_scheduler: one dispatcher, 12 partitions.",
+        f"waiting ends {fast.grace:g} s ({slow.grace:g} s for 3b) after the last due time; tasks not "
+        "started by then count in 'tasks run by the deadline', not in the percentiles.",
+        f"{runs} run(s) per system; 3b runs first on the same processes, then 3.",
+    ]
+    three.method = method
+    three_b.method = method[:1] + method[1:2]
+    if errors:
+        three.error = three_b.error = "; ".join(errors)
+    return [three, three_b]

@@ -1,0 +1,125 @@
+"""Scenario 4: memory with many tasks pending far ahead.
+
+celery_scheduler: the schedule is filled straight in Cassandra (``benchmarks.populate``),
+then a dispatcher is started over it and its resident memory sampled. Celery's ``eta=``:
+a worker receives every ETA task at once and keeps it in memory until it is due; its
+resident memory is measured before and after it received them, and the growth per task
+extrapolated linearly to the dispatcher's task count.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import psutil
+import redis
+
+from benchmarks.context import Context, utc
+from benchmarks.harness import REDIS_URL, Stack, stack
+from benchmarks.populate import populate
+from benchmarks.report import Section
+from benchmarks.stats import Figure
+
+__all__ = ["rss_mb", "run"]
+
+WEEK = 7 * 86_400
+ORDERING_IDS = 10_000
+TARGET_PENDING = 1_000_000
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children, MB."""
+    process = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
+
+
+def _sample(pid: int, seconds: float) -> float:
+    peak = 0.0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        peak = max(peak, rss_mb(pid))
+        time.sleep(0.25)
+    return peak
+
+
+def _dispatcher_rss(s: Stack, settle: float, window: float) -> float:
+    dispatcher = s.dispatcher()
+    time.sleep(settle)
+    peak = _sample(dispatcher.pid, window)
+    s.check_alive()
+    s.stop(dispatcher)
+    return peak
+
+
+def run(ctx: Context) -> list[Section]:
+    pending = ctx.pick(20_000, TARGET_PENDING)
+    held = ctx.pick(5_000, 100_000)
+    fill_seconds = ctx.pick(20, 150)  # the machine is shared: stop filling after this long
+    runs = ctx.pick(1, 3)
+    settle, window = ctx.pick(5, 10), ctx.pick(5, 10)
+    section = Section("4", "Memory with tasks pending over the next 7 days")
+    ours: list[float] = []
+    with stack(ctx.tmp) as s:
+        app = s.use_client()
+        start = time.time() + 300
+        due = random.Random(4).random  # uniform over the week, whichever prefix gets written
+        pending, rate = populate(s, app, ((f"o{i % ORDERING_IDS}", i, start + due() * WEEK)
+                                          for i in range(pending)), fill_seconds)
+        ours = [_dispatcher_rss(s, settle, window) for _ in range(runs)]
+    with stack(ctx.tmp, init=False) as s:
+        app = s.use_client()
+        worker = s.worker()
+        time.sleep(2)
+        baseline = _sample(worker.pid, 2)
+        broker = redis.Redis.from_url(REDIS_URL)
+        start = time.time() + 300
+        published = time.monotonic()
+        for i in range(held):
+            if i % 1000 == 0 and time.monotonic() - published > fill_seconds:
+                held = i
+                break
+            at = start + i * WEEK / held
+            app.plain.apply_async((f"o{i % ORDERING_IDS}", i, at), eta=utc(at), queue=s.name)
+        published = time.monotonic() - published
+        deadline = time.monotonic() + 600
+        while broker.llen(s.name) > 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker did not receive the ETA tasks: {broker.llen(s.name)} left")
+            s.check_alive()
+            time.sleep(0.5)
+        time.sleep(3)
+        holding = _sample(worker.pid, window)
+    per_task_kb = (holding - baseline) * 1024 / held
+    extrapolated = baseline + per_task_kb * TARGET_PENDING / 1024
+    limit = 200
+    section.add(f"dispatcher RSS, {pending:,} tasks pending", Figure.of(ours, "MB"),
+                f"≤ {limit} MB" + (" (target is for 1,000,000 pending)" if pending < TARGET_PENDING else ""),
+                Figure.of(ours).median <= limit)
+    section.add("Celery worker RSS idle", Figure.of([baseline], "MB"))
+    section.add(f"Celery worker RSS holding {held:,} ETA tasks", Figure.of([holding], "MB"))
+    section.add("Celery worker memory per ETA task", Figure.of([per_task_kb], "KB", 1))
+    section.add(f"Celery worker RSS for {TARGET_PENDING:,} ETA tasks (extrapolated)",
+                Figure.of([extrapolated], "MB"))
+    section.add("schedule filled at (direct Cassandra batches)", Figure.of([rate], "tasks/s"))
+    section.add(f"Celery apply_async publish of {held:,} ETA tasks", Figure.of([held / published], "/s"))
+    section.method = [
+        f"celery_scheduler: {pending:,} tasks, due at uniformly random times from 5 minutes to 7 "
+        "days ahead, "
+        f"{ORDERING_IDS:,} ordering ids, 12 partitions, written straight into the scheduler's "
+        "Cassandra tables (the store's rows: schedule, pending status, bucket index) in unlogged "
+        "batches, because ingest through Kafka is far slower than needed for this count on this "
+        "machine (scenario 2). Then a dispatcher is started, and its RSS (with any children) "
+        f"sampled every 0.25 s for {window} s after it leased its partitions and {settle} s more; "
+        f"the figure is the peak; {runs} dispatcher start(s) over the same schedule.",
+        f"Celery eta=: one --pool=solo worker on the Redis broker; RSS sampled idle, then {held:,} "
+        "tasks are published with eta spread over 7 days; once the queue is empty (the worker holds "
+        "them all) and 3 s more, RSS is sampled again. Per task = growth / tasks; the extrapolation "
+        f"is idle RSS + per-task growth x {TARGET_PENDING:,}. One run (a worker holding the "
+        "tasks cannot be restarted cleanly within the time budget).",
+    ]
+    if pending < TARGET_PENDING:
+        section.method.append(f"{pending:,} pending tasks, not {TARGET_PENDING:,}: filling stops after "
+                              f"{fill_seconds} s (as does publishing the ETA tasks), to keep the run's "
+                              "time bounded on this shared machine.")
+    return [section]
