@@ -100,6 +100,8 @@ _SELECT_STATUS = ("SELECT state, task, partition, bucket, attempts, last_error, 
                   " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?")
 # Requests in flight at once for bulk reads and writes.
 CONCURRENCY = 64
+# Statement sets carrying more blob bytes than this are not sent as one batch (see _grouped).
+BATCH_LIMIT_BYTES = 32 * 1024
 
 
 def _status(key: TaskKey, row: Any) -> TaskStatus | None:
@@ -178,15 +180,27 @@ class CassandraScheduleStore(ScheduleStore):
             batch.add(self._prepare(cql), params)
         return batch
 
+    def _grouped(self, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """One batch, or, for a set carrying a large envelope, its statements one by one.
+
+        Cassandra refuses batches over its ``batch_size_fail_threshold`` (50 KiB by default)
+        whatever the client retries, so a task that large would hold its partition forever.
+        Sent separately the writes are just as idempotent, and an unlogged batch of several
+        partitions was never atomic anyway.
+        """
+        size = sum(len(value) for _, params in statements for value in params
+                   if isinstance(value, bytes))
+        if size < BATCH_LIMIT_BYTES:
+            return [self._batch_statement(statements)]
+        return [self._prepare(cql).bind(params) for cql, params in statements]
+
     def _batch(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        batch = self._batch_statement(statements)
-        with translate_errors(what):
-            self._session.execute(batch)
+        self._batches(what, [statements])
 
     def _batches(self, what: str, statement_sets: list[list[tuple[str, tuple[Any, ...]]]]) -> None:
         """One batch per set, CONCURRENCY of them in flight: one round trip's latency for all."""
-        batches = [(self._batch_statement(statements), None) for statements in statement_sets
-                   if statements]
+        batches = [(statement, None) for statements in statement_sets if statements
+                   for statement in self._grouped(statements)]
         with translate_errors(what):
             execute_concurrent(self._session, batches, concurrency=CONCURRENCY,
                                raise_on_first_error=True)
