@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ import click
 from celery_scheduler.client import get_client, now_ms, open_store
 from celery_scheduler.config import get_settings
 from celery_scheduler.envelope import CancelEnvelope
-from celery_scheduler.errors import SchedulerError
+from celery_scheduler.errors import SchedulerError, TopicMissingError
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
 
 __all__ = ["scheduler"]
@@ -78,7 +79,16 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
             partitions or settings.kafka_partitions,
             replication_factor or settings.kafka_replication_factor)
         admin = AdminClient(client_config(settings.kafka_bootstrap_servers, settings.kafka_options))
-        count = topic_partitions(admin, settings.kafka_topic, settings.kafka_produce_timeout)
+        # another broker than the one that saw the topic created may not know it yet
+        deadline = time.monotonic() + settings.kafka_produce_timeout
+        while True:
+            try:
+                count = topic_partitions(admin, settings.kafka_topic, settings.kafka_produce_timeout)
+                break
+            except TopicMissingError:
+                if not created or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         click.echo(f"kafka topic {settings.kafka_topic}: "
                    f"{'created' if created else 'exists'}, {count} partitions")
         dead = dead_letter_topic(settings.kafka_topic)
