@@ -1,9 +1,10 @@
 """Persist before commit: records polled from Kafka are written to the store, and only then
 are their offsets committed.
 
-A batch is applied in rounds: each round holds at most one record per task key and is
-written concurrently, and a later record of the same key (a cancel after its schedule) goes
-to a later round, so records of one key take effect in the order Kafka delivered them.
+A batch is applied in rounds: each round holds at most one record per ordering id and is
+written concurrently, and a later record of the same ordering id (the next task, or a cancel
+after its schedule) goes to a later round, so records of one ordering id take effect in the
+order Kafka delivered them, even when a round fails half-way.
 If any write fails, nothing of the batch is committed: the consumer seeks back and the
 batch is applied again (writes are idempotent), so an acknowledged schedule call is never
 lost. A record that cannot be
@@ -144,13 +145,16 @@ class Ingest:
             if envelope is not None:
                 operation = (Cancel(record.partition, envelope.key)
                              if isinstance(envelope, CancelEnvelope) else Put(record.partition, envelope))
-                # first round without this key: keeps the records of one key in order
+                # First round without this ordering id: records of one ordering id take
+                # effect in Kafka order, so a batch that fails half-way never leaves a later
+                # task stored without an earlier one (which the engine could then run first).
+                ordering_id = envelope.key.ordering_id
                 for round_ in rounds:
-                    if envelope.key not in round_:
-                        round_[envelope.key] = operation
+                    if ordering_id not in round_:
+                        round_[ordering_id] = operation
                         break
                 else:
-                    rounds.append({envelope.key: operation})
+                    rounds.append({ordering_id: operation})
         try:
             for round_ in rounds:
                 self._apply(list(round_.values()))
