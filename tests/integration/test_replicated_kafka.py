@@ -9,20 +9,19 @@ and worker (Cassandra and Redis are the shared services) run everything schedule
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from celery_scheduler.client import SchedulerClient, set_client
-from celery_scheduler.config import get_settings
 from celery_scheduler.errors import TaskLogError
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.kafka_cluster import KafkaCluster, kafka_cluster  # noqa: F401
-from tests.services import drop_scheduler
+from tests.integration.raw_topic import own_scheduler, scheduling_client, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
@@ -33,17 +32,9 @@ DELAY = 1.5  # seconds between a schedule call and the task's time
 @pytest.fixture
 def replicated(kafka_cluster: KafkaCluster, cassandra_contact: str, redis_url: str,  # noqa: F811
                unique_name: str, tmp_path: Path) -> Iterator[Scheduler]:
-    execlog = tmp_path / "executions.jsonl"
-    env = {**os.environ,
-           "CELERY_SCHEDULER_TEST_TOPIC": unique_name, "CELERY_SCHEDULER_TEST_KEYSPACE": unique_name,
-           "CELERY_SCHEDULER_TEST_QUEUE": unique_name, "CELERY_SCHEDULER_TEST_EXECLOG": str(execlog),
-           "CELERY_SCHEDULER_TEST_KAFKA": kafka_cluster.bootstrap}
-    scheduler = Scheduler(env, execlog, tmp_path)
-    result = scheduler.cli("init", "--replication-factor", "3")
-    assert result.returncode == 0, result.stderr
-    yield scheduler
-    scheduler.stop_all()
-    drop_scheduler("", unique_name)  # the topic goes with the cluster
+    with own_scheduler(tmp_path, kafka_cluster.bootstrap, unique_name,
+                       "--replication-factor", "3") as scheduler:
+        yield scheduler
 
 
 def check_replication(admin: AdminClient, topic: str) -> int:
@@ -65,66 +56,60 @@ def wait_for_full_isr(admin: AdminClient, topic: str, timeout: float) -> float:
         time.sleep(0.5)
 
 
+@dataclass
+class Calls:
+    accepted: list[tuple[str, int, float]] = field(default_factory=list)  # ordering id, seq, acked at
+    refused: list[str] = field(default_factory=list)
+    slowest: float = 0.0
+
+
+def schedule_for(app: Any, seconds: float, calls: Calls, first_seq: int) -> int:
+    """Schedule one task at a time for *seconds*, round robin over ORDERING_IDS."""
+    seq = first_seq
+    until = time.time() + seconds
+    while time.time() < until:
+        ordering_id = ORDERING_IDS[seq % len(ORDERING_IDS)]
+        call = time.time()
+        try:
+            app.record.schedule((ordering_id, seq), {},
+                                at=dt.datetime.fromtimestamp(call + DELAY, dt.timezone.utc))
+        except TaskLogError as exc:
+            calls.refused.append(f"{seq}: {exc}")
+        else:
+            calls.accepted.append((ordering_id, seq, time.time()))
+            calls.slowest = max(calls.slowest, time.time() - call)
+        seq += 1
+        time.sleep(0.05)
+    return seq
+
+
 def test_a_killed_broker_loses_no_accepted_task_and_scheduling_goes_on(
         kafka_cluster: KafkaCluster, replicated: Scheduler) -> None:  # noqa: F811
-    from tests.apps import dispatching
-
     topic = replicated.env["CELERY_SCHEDULER_TEST_TOPIC"]
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     victim = check_replication(admin, topic)  # the leader of partition 0: its leadership must move
-    settings = get_settings(dispatching.app).replace(
-        kafka_bootstrap_servers=kafka_cluster.bootstrap, kafka_topic=topic,
-        cassandra_keyspace=replicated.env["CELERY_SCHEDULER_TEST_KEYSPACE"],
-        kafka_produce_timeout=30.0)
-    client = SchedulerClient(settings)
-    previous = set_client(dispatching.app, client)
     replicated.dispatcher()
     replicated.worker()
-
-    accepted: list[tuple[str, int, float]] = []  # (ordering id, seq, when acknowledged)
-    refused: list[str] = []
-    latencies: list[float] = []
-    killed_at = restarted_at = 0.0
-    try:
-        seq = 0
-        started = time.time()
-        while time.time() - started < 24:
-            elapsed = time.time() - started
-            if not killed_at and elapsed > 6:
-                kafka_cluster.kill(victim)
-                killed_at = time.time()
-            ordering_id = ORDERING_IDS[seq % len(ORDERING_IDS)]
-            call = time.time()
-            try:
-                dispatching.record.schedule((ordering_id, seq), {}, at=dt.datetime.fromtimestamp(
-                    call + DELAY, dt.timezone.utc))
-            except TaskLogError as exc:
-                refused.append(f"{seq}: {exc}")
-            else:
-                accepted.append((ordering_id, seq, time.time()))
-                latencies.append(time.time() - call)
-            seq += 1
-            time.sleep(0.05)
+    calls = Calls()
+    with scheduling_client(replicated.env, kafka_produce_timeout=30.0) as app:
+        seq = schedule_for(app, 6, calls, 0)
+        kafka_cluster.kill(victim)  # SIGKILL: no controlled shutdown, no leadership hand-over
+        killed_at = time.time()
+        schedule_for(app, 18, calls, seq)
         down_until = time.time()
         kafka_cluster.start(victim)
-        restarted_at = time.time()
+        restart = time.time() - down_until
 
-        expected = {(o, s) for o, s, _ in accepted}
-        deadline = time.monotonic() + 90
-        while not expected <= {(s["o"], s["seq"]) for s in replicated.starts()}:
-            assert time.monotonic() < deadline, (
-                f"lost: {sorted(expected - {(s['o'], s['seq']) for s in replicated.starts()})[:20]}")
-            time.sleep(0.5)
-        rejoined = wait_for_full_isr(admin, topic, timeout=60)
-    finally:
-        client.close()
-        set_client(dispatching.app, previous)
+        expected = {(o, s) for o, s, _ in calls.accepted}
+        wait_until(lambda: expected <= {(s["o"], s["seq"]) for s in replicated.starts()}, 90,
+                   lambda: sorted(expected - {(s["o"], s["seq"]) for s in replicated.starts()})[:20])
+    rejoined = wait_for_full_isr(admin, topic, timeout=60)
 
-    during = [a for a in accepted if killed_at < a[2] < down_until]
-    print(f"{len(accepted)} accepted ({len(during)} while broker {victim} was down), "
-          f"{len(refused)} refused; slowest schedule call {max(latencies):.2f}s; "
-          f"broker back in every ISR {rejoined:.1f}s after its restart at +{restarted_at - killed_at:.0f}s")
-    assert not refused, refused
+    during = [a for a in calls.accepted if killed_at < a[2] < down_until]
+    print(f"{len(calls.accepted)} accepted ({len(during)} while broker {victim} was down), "
+          f"{len(calls.refused)} refused; slowest schedule call {calls.slowest:.2f}s; broker restarted "
+          f"in {restart:.0f}s and back in every ISR {rejoined:.1f}s later")
+    assert not calls.refused, calls.refused
     # scheduling went on while the broker was down, not just before and after
     assert len(during) >= 10, during
     # per ordering id, the tasks ran in the order they were scheduled
