@@ -27,6 +27,7 @@ app.conf.update(
     scheduler_cassandra_keyspace=os.environ.get("BENCH_KEYSPACE", "bench"),
     scheduler_lease_seconds=float(os.environ.get("BENCH_LEASE", "300")),
     task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
+    worker_prefetch_multiplier=int(os.environ.get("BENCH_PREFETCH", "4")),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     worker_enable_remote_control=False,

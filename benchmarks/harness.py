@@ -126,8 +126,9 @@ class Stack:
         marker = self.tmp / f"{self.name}-worker-{index}.ready"
         process = self.spawn("worker", [
             sys.executable, "-m", "celery", "-A", APP, "worker", "--loglevel=WARNING", f"--pool={pool}",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", self.name,
-            "-n", f"{self.name}-{index}@%h"], {"BENCH_READY_FILE": str(marker), **(env or {})})
+            "--concurrency=1", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-Q", self.name, "-n", f"{self.name}-{index}@%h"],
+            {"BENCH_READY_FILE": str(marker), **(env or {})})
         if wait:
             self._wait(process, marker.exists, "celery worker", 120)
         return process

@@ -138,8 +138,8 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
 
 
 def run(ctx: Context) -> list[Section]:
-    slow = Load(rate=100, duration=ctx.pick(10, 30), lead=ctx.pick(5, 10), grace=ctx.pick(10, 20))
-    fast = Load(rate=1000, duration=ctx.pick(10, 60), lead=ctx.pick(5, 10), grace=ctx.pick(15, 30))
+    slow = Load(rate=100, duration=ctx.pick(4, 30), lead=ctx.pick(3, 10), grace=ctx.pick(4, 15))
+    fast = Load(rate=1000, duration=ctx.pick(4, 60), lead=ctx.pick(3, 10), grace=ctx.pick(5, 20))
     runs = ctx.pick(1, 2)
     results: dict[str, tuple[list[Outcome], list[Outcome]]] = {}
     errors = []

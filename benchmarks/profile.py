@@ -293,8 +293,10 @@ def profile_backlog(args: argparse.Namespace) -> None:
         last_seq: dict[str, int] = {}
         disorder: list[str] = []
 
+        producer = app.producer_pool.acquire(block=True)  # as a dispatcher keeps one
+
         def publish(task: Loaded, release: bridge.Release) -> None:
-            bridge.publish(app, task.envelope, release, settings.lease_seconds)
+            bridge.publish(app, task.envelope, release, settings.lease_seconds, producer=producer)
             ordering_id, seq = task.envelope.args
             if last_seq.get(ordering_id, -1) >= seq:
                 disorder.append(f"{ordering_id}: {seq} after {last_seq[ordering_id]}")
@@ -312,6 +314,7 @@ def profile_backlog(args: argparse.Namespace) -> None:
             while engine.completed_count < args.count and time.monotonic() < deadline:
                 engine.step()
         completed = engine.completed_count
+        producer.release()
         engine.stop()
         store.close()
         run.report("backlog drained (released and completed)", completed)

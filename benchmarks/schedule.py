@@ -85,8 +85,8 @@ def _timed_calls(call: Any, seconds: float) -> list[float]:
 
 
 def run(ctx: Context) -> list[Section]:
-    batched_count = ctx.pick(20_000, 100_000)
-    seconds = ctx.pick(2, 5)
+    batched_count = ctx.pick(10_000, 100_000)
+    seconds = ctx.pick(1, 4)
     one = Section("1", "Schedule rate from one process, batched")
     sync = Section("1b", "Synchronous schedule_at: rate and call latency")
     with stack(ctx.tmp) as s:

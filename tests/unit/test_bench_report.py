@@ -1,0 +1,59 @@
+"""The benchmark harness's pure parts: summaries of runs and the report they produce."""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks.report import Report, Section, render, verdict
+from benchmarks.stats import Figure, percentile, ratio
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+    assert percentile([7.0], 99) == 7
+    assert math.isnan(percentile([], 50))
+
+
+def test_ratio_of_nothing_is_not_a_number() -> None:
+    assert ratio(1, 4) == 0.25
+    assert math.isnan(ratio(1, 0))
+    assert math.isnan(ratio(math.nan, 2))
+
+
+def test_figure_shows_median_and_range_of_runs() -> None:
+    figure = Figure.of([1200, 1000, 1500], "/s")
+    assert figure.median == 1200
+    assert str(figure) == "1,200 /s (1,000 to 1,500, n=3)"
+    assert str(Figure.of([0.5234], "%", 1)) == "52.3% (n=1)"
+    assert str(Figure.of([2.0, math.nan], "ms", 1)) == "2.0 ms (2.0 to 2.0, n=2)"
+    assert str(Figure.of([math.nan], "s")) == "n/a s (n=1)"
+
+
+def test_verdict_never_claims_an_unmeasured_target() -> None:
+    assert verdict(None, Figure.of([1])) == ""
+    assert verdict(True, Figure.of([1])) == "**met**"
+    assert verdict(False, Figure.of([1])) == "**not met**"
+    assert verdict(True, Figure.of([math.nan])) == "not measured"
+
+
+def test_report_lists_targets_first_then_each_scenario() -> None:
+    report = Report(command="scripts/bench --quick", mode="quick", started="2030-01-01 00:00 UTC",
+                    machine={"CPU": "test cpu, 2 logical cores"}, load_start="1.00 / 1.00 / 1.00",
+                    load_end="2.00 / 2.00 / 2.00", duration_s=90)
+    one = Section("1", "Schedule rate")
+    one.add("ours", Figure.of([100, 110], "/s"))
+    one.add("ratio | to raw", Figure.of([0.4, 0.6], "%"), "≥ 50%", False)
+    one.method = ["how it was measured"]
+    report.sections += [one, Section("2", "Ingest", error="RuntimeError: boom")]
+    text = render(report)
+    assert "`scripts/bench --quick` (quick mode)" in text
+    assert "took 1.5 min" in text
+    assert "1.00 / 1.00 / 1.00 at start, 2.00 / 2.00 / 2.00 at end" in text
+    targets = text.index("## Targets")
+    assert text.index("| 1 | ratio \\| to raw | 50% (40 to 60, n=2) | ≥ 50% | **not met** |") > targets
+    assert text.index("## 1. Schedule rate") > targets
+    assert "- how it was measured" in text
+    assert "**Did not complete:** RuntimeError: boom" in text
