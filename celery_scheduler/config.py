@@ -15,6 +15,7 @@ as ``CELERY_SCHEDULER_KAFKA_BOOTSTRAP_SERVERS = "kafka-1:9092"`` in ``settings.p
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -110,8 +111,9 @@ class Settings:
         """The signer when signing is configured, else None."""
         return Signer(self.signing_keys, self.signing_key_id) if self.signing_keys else None
 
-    @property
+    @functools.cached_property
     def retry_policy(self) -> RetryPolicy:
+        """The default retry policy (built once: every schedule call without its own uses it)."""
         return RetryPolicy(self.max_attempts, self.retry_backoff, self.retry_backoff_max)
 
     @classmethod
