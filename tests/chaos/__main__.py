@@ -1,0 +1,122 @@
+"""``scripts/chaos``: run the chaos harness and print (or write) the reliability report.
+
+    scripts/chaos --quick                      # ~4 minutes, one fault of every kind
+    scripts/chaos --long                       # 100,000 tasks, 30 faults of every kind;
+                                               # writes RELIABILITY.md
+    scripts/chaos --quick --mutant commit-before-persist   # must report lost tasks
+
+Exit status 0 when no guarantee was broken, 1 otherwise, 2 when the run could not be made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from tests.chaos.harness import (
+    FAULT_KINDS,
+    ChaosLockBusy,
+    Options,
+    Run,
+    RunFacts,
+    chaos_lock,
+    load_facts,
+    save_facts,
+    state_root,
+)
+from tests.chaos.report import render
+from tests.chaos.verify import verify
+from tests.services import REPO
+
+QUICK = Options(tasks=1200, ordering_ids=60, faults_per_kind=1, gap=(2.0, 4.0), drain_seconds=90.0)
+LONG = Options(tasks=100_000, ordering_ids=2000, faults_per_kind=30, gap=(1.0, 3.0), drain_seconds=600.0)
+
+
+def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="scripts/chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--quick", action="store_true", help="the short run the test suite makes")
+    size.add_argument("--long", action="store_true", help="the long run behind RELIABILITY.md")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tasks", type=int)
+    parser.add_argument("--ordering-ids", type=int)
+    parser.add_argument("--faults-per-kind", type=int)
+    parser.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_KINDS)})")
+    parser.add_argument("--mutant", choices=["commit-before-persist"],
+                        help="run a deliberately broken dispatcher")
+    parser.add_argument("--report", type=Path, help="write the Markdown report here "
+                        "(--long: RELIABILITY.md unless given)")
+    parser.add_argument("--run-dir", type=Path, help="logs and facts (default: a new temp dir)")
+    parser.add_argument("--from-facts", type=Path, metavar="FACTS_JSON",
+                        help="no new run: verify and report the facts a run saved")
+    args = parser.parse_args(argv)
+    options = QUICK if args.quick else LONG
+    changes: dict[str, object] = {"seed": args.seed, "mutant": args.mutant}
+    for name in ("tasks", "ordering_ids", "faults_per_kind"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    if args.kinds:
+        kinds = tuple(args.kinds.split(","))
+        unknown = set(kinds) - set(FAULT_KINDS)
+        if unknown:
+            parser.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+        changes["kinds"] = kinds
+    if args.long and args.report is None:
+        args.report = REPO / "RELIABILITY.md"
+    return replace(options, **changes), args  # type: ignore[arg-type]
+
+
+def main(argv: list[str]) -> int:
+    options, args = parse(argv)
+    if args.from_facts:
+        return report(load_facts(args.from_facts), args.report)
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="celery-scheduler-chaos-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"== chaos run: {options}\n== logs in {run_dir}", flush=True)
+    root = state_root()
+    try:
+        with chaos_lock(root):
+            run = Run(options, run_dir, root / "services")
+            try:
+                facts = run.execute()
+            finally:
+                run.services.run("down")
+    except ChaosLockBusy as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    save_facts(facts, run_dir / "facts.json")
+    return report(facts, args.report)
+
+
+def command_of(options: Options) -> str:
+    """The command that repeats a run with *options* (the report names it)."""
+    preset = LONG if options.ordering_ids == LONG.ordering_ids else QUICK
+    argv = ["--long" if preset is LONG else "--quick", "--seed", str(options.seed)]
+    for name in ("tasks", "ordering_ids", "faults_per_kind"):
+        if getattr(options, name) != getattr(preset, name):
+            argv += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
+    if options.kinds != FAULT_KINDS:
+        argv += ["--kinds", ",".join(options.kinds)]
+    if options.mutant:
+        argv += ["--mutant", options.mutant]
+    return "scripts/chaos " + shlex.join(argv)
+
+
+def report(facts: RunFacts, path: Path | None) -> int:
+    verdict = verify(facts)
+    text = render(facts, verdict, command_of(facts.options))
+    print(text)
+    if path:
+        path.write_text(text)
+        print(f"== report written to {path}")
+    print(f"== {'PASS' if verdict.ok else 'FAIL'}", flush=True)
+    return 0 if verdict.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

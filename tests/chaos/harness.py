@@ -1,0 +1,518 @@
+"""The chaos run: own services, 2+ dispatchers and workers, a workload, and seeded faults.
+
+One run:
+
+1. takes the chaos lock and (re)starts its own Kafka, Cassandra and Redis on the chaos
+   ports (:data:`PORTS`) in their own state directory, through ``scripts/services``;
+2. creates a topic and keyspace, starts two dispatchers and two Celery workers of
+   ``tests.apps.chaos`` (with :class:`tests.integration.dispatch_fixtures.Scheduler`);
+3. schedules the workload through the real API at a steady rate, cancelling some tasks
+   right after their schedule call returned, while two *lanes* inject faults on a seeded
+   plan: processes (SIGKILL of a dispatcher or a worker, SIGSTOP of a dispatcher past the
+   group session timeout and the partition lease) and services (restart of Kafka,
+   Cassandra, Redis);
+4. waits until every accepted task ran (or a drain timeout), reads the statuses of the
+   cancelled keys, stops everything, and hands the facts to :mod:`tests.chaos.verify`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.integration import dispatch_fixtures
+from tests.integration.dispatch_fixtures import Scheduler
+from tests.services import REPO
+
+APP = "tests.apps.chaos"
+# The chaos services' ports: a set of their own, beside the shared development services.
+PORTS = {"KAFKA_PORT": "19092", "KAFKA_CONTROLLER_PORT": "19093", "CASSANDRA_PORT": "19042",
+         "CASSANDRA_STORAGE_PORT": "17000", "CASSANDRA_JMX_PORT": "17199", "REDIS_PORT": "16379"}
+KAFKA = f"127.0.0.1:{PORTS['KAFKA_PORT']}"
+REDIS = f"redis://127.0.0.1:{PORTS['REDIS_PORT']}"
+SERVICES = ("redis", "kafka", "cassandra")
+
+PROCESS_FAULTS = ("dispatcher-kill", "worker-kill", "dispatcher-pause")
+SERVICE_FAULTS = ("kafka-restart", "cassandra-restart", "redis-restart")
+FAULT_KINDS = PROCESS_FAULTS + SERVICE_FAULTS
+# Rough seconds each fault takes on a small machine, to spread the workload over the plan.
+EXPECTED_SECONDS = {"dispatcher-kill": 15, "worker-kill": 10, "dispatcher-pause": 16,
+                    "kafka-restart": 30, "cassandra-restart": 55, "redis-restart": 7}
+# A paused dispatcher stays stopped past Kafka's session timeout (6 s) plus the partition
+# lease (6 s in the chaos app), so its partitions certainly move while it sleeps.
+PAUSE_SECONDS = 15.0
+
+
+def state_root() -> Path:
+    base = os.environ.get("CELERY_SCHEDULER_STATE") or str(
+        Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "celery-scheduler")
+    return Path(base) / "chaos"
+
+
+class ChaosLockBusy(RuntimeError):
+    """Another chaos run holds the chaos services."""
+
+
+@contextlib.contextmanager
+def chaos_lock(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "run.lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise ChaosLockBusy(f"another chaos run holds {root / 'run.lock'}") from exc
+        yield
+
+
+class Services:
+    """The chaos set of Kafka, Cassandra and Redis, driven through ``scripts/services``."""
+
+    def __init__(self, state: Path, log: Path) -> None:
+        self.env = {**os.environ, **PORTS, "CELERY_SCHEDULER_STATE": str(state)}
+        self.log = log
+
+    def run(self, command: str, *services: str) -> None:
+        with self.log.open("a") as out:
+            out.write(f"--- {time.strftime('%H:%M:%S')} services {command} {' '.join(services)}\n")
+            out.flush()
+            subprocess.run([str(REPO / "scripts" / "services"), command, *services], env=self.env,
+                           stdout=out, stderr=subprocess.STDOUT, check=True, timeout=300)
+
+    def restart(self, service: str) -> None:
+        self.run("down", service)
+        self.run("up", service)
+
+
+@contextlib.contextmanager
+def chaos_app() -> Iterator[None]:
+    """Make the dispatch fixtures' process handling run the chaos app instead of theirs."""
+    previous, dispatch_fixtures.APP = dispatch_fixtures.APP, APP
+    try:
+        yield
+    finally:
+        dispatch_fixtures.APP = previous
+
+
+@dataclass(frozen=True)
+class Options:
+    tasks: int = 1200
+    ordering_ids: int = 60
+    faults_per_kind: int = 1
+    seed: int = 1
+    gap: tuple[float, float] = (2.0, 5.0)  # seconds between faults of one lane
+    delay: tuple[float, float] = (1.0, 12.0)  # how far ahead a task is scheduled
+    cancel_share: float = 0.05
+    slow_share: float = 0.1  # tasks that run 50-500 ms
+    drain_seconds: float = 120.0
+    kinds: tuple[str, ...] = FAULT_KINDS
+    mutant: str | None = None
+    dispatchers: int = 2
+    workers: int = 2
+
+
+@dataclass
+class Task:
+    ordering_id: str
+    seq: int
+    duration: float
+    delay: float
+    gap: float  # least time after the previous task of the ordering id
+    cancel: bool
+    at_ms: int = 0
+    accepted: bool | None = None  # None: the call has not resolved yet
+    error: str | None = None
+    cancel_accepted: bool | None = None
+    cancel_ms: int = 0
+    status: str | None = None  # final store status, read for cancelled keys
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    inject: float
+    restore: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunFacts:
+    """Everything the verifier needs, and nothing it has to trust the scheduler for."""
+
+    options: Options
+    tasks: list[Task]
+    faults: list[Fault]
+    executions: list[dict[str, Any]]
+    killed_workers: dict[int, float]  # pid -> SIGKILL time: its open run ended then
+    unexpected_exits: list[str]
+    started: float
+    produced_until: float
+    finished: float
+    drained: bool
+    run_dir: str
+
+
+def plan_tasks(options: Options, rng: random.Random) -> list[Task]:
+    names = [f"o{i:05d}" for i in range(options.ordering_ids)]
+    seqs = dict.fromkeys(names, 0)
+    tasks = []
+    for _ in range(options.tasks):
+        ordering_id = rng.choice(names)
+        seq = seqs[ordering_id]
+        seqs[ordering_id] = seq + 1
+        cancel = rng.random() < options.cancel_share
+        duration = round(rng.uniform(0.05, 0.5), 3) if rng.random() < options.slow_share else 0.0
+        low, high = options.delay
+        delay = rng.uniform(max(low, 4.0) if cancel else low, high)
+        tasks.append(Task(ordering_id, seq, duration, delay, rng.uniform(0.0, 0.3), cancel))
+    return tasks
+
+
+def plan_faults(options: Options, rng: random.Random) -> list[list[tuple[str, float]]]:
+    """Two lanes of (kind, gap before it): processes and services, each shuffled."""
+    lanes = []
+    for group in (PROCESS_FAULTS, SERVICE_FAULTS):
+        kinds = [k for k in group if k in options.kinds] * options.faults_per_kind
+        rng.shuffle(kinds)
+        lanes.append([(kind, rng.uniform(*options.gap)) for kind in kinds])
+    return lanes
+
+
+def expected_window(lanes: list[list[tuple[str, float]]]) -> float:
+    return max(sum(EXPECTED_SECONDS[kind] + gap for kind, gap in lane) for lane in lanes) + 5.0
+
+
+class Executions:
+    """Reads the execution log as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._rest = b""
+        self.events: list[dict[str, Any]] = []
+        self.started: set[tuple[str, int]] = set()
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read()
+        self._offset += len(data)
+        lines = (self._rest + data).split(b"\n")
+        self._rest = lines.pop()
+        for line in lines:
+            if line:
+                event = json.loads(line)
+                self.events.append(event)
+                if event["event"] == "start":
+                    self.started.add((event["o"], event["seq"]))
+
+
+class Run:
+    """One chaos run; :meth:`execute` returns the facts."""
+
+    def __init__(self, options: Options, run_dir: Path, state: Path,
+                 say: Any = None) -> None:
+        self.options = options
+        self.run_dir = run_dir
+        self.rng = random.Random(options.seed)
+        self.say = say or (lambda message: print(message, flush=True))
+        self.services = Services(state, run_dir / "services.log")
+        name = f"chaos_{uuid.uuid4().hex[:10]}"
+        self.env = {**os.environ, **PORTS,
+                    "CELERY_SCHEDULER_TEST_TOPIC": name, "CELERY_SCHEDULER_TEST_KEYSPACE": name,
+                    "CELERY_SCHEDULER_TEST_QUEUE": name,
+                    "CELERY_SCHEDULER_TEST_EXECLOG": str(run_dir / "executions.jsonl"),
+                    "CELERY_SCHEDULER_CHAOS_KAFKA": KAFKA, "CELERY_SCHEDULER_CHAOS_REDIS": REDIS,
+                    "CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT": PORTS["CASSANDRA_PORT"]}
+        self.env.pop("CELERY_SCHEDULER_CHAOS_MUTANT", None)
+        self.cluster = Scheduler(self.env, run_dir / "executions.jsonl", run_dir)
+        self.dispatchers: list[subprocess.Popen[bytes]] = []
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.killed: set[int] = set()
+        self.killed_workers: dict[int, float] = {}
+        self.unexpected: list[str] = []
+        self.faults: list[Fault] = []
+        self.tasks = plan_tasks(options, self.rng)
+        self.lanes = plan_faults(options, self.rng)
+        self.executions = Executions(run_dir / "executions.jsonl")
+        self._lock = threading.Lock()  # the process lists: lanes and the supervisor
+        self._stop = threading.Event()
+        # A pause moves partitions only while Kafka and Cassandra are up: it waits for them.
+        self._services_needed = threading.Lock()
+        self._next_restart = 0.0  # a process that keeps exiting is restarted every 5 s at most
+        self.lane_errors: list[str] = []
+
+    # --- processes --------------------------------------------------------------------
+
+    def _start_dispatcher(self, wait: bool) -> subprocess.Popen[bytes]:
+        if self.options.mutant:
+            self.cluster.env = {**self.env, "CELERY_SCHEDULER_CHAOS_MUTANT": self.options.mutant}
+        process = self.cluster.dispatcher(wait=wait)
+        self.cluster.env = self.env
+        self.dispatchers.append(process)
+        return process
+
+    def _start_worker(self) -> subprocess.Popen[bytes]:
+        process = self.cluster.worker()
+        self.workers.append(process)
+        return process
+
+    def _supervise(self) -> None:
+        """Restart a dispatcher or worker that exited without being killed (and report it)."""
+        if time.monotonic() < self._next_restart:
+            return
+        with self._lock:
+            roles = (("dispatcher", self.dispatchers, lambda: self._start_dispatcher(False)),
+                     ("worker", self.workers, self._start_worker))
+            for role, group, start in roles:
+                for process in list(group):
+                    if process.poll() is not None and process.pid not in self.killed:
+                        tail = self.cluster.log_of(process)[-1500:]
+                        self.unexpected.append(f"pid {process.pid} ({role}) exited "
+                                               f"with {process.returncode}:\n{tail}")
+                        self.say(f"!! pid {process.pid} exited unexpectedly; restarting it")
+                        group.remove(process)
+                        self._next_restart = time.monotonic() + 5.0
+                        start()
+
+    # --- faults -------------------------------------------------------------------------
+
+    def _fault(self, kind: str) -> Fault:
+        rng = self.rng_faults
+        if kind in SERVICE_FAULTS:
+            service = kind.split("-")[0]
+            with self._services_needed if service != "redis" else contextlib.nullcontext():
+                fault = Fault(kind, service, time.time())
+                self.services.restart(service)
+                fault.restore = time.time()
+            return fault
+        if kind == "dispatcher-pause":
+            with self._services_needed:
+                return self._pause(rng)
+        with self._lock:
+            group = self.workers if kind == "worker-kill" else self.dispatchers
+            victim = rng.choice(sorted(group, key=lambda p: p.pid))
+            fault = Fault(kind, f"pid {victim.pid}", time.time())
+            self.killed.add(victim.pid)
+            victim.kill()
+            victim.wait()
+            group.remove(victim)
+            if kind == "worker-kill":
+                self.killed_workers[victim.pid] = fault.inject
+        with self._lock:
+            if kind == "worker-kill":
+                self._start_worker()
+                fault.restore = time.time()
+                return fault
+            replacement = self._start_dispatcher(wait=False)
+        fault.restore = time.time()
+        deadline = time.monotonic() + 60
+        while "leased partition" not in self.cluster.log_of(replacement):
+            if time.monotonic() > deadline or replacement.poll() is not None:
+                break
+            time.sleep(0.1)
+        else:
+            fault.detail["replacement_leased_after"] = round(time.time() - fault.inject, 2)
+        return fault
+
+    def _pause(self, rng: random.Random) -> Fault:
+        """SIGSTOP a dispatcher past the session timeout and its partition lease, then SIGCONT."""
+        with self._lock:
+            # one that owns partitions, so that there is something to move
+            owners = [p for p in self.dispatchers if "leased partition" in self.cluster.log_of(p)]
+            victim = rng.choice(sorted(owners or self.dispatchers, key=lambda p: p.pid))
+            others = [p for p in self.dispatchers if p is not victim]
+            before = sum(self.cluster.log_of(p).count("leased partition") for p in others)
+            fault = Fault("dispatcher-pause", f"pid {victim.pid}", time.time())
+            victim.send_signal(signal.SIGSTOP)
+        time.sleep(PAUSE_SECONDS)
+        fault.detail["partitions_taken_over"] = sum(
+            self.cluster.log_of(p).count("leased partition") for p in others) - before
+        victim.send_signal(signal.SIGCONT)
+        fault.restore = time.time()
+        return fault
+
+    def _lane(self, lane: list[tuple[str, float]]) -> None:
+        for kind, gap in lane:
+            if self._stop.wait(gap):
+                return
+            self.say(f"   fault: {kind}")
+            try:
+                fault = self._fault(kind)
+            except Exception as exc:  # a fault that could not be injected is reported, not hidden
+                self.lane_errors.append(f"{kind}: {exc!r}")
+                self.say(f"!! fault {kind} failed: {exc!r}")
+                continue
+            self.faults.append(fault)
+            self.say(f"   fault: {kind} on {fault.target} over after "
+                     f"{fault.restore - fault.inject:.1f}s {fault.detail or ''}")
+
+    # --- workload ---------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        from celery_scheduler.client import SchedulerClient, set_client
+        from celery_scheduler.config import get_settings
+        from tests.apps import chaos
+
+        settings = get_settings(chaos.app).replace(
+            kafka_bootstrap_servers=KAFKA, cassandra_port=int(PORTS["CASSANDRA_PORT"]),
+            kafka_topic=self.env["CELERY_SCHEDULER_TEST_TOPIC"], kafka_options={"log_level": 0},
+            cassandra_keyspace=self.env["CELERY_SCHEDULER_TEST_KEYSPACE"])
+        client = SchedulerClient(settings)
+        set_client(chaos.app, client)
+        return client
+
+    def _produce(self, rate: float, handles: queue.SimpleQueue[Any]) -> None:
+        from tests.apps import chaos
+
+        start = time.monotonic()
+        last_ms: dict[str, int] = {}
+        for index, task in enumerate(self.tasks):
+            pause = start + index / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            # scheduled times rise with seq: schedule order is time order per ordering id
+            at_ms = max(int((time.time() + task.delay) * 1000),
+                        last_ms.get(task.ordering_id, 0) + 1 + int(task.gap * 1000))
+            last_ms[task.ordering_id] = at_ms
+            task.at_ms = at_ms
+            try:
+                handle = chaos.record.schedule(
+                    (task.ordering_id, task.seq), {"duration": task.duration, "scheduled_for": at_ms / 1000},
+                    at=dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc), wait=False)
+            except Exception as exc:
+                task.accepted, task.error = False, repr(exc)
+                continue
+            handles.put((task, handle))
+        handles.put(None)
+
+    def _resolve(self, handles: queue.SimpleQueue[Any]) -> None:
+        """Learn which schedule calls Kafka acknowledged; cancel the chosen ones right after."""
+        while (item := handles.get()) is not None:
+            task, handle = item
+            try:
+                handle.wait(60)
+                task.accepted = True
+            except Exception as exc:
+                task.accepted, task.error = False, repr(exc)
+                continue
+            if task.cancel:
+                try:
+                    handle.cancel()
+                    task.cancel_accepted = True
+                except Exception as exc:
+                    task.cancel_accepted, task.error = False, repr(exc)
+                task.cancel_ms = int(time.time() * 1000)
+
+    # --- the run ------------------------------------------------------------------------
+
+    def execute(self) -> RunFacts:
+        o = self.options
+        self.rng_faults = random.Random(o.seed * 7919 + 1)
+        self.say(f"== services up (state {self.services.env['CELERY_SCHEDULER_STATE']})")
+        self.services.run("wipe")
+        self.services.run("up")
+        with chaos_app():
+            result = self.cluster.cli("init")
+            if result.returncode != 0:
+                raise RuntimeError(f"scheduler init failed: {result.stderr}")
+            try:
+                return self._execute()
+            finally:
+                self.cluster.stop_all()
+
+    def _execute(self) -> RunFacts:
+        o = self.options
+        for index in range(o.dispatchers):
+            self._start_dispatcher(wait=index == 0)
+        for _ in range(o.workers):
+            self._start_worker()
+        client = self._client()
+        window = expected_window(self.lanes)
+        rate = o.tasks / window
+        self.say(f"== {o.tasks} tasks over {o.ordering_ids} ordering ids at {rate:.1f}/s for "
+                 f"~{window:.0f}s; faults: {[[k for k, _ in lane] for lane in self.lanes]}")
+        started = time.time()
+        handles: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        threads = [threading.Thread(target=self._produce, args=(rate, handles), name="produce"),
+                   threading.Thread(target=self._resolve, args=(handles,), name="resolve")]
+        threads += [threading.Thread(target=self._lane, args=(lane,), name="lane") for lane in self.lanes]
+        for thread in threads:
+            thread.start()
+        last_note = 0.0
+        while any(t.is_alive() for t in threads):
+            self._supervise()
+            self.executions.read()
+            if time.monotonic() - last_note > 15:
+                last_note = time.monotonic()
+                self.say(f"   {time.time() - started:5.0f}s: {len(self.executions.started)} keys ran, "
+                         f"{sum(1 for t in self.tasks if t.accepted)} accepted, "
+                         f"{len(self.faults)} faults done")
+            time.sleep(0.5)
+        produced_until = time.time()
+        drained = self._drain()
+        self.say("== reading the status of cancelled keys")
+        statuses = [t for t in self.tasks if t.cancel and t.accepted]
+        store = client.store
+        from celery_scheduler.keys import TaskKey
+
+        for task in statuses:
+            key = TaskKey(task.ordering_id, task.at_ms, f"seq-{task.seq}")
+            status = store.status(key)
+            task.status = None if status is None else status.state.value
+        client.close()
+        self.cluster.stop_all()
+        self.executions.read()
+        return RunFacts(self.options, self.tasks, self.faults, self.executions.events,
+                        self.killed_workers, self.unexpected + self.lane_errors, started,
+                        produced_until, time.time(), drained, str(self.run_dir))
+
+    def _waiting(self) -> list[Task]:
+        return [t for t in self.tasks if t.accepted and not t.cancel_accepted
+                and (t.ordering_id, t.seq) not in self.executions.started]
+
+    def _drain(self) -> bool:
+        last_due = max((t.at_ms for t in self.tasks if t.accepted), default=0) / 1000
+        deadline = max(time.time(), last_due) + self.options.drain_seconds
+        self.say(f"== draining (up to {deadline - time.time():.0f}s)")
+        while time.time() < deadline:
+            self._supervise()
+            self.executions.read()
+            if not self._waiting() and time.time() > last_due + 2:
+                time.sleep(3)  # late duplicates and cancelled runs would show up now
+                self.executions.read()
+                return True
+            time.sleep(0.5)
+        return False
+
+
+def save_facts(facts: RunFacts, path: Path) -> None:
+    path.write_text(json.dumps(asdict(facts)))
+
+
+def load_facts(path: Path) -> RunFacts:
+    """Read facts saved by :func:`save_facts` (to verify or report a run again)."""
+    data = json.loads(path.read_text())
+    options = data.pop("options")
+    options["gap"], options["delay"], options["kinds"] = (
+        tuple(options["gap"]), tuple(options["delay"]), tuple(options["kinds"]))
+    return RunFacts(options=Options(**options), tasks=[Task(**t) for t in data.pop("tasks")],
+                    faults=[Fault(**f) for f in data.pop("faults")],
+                    killed_workers={int(pid): at for pid, at in data.pop("killed_workers").items()},
+                    **data)

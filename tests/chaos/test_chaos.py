@@ -1,0 +1,77 @@
+"""The short chaos run, and proof that it catches a dispatcher that loses tasks.
+
+Both start their own Kafka, Cassandra and Redis on the chaos ports (they restart them), so
+they need Java, Maven and redis-server, as ``scripts/services`` does. When another chaos run
+holds those services the test is skipped on a developer machine and fails when ``CI`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.__main__ import QUICK
+from tests.chaos.harness import ChaosLockBusy, Options, Run, chaos_lock, save_facts, state_root
+from tests.chaos.report import render
+from tests.chaos.verify import Verdict, verify
+
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+
+
+@pytest.fixture
+def chaos_services() -> Iterator[Path]:
+    root = state_root()
+    try:
+        with chaos_lock(root):
+            yield root / "services"
+    except ChaosLockBusy as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+
+
+def run(options: Options, state: Path, tmp_path: Path) -> Verdict:
+    chaos = Run(options, tmp_path, state)
+    try:
+        facts = chaos.execute()
+    finally:
+        chaos.services.run("down")
+    save_facts(facts, tmp_path / "facts.json")
+    verdict = verify(facts)
+    print(render(facts, verdict, "tests/chaos/test_chaos.py"))
+    return verdict
+
+
+@pytest.mark.timeout(600)  # about 4 minutes on an idle 2-core machine
+def test_quick_chaos_run_keeps_every_guarantee(chaos_services: Path, tmp_path: Path) -> None:
+    verdict = run(QUICK, chaos_services, tmp_path)
+
+    assert verdict.faults == dict.fromkeys(verdict.faults, 1), "one fault of every kind"
+    assert verdict.counts["accepted"] > 0.8 * QUICK.tasks
+    assert verdict.counts["cancelled"] > 0
+    violations = {name: verdict.examples.get(name) for name in Verdict.VIOLATIONS
+                  if verdict.counts[name]}
+    assert verdict.counts["lost"] == 0, violations
+    assert verdict.counts["early"] == 0, violations
+    assert verdict.counts["order_violations"] == 0, violations
+    assert verdict.counts["overlaps"] == 0, violations
+    assert verdict.counts["cancelled_but_ran"] == 0, violations
+
+
+# Dispatcher kills while tasks are being ingested, by a dispatcher that commits Kafka offsets
+# before it writes to Cassandra: each kill drops the batch it had committed but not stored.
+MUTANT = Options(tasks=600, ordering_ids=30, faults_per_kind=4, kinds=("dispatcher-kill",),
+                 gap=(1.0, 2.0), drain_seconds=20.0, mutant="commit-before-persist")
+
+
+@pytest.mark.timeout(400)
+def test_the_chaos_run_catches_a_dispatcher_that_commits_before_it_persists(
+        chaos_services: Path, tmp_path: Path) -> None:
+    verdict = run(MUTANT, chaos_services, tmp_path)
+
+    assert verdict.faults["dispatcher-kill"] == 4
+    assert verdict.counts["lost"] > 0
+    assert not verdict.ok
