@@ -38,7 +38,7 @@ from tests.integration.raw_topic import (
     scheduling_client,
     wait_until,
 )
-from tests.services import CASSANDRA
+from tests.services import CASSANDRA, REPO
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
@@ -229,18 +229,68 @@ def test_cassandra_credentials_and_tls_reach_the_driver(cassandra_contact: str) 
     assert "cass-pass-91d2" not in str(refused.value)
 
 
-def test_kafka_security_options_reach_librdkafka(kafka_bootstrap: str, unique_name: str) -> None:
-    from celery_scheduler.client import SchedulerClient
+SASL_PASSWORD = "kafka-pass-5b7e"
+SASL_LISTENER = "127.0.0.1:29096"
 
-    options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-               "sasl.username": "scheduler", "sasl.password": "kafka-pass-5b7e"}
-    settings = Settings.from_mapping({"scheduler_kafka_bootstrap_servers": kafka_bootstrap,
-                                      "scheduler_kafka_topic": unique_name,
-                                      "scheduler_kafka_options": options,
-                                      "scheduler_kafka_produce_timeout": 3.0})
-    client = SchedulerClient(settings)
-    # the broker speaks PLAINTEXT only: a client that really uses SASL cannot talk to it
-    with pytest.raises(TaskLogUnavailableError) as refused:
-        client.task_log.partitions()
-    assert "kafka-pass-5b7e" not in str(refused.value) + repr(settings) + repr(client)
-    client.close()
+
+@pytest.fixture(scope="module")
+def sasl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Kafka node of this module's own (scripts/services, other ports and state) that
+    also listens with SASL/PLAIN on 29096, for user ``scheduler``."""
+    state = tmp_path_factory.mktemp("sasl-kafka")
+    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_scheduler="{SASL_PASSWORD}";')
+    env = {**os.environ, "CELERY_SCHEDULER_STATE": str(state), "KAFKA_PORT": "29095",
+           "KAFKA_CONTROLLER_PORT": "29195", "KAFKA_EXTRA_CONFIG": "\n".join([
+               f"listeners=PLAINTEXT://127.0.0.1:29095,CONTROLLER://127.0.0.1:29195,"
+               f"SASL_PLAINTEXT://{SASL_LISTENER}",
+               f"advertised.listeners=PLAINTEXT://127.0.0.1:29095,SASL_PLAINTEXT://{SASL_LISTENER}",
+               "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+               "SASL_PLAINTEXT:SASL_PLAINTEXT",
+               "sasl.enabled.mechanisms=PLAIN",
+               f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}"])}
+    services = [str(REPO / "scripts" / "services")]
+    started = subprocess.run([*services, "up", "kafka"], env=env, capture_output=True, text=True,
+                             timeout=240)
+    try:
+        if started.returncode != 0:
+            message = f"the SASL Kafka node did not start:\n{started.stderr[-3000:]}"
+            if os.environ.get("CI"):
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        yield SASL_LISTENER
+    finally:
+        subprocess.run([*services, "down", "kafka"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def sasl(password: str) -> dict[str, str]:
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": "scheduler", "sasl.password": password}
+
+
+def test_kafka_sasl_settings_from_config_work_end_to_end(
+        secured: None, sasl_kafka: str, cassandra_contact: str, redis_url: str, unique_name: str,
+        tmp_path: Path) -> None:
+    options = json.dumps(sasl(SASL_PASSWORD))
+    # init (admin client), the dispatcher (consumer, dead-letter producer) and the schedule
+    # call (producer) all reach the broker through the SASL listener only
+    with own_scheduler(tmp_path, sasl_kafka, unique_name,
+                       CELERY_SCHEDULER_TEST_KAFKA_OPTIONS=options) as scheduler, \
+            scheduling_client(scheduler.env, kafka_options=sasl(SASL_PASSWORD)) as app:
+        dispatcher = scheduler.dispatcher("--loglevel", "DEBUG")
+        worker = scheduler.worker()
+        handle = app.record.schedule(("sasl", 1), {}, at=now_utc())
+        wait_for_state([handle], State.SUCCEEDED)
+
+        scheduler.env["CELERY_SCHEDULER_TEST_KAFKA_OPTIONS"] = json.dumps(sasl("wrong-password"))
+        check = scheduler.cli("dispatch", "--check")
+        assert check.returncode == 1 and "unhealthy: kafka" in check.stderr, check.stderr
+        logs = scheduler.log_of(dispatcher) + scheduler.log_of(worker) + check.stdout + check.stderr
+        assert SASL_PASSWORD not in logs
+
+    with scheduling_client(scheduler.env, kafka_options=sasl("wrong-password"),
+                           kafka_produce_timeout=3.0) as app, \
+            pytest.raises(TaskLogUnavailableError) as refused:
+        app.record.schedule(("sasl", 2), {}, countdown=60)
+    assert "wrong-password" not in str(refused.value)
