@@ -26,7 +26,11 @@ from cassandra import (
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    TokenAwarePolicy,
+)
 from cassandra.query import BatchStatement, BatchType
 
 from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
@@ -100,6 +104,10 @@ _SELECT_STATUS = ("SELECT state, task, partition, bucket, attempts, last_error, 
                   " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?")
 # Requests in flight at once for bulk reads and writes.
 CONCURRENCY = 64
+# Seconds between attempts to reach a node marked down: the driver's default grows to
+# 10 minutes, so after a Cassandra restart a dispatcher stayed idle for about as long
+# again as the outage lasted; a few seconds cost nothing while it is down.
+RECONNECT_DELAYS = (0.5, 5.0)
 # Statement sets carrying more blob bytes than this are not sent as one batch (see _grouped).
 BATCH_LIMIT_BYTES = 32 * 1024
 
@@ -145,7 +153,8 @@ class CassandraScheduleStore(ScheduleStore):
                                    request_timeout=request_timeout)
         self._cluster = Cluster(list(contact_points), port=port, auth_provider=auth,
                                 ssl_context=ssl_context, connect_timeout=request_timeout,
-                                execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+                                execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                                reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS))
         with translate_errors("connect"):
             self._session: Session = self._cluster.connect()
         self._prepared: dict[str, Any] = {}
