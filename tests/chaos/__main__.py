@@ -33,7 +33,8 @@ from tests.chaos.verify import verify
 from tests.services import REPO
 
 QUICK = Options(tasks=1200, ordering_ids=60, faults_per_kind=1, gap=(2.0, 4.0), drain_seconds=90.0)
-LONG = Options(tasks=100_000, ordering_ids=2000, faults_per_kind=30, gap=(1.0, 3.0), drain_seconds=600.0)
+LONG = Options(tasks=100_000, ordering_ids=2000, faults_per_kind=30, window=2700.0,
+               drain_seconds=1200.0)
 
 
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
@@ -46,18 +47,22 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     parser.add_argument("--tasks", type=int)
     parser.add_argument("--ordering-ids", type=int)
     parser.add_argument("--faults-per-kind", type=int)
+    parser.add_argument("--window", type=float, help="seconds each fault lane is spread over")
+    parser.add_argument("--drain-seconds", type=float,
+                        help="how long to wait after the last due time for the last runs")
     parser.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_KINDS)})")
     parser.add_argument("--mutant", choices=["commit-before-persist"],
                         help="run a deliberately broken dispatcher")
     parser.add_argument("--report", type=Path, help="write the Markdown report here "
                         "(--long: RELIABILITY.md unless given)")
     parser.add_argument("--run-dir", type=Path, help="logs and facts (default: a new temp dir)")
-    parser.add_argument("--from-facts", type=Path, metavar="FACTS_JSON",
-                        help="no new run: verify and report the facts a run saved")
+    parser.add_argument("--from-facts", type=Path, metavar="FACTS_JSON", action="append",
+                        help="no new run: verify and report the facts runs saved (repeat it: "
+                             "the first is the main report, the others follow as checks)")
     args = parser.parse_args(argv)
     options = QUICK if args.quick else LONG
     changes: dict[str, object] = {"seed": args.seed, "mutant": args.mutant}
-    for name in ("tasks", "ordering_ids", "faults_per_kind"):
+    for name in ("tasks", "ordering_ids", "faults_per_kind", "window", "drain_seconds"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.kinds:
@@ -74,7 +79,7 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
 def main(argv: list[str]) -> int:
     options, args = parse(argv)
     if args.from_facts:
-        return report(load_facts(args.from_facts), args.report)
+        return report(*[load_facts(path) for path in args.from_facts], path=args.report)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="celery-scheduler-chaos-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"== chaos run: {options}\n== logs in {run_dir}", flush=True)
@@ -90,16 +95,16 @@ def main(argv: list[str]) -> int:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
     save_facts(facts, run_dir / "facts.json")
-    return report(facts, args.report)
+    return report(facts, path=args.report)
 
 
 def command_of(options: Options) -> str:
     """The command that repeats a run with *options* (the report names it)."""
     preset = LONG if options.ordering_ids == LONG.ordering_ids else QUICK
     argv = ["--long" if preset is LONG else "--quick", "--seed", str(options.seed)]
-    for name in ("tasks", "ordering_ids", "faults_per_kind"):
+    for name in ("tasks", "ordering_ids", "faults_per_kind", "window", "drain_seconds"):
         if getattr(options, name) != getattr(preset, name):
-            argv += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
+            argv += [f"--{name.replace('_', '-')}", f"{getattr(options, name):g}"]
     if options.kinds != FAULT_KINDS:
         argv += ["--kinds", ",".join(options.kinds)]
     if options.mutant:
@@ -107,9 +112,15 @@ def command_of(options: Options) -> str:
     return "scripts/chaos " + shlex.join(argv)
 
 
-def report(facts: RunFacts, path: Path | None) -> int:
+def report(facts: RunFacts, *checks: RunFacts, path: Path | None) -> int:
+    """Print (and write) the report of *facts*, then of each further run as a check."""
     verdict = verify(facts)
-    text = render(facts, verdict, command_of(facts.options))
+    parts = [render(facts, verdict, command_of(facts.options))]
+    for check in checks:
+        title = (f"Mutant check: {check.options.mutant}" if check.options.mutant
+                 else "Further run")
+        parts.append(render(check, verify(check), command_of(check.options), title, rules=False))
+    text = "\n".join(parts)
     print(text)
     if path:
         path.write_text(text)

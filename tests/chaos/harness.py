@@ -114,6 +114,7 @@ class Options:
     faults_per_kind: int = 1
     seed: int = 1
     gap: tuple[float, float] = (2.0, 5.0)  # seconds between faults of one lane
+    window: float | None = None  # spread each lane's faults over this many seconds instead
     delay: tuple[float, float] = (1.0, 12.0)  # how far ahead a task is scheduled
     cancel_share: float = 0.05
     slow_share: float = 0.1  # tasks that run 50-500 ms
@@ -182,13 +183,24 @@ def plan_tasks(options: Options, rng: random.Random) -> list[Task]:
     return tasks
 
 
+# Faults of one lane follow each other; lanes run side by side. Cassandra restarts take the
+# longest, so they have a lane of their own.
+LANES = (PROCESS_FAULTS, ("cassandra-restart",), ("kafka-restart", "redis-restart"))
+
+
 def plan_faults(options: Options, rng: random.Random) -> list[list[tuple[str, float]]]:
-    """Two lanes of (kind, gap before it): processes and services, each shuffled."""
+    """Lanes of (kind, gap before it), each in a seeded random order."""
     lanes = []
-    for group in (PROCESS_FAULTS, SERVICE_FAULTS):
+    for group in LANES:
         kinds = [k for k in group if k in options.kinds] * options.faults_per_kind
         rng.shuffle(kinds)
-        lanes.append([(kind, rng.uniform(*options.gap)) for kind in kinds])
+        low, high = options.gap
+        if options.window and kinds:
+            # the lane's idle time shared out between its faults, so that it spans the window
+            spare = options.window - sum(EXPECTED_SECONDS[kind] for kind in kinds)
+            mean = max(low, spare / len(kinds))
+            low, high = mean / 2, mean * 3 / 2
+        lanes.append([(kind, rng.uniform(low, high)) for kind in kinds])
     return lanes
 
 
@@ -254,7 +266,7 @@ class Run:
         self._lock = threading.Lock()  # the process lists: lanes and the supervisor
         self._stop = threading.Event()
         # A pause moves partitions only while Kafka and Cassandra are up: it waits for them.
-        self._services_needed = threading.Lock()
+        self._up = {"kafka": threading.Lock(), "cassandra": threading.Lock()}
         self._next_restart = 0.0  # a process that keeps exiting is restarted every 5 s at most
         self.lane_errors: list[str] = []
 
@@ -297,13 +309,13 @@ class Run:
         rng = self.rng_faults
         if kind in SERVICE_FAULTS:
             service = kind.split("-")[0]
-            with self._services_needed if service != "redis" else contextlib.nullcontext():
+            with self._up.get(service) or contextlib.nullcontext():
                 fault = Fault(kind, service, time.time())
                 self.services.restart(service)
                 fault.restore = time.time()
             return fault
         if kind == "dispatcher-pause":
-            with self._services_needed:
+            with self._up["kafka"], self._up["cassandra"]:
                 return self._pause(rng)
         with self._lock:
             group = self.workers if kind == "worker-kill" else self.dispatchers
