@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from celery_scheduler.errors import TaskLogError
+from tests.integration import dispatch_fixtures
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.kafka_cluster import KafkaCluster, kafka_cluster  # noqa: F401
 from tests.integration.raw_topic import own_scheduler, scheduling_client, wait_until
@@ -31,19 +32,22 @@ DELAY = 1.5  # seconds between a schedule call and the task's time
 
 @pytest.fixture
 def replicated(kafka_cluster: KafkaCluster, cassandra_contact: str, redis_url: str,  # noqa: F811
-               unique_name: str, tmp_path: Path) -> Iterator[Scheduler]:
+               unique_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scheduler]:
+    # `init` takes the replication factor from scheduler_kafka_replication_factor
+    monkeypatch.setattr(dispatch_fixtures, "APP", "tests.apps.secured")
     with own_scheduler(tmp_path, kafka_cluster.bootstrap, unique_name,
-                       "--replication-factor", "3") as scheduler:
+                       CELERY_SCHEDULER_TEST_REPLICATION_FACTOR="3") as scheduler:
         yield scheduler
 
 
 def check_replication(admin: AdminClient, topic: str) -> int:
-    """The topic as `init` made it: three replicas everywhere, two must acknowledge."""
-    metadata = admin.list_topics(topic, timeout=10).topics[topic]
-    assert {len(p.replicas) for p in metadata.partitions.values()} == {3}
-    [config] = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
-    assert config.result(10)["min.insync.replicas"].value == "2"
-    return int(metadata.partitions[0].leader)
+    """The topics as `init` made them: three replicas everywhere, two must acknowledge."""
+    for name in (topic, f"{topic}.deadletter"):
+        metadata = admin.list_topics(name, timeout=10).topics[name]
+        assert {len(p.replicas) for p in metadata.partitions.values()} == {3}
+        [config] = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, name)]).values()
+        assert config.result(10)["min.insync.replicas"].value == "2"
+    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
 
 
 def wait_for_full_isr(admin: AdminClient, topic: str, timeout: float) -> float:
