@@ -51,6 +51,7 @@ class EngineSettings:
     lookahead_seconds: float = 60.0
     page_size: int = 500
     outcome_poll_seconds: float = 2.0  # how often the store is asked about in-flight tasks
+    release_batch: int = 500  # most tasks released per step, so leases are renewed in between
     tick_seconds: float = 0.05  # longest sleep between checks
 
 
@@ -85,6 +86,7 @@ class Engine:
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.stopped = threading.Event()
         self._last_poll_ms = 0
+        self._succeeded: dict[TaskKey, Loaded] = {}  # finished in memory, not yet in the store
         self._thread: threading.Thread | None = None
         self.released_count = 0
         self.completed_count = 0
@@ -139,6 +141,7 @@ class Engine:
     def step(self) -> None:
         self.last_loop_mono = time.monotonic()
         self._drain_events(self._wait_seconds())
+        self._store_succeeded()  # before releasing: frees the ordering ids that finished
         now = self.clock()
         self._maintain_leases()
         for partition in list(self.partitions.values()):
@@ -146,6 +149,7 @@ class Engine:
                 partition.loader.fill(self.timetable, now)
         self._poll_outcomes()
         self._release_due()
+        self._store_succeeded()
         self.metrics.state(len(self.timetable), len(self.timetable.in_flight()),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
 
@@ -206,6 +210,10 @@ class Engine:
             partition.loader.dirty = True  # ahead of the cursor: the next fill reads it
 
     def _revoke(self, request: _Revoke) -> None:
+        try:
+            self._store_succeeded()  # while the leases are still ours
+        except SchedulerError:
+            logger.warning("could not record finished tasks before a revocation", exc_info=True)
         for number in request.partitions:
             partition = self.partitions.pop(number, None)
             if partition is not None and partition.lease is not None:
@@ -262,20 +270,36 @@ class Engine:
 
     def _release_due(self) -> None:
         now = self.clock()
-        for task in self.timetable.take_due(now):
+        ready: list[Loaded] = []
+        for task in self.timetable.take_due(now, self.settings.release_batch):
             partition = self.partitions.get(task.partition)
             if partition is None or not self._may_release(partition):
                 self.timetable.defer(task.key, now + 200)  # lease not (yet) certain
                 continue
             if task.awaiting_outcome and self._settle_from_store(task):
                 continue
-            assert partition.lease is not None
-            self._release(task, partition.lease, now)
-
-    def _release(self, task: Loaded, lease: Lease, now: int) -> None:
-        attempt = task.attempts + 1
+            ready.append(task)
+        if not ready:
+            return
+        # Mark them all released (one round trip for the lot), and only then publish: a task
+        # another dispatcher could see as not released must not be running.
         lease_until = now + int(self.settings.lease_seconds * 1000)
-        self.store.mark_released(task.stored, attempt, lease_until, now)
+        try:
+            self.store.mark_released_many([(t.stored, t.attempts + 1, lease_until) for t in ready], now)
+        except SchedulerError:
+            for task in ready:
+                self.timetable.defer(task.key, now + 1000)
+            raise
+        for task in ready:
+            partition = self.partitions.get(task.partition)
+            if partition is None or not self._may_release(partition):  # the marking took long
+                self.timetable.defer(task.key, now + 200)
+                continue
+            assert partition.lease is not None
+            self._release(task, partition.lease, lease_until, now)
+
+    def _release(self, task: Loaded, lease: Lease, lease_until: int, now: int) -> None:
+        attempt = task.attempts + 1
         task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
         task.next_poll_ms = 0
         try:
@@ -315,6 +339,8 @@ class Engine:
         self._last_poll_ms = now
         first = int(self.settings.outcome_poll_seconds * 1000)
         for task in self.timetable.awaiting():
+            if task.key in self._succeeded:
+                continue
             if task.next_poll_ms == 0:
                 task.next_poll_ms = (task.released_ms or now) + first
             if now < task.next_poll_ms:
@@ -328,6 +354,22 @@ class Engine:
                 logger.warning("no outcome for %s within its lease; releasing it again", task.key)
                 self._apply_outcome(task, False, "lease expired without an outcome")
 
+    def _store_succeeded(self) -> None:
+        """Record the tasks that succeeded since the last call, then forget them.
+
+        If the store fails they stay in flight, and are tried again at the next call.
+        """
+        if not self._succeeded:
+            return
+        tasks = list(self._succeeded.values())
+        self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock())
+        self._succeeded.clear()
+        for task in tasks:
+            if self.timetable.get(task.key) is task:  # not dropped by a revocation meanwhile
+                self.timetable.remove(task.key)
+            self.completed_count += 1
+            self.metrics.finished("succeeded")
+
     def _max_attempts(self, task: Loaded) -> int:
         return task.envelope.retry.max_attempts
 
@@ -337,10 +379,9 @@ class Engine:
         if partition is not None:
             partition.loader.dirty = True  # room in memory: more may be loaded
         if succeeded:
-            self.store.finish(task.stored, State.SUCCEEDED, None, now)
-            self.timetable.remove(task.key)
-            self.completed_count += 1
-            self.metrics.finished("succeeded")
+            # Stored with the others of this step, in one round trip (_store_succeeded); its
+            # ordering id stays blocked until then.
+            self._succeeded[task.key] = task
             return
         policy = task.envelope.retry
         if task.attempts < policy.max_attempts:
