@@ -60,16 +60,27 @@ def parse_header(value: object) -> Release | None:
         return None
 
 
+def _tagged(value: Any) -> bool:
+    """Whether *value* holds an object kombu's JSON encoder tagged (``{"__type__": ...}``)."""
+    if isinstance(value, dict):
+        return "__type__" in value or any(_tagged(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_tagged(item) for item in value)
+    return False
+
+
 def _arguments(envelope: ScheduleEnvelope) -> tuple[list[Any], dict[str, Any]]:
     # Turn kombu's tagged JSON (datetimes, UUIDs, ...) back into objects, so the task gets
-    # them whatever serializer the app uses.
+    # them whatever serializer the app uses. Most arguments hold none: skip the round trip.
+    if not _tagged(envelope.args) and not _tagged(envelope.kwargs):
+        return envelope.args, envelope.kwargs
     args, kwargs = _kombu_loads(json.dumps([envelope.args, envelope.kwargs]))  # type: ignore[no-untyped-call]
     return args, kwargs
 
 
 def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
-            now: dt.datetime | None = None) -> None:
-    """Send *envelope*'s task to Celery for *release*."""
+            now: dt.datetime | None = None, producer: Any = None) -> None:
+    """Send *envelope*'s task to Celery for *release* (through *producer*, if given)."""
     options = dict(envelope.options)
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
@@ -83,4 +94,4 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
             options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
     args, kwargs = _arguments(envelope)
     app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=release.key.task_id,
-                  headers=headers, retries=CELERY_RETRIES_EXHAUSTED, **options)
+                  headers=headers, retries=CELERY_RETRIES_EXHAUSTED, producer=producer, **options)

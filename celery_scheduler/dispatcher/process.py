@@ -68,6 +68,7 @@ class Dispatcher:
         self.stopping = threading.Event()
         self.store = open_store(s)
         self.metrics = metrics or Metrics()
+        self._producer: Any = None
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics)
         base = client_config(s.kafka_bootstrap_servers, s.kafka_options)
@@ -90,7 +91,17 @@ class Dispatcher:
                              signer=s.signer, max_bytes=s.max_envelope_bytes)
 
     def _publish(self, task: Loaded, release: bridge.Release) -> None:
-        bridge.publish(self.app, task.envelope, release, self.settings.lease_seconds)
+        # Called from the engine thread only: it keeps one producer rather than taking one
+        # from the pool for every task. After a failure the next call starts afresh.
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+        try:
+            bridge.publish(self.app, task.envelope, release, self.settings.lease_seconds,
+                           producer=self._producer)
+        except Exception:
+            producer, self._producer = self._producer, None
+            producer.release()
+            raise
 
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
         self.engine.assign(p.partition for p in partitions)
@@ -132,6 +143,8 @@ class Dispatcher:
         except KafkaException as exc:
             logger.warning("closing the consumer: %s", exc)
         self.engine.stop()
+        if self._producer is not None:
+            self._producer.release()
         self.ingest.close()
         self.store.close()
 
