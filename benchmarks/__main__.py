@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                     started=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     machine=machine.describe(), load_start=machine.load_average(),
                     versions=_versions())
-    runs = args.runs or (3 if args.quick else 5)
+    runs = args.runs or (2 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="celery-scheduler-bench-") as tmp:
         ctx = Context(quick=args.quick, tmp=Path(tmp), runs=runs)
         for number in chosen:

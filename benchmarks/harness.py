@@ -35,6 +35,11 @@ REDIS_URL = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 APP = "benchmarks.app"
 
 
+def log(message: str) -> None:
+    """Progress on stderr, so a slow step on a busy machine shows where the time went."""
+    print(f"[bench] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
 class ProcessFailed(RuntimeError):
     """A dispatcher or worker exited, or did not get ready, during a scenario."""
 
@@ -61,12 +66,14 @@ class Stack:
 
     def init(self) -> None:
         """Create the topic and keyspace with the package's own `scheduler init`."""
+        started = time.monotonic()
         result = subprocess.run([sys.executable, "-m", "celery", "-A", APP, "scheduler", "init",
                                  "--partitions", str(self.partitions)],
                                 cwd=REPO, env=self.env, capture_output=True, text=True, timeout=180)
         self.initialised = True
         if result.returncode != 0:
             raise ProcessFailed(f"scheduler init failed: {result.stderr[-2000:]}")
+        log(f"scheduler init {self.name} took {time.monotonic() - started:.1f}s")
 
     def use_client(self) -> Any:
         """Point this process's schedule calls at this stack's topic; return the app module."""
@@ -103,7 +110,8 @@ class Stack:
         return self.logs[process.pid].read_text(errors="replace")
 
     def _wait(self, process: subprocess.Popen[bytes], ready: Any, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while not ready():
             if process.poll() is not None:
                 raise ProcessFailed(f"{what} exited with {process.returncode}: "
@@ -111,6 +119,7 @@ class Stack:
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"{what} not ready after {timeout}s: {self.log_of(process)[-3000:]}")
             time.sleep(0.1)
+        log(f"{what} ready after {time.monotonic() - started:.1f}s")
 
     def dispatcher(self, wait: bool = True, env: dict[str, str] | None = None
                    ) -> subprocess.Popen[bytes]:
@@ -178,6 +187,7 @@ class Stack:
     # --- clean-up --------------------------------------------------------------------------
 
     def close(self) -> None:
+        started = time.monotonic()
         for process in self.processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -196,6 +206,7 @@ class Stack:
         clean_redis(self.name)
         with contextlib.suppress(FileNotFoundError):
             self.execlog.unlink()
+        log(f"cleaned up {self.name} in {time.monotonic() - started:.1f}s")
 
 
 def clean_redis(name: str) -> None:

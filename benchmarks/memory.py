@@ -55,9 +55,9 @@ def _dispatcher_rss(s: Stack, settle: float, window: float) -> float:
 def run(ctx: Context) -> list[Section]:
     pending = ctx.pick(20_000, TARGET_PENDING)
     held = ctx.pick(5_000, 100_000)
-    fill_seconds = ctx.pick(10, 150)  # the machine is shared: stop filling after this long
-    runs = ctx.pick(1, 3)
-    settle, window = ctx.pick(3, 10), ctx.pick(3, 10)
+    fill_seconds = ctx.pick(8, 120)  # the machine is shared: stop filling after this long
+    runs = ctx.pick(1, 2)
+    settle, window = ctx.pick(2, 10), ctx.pick(2, 10)
     section = Section("4", "Memory with tasks pending over the next 7 days")
     ours: list[float] = []
     with stack(ctx.tmp) as s:
