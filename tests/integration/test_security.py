@@ -224,7 +224,7 @@ def test_cassandra_credentials_and_tls_reach_the_driver(cassandra_contact: str) 
     finally:
         store.close()
     # with TLS on, the driver opens a TLS connection, which this plaintext node cannot answer
-    with pytest.raises(StoreUnavailableError) as refused:
+    with pytest.raises(StoreUnavailableError, match=r"\[SSL") as refused:
         open_store(settings.replace(cassandra_ssl=True))
     assert "cass-pass-91d2" not in str(refused.value)
 
