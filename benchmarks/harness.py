@@ -166,8 +166,8 @@ class Stack:
         for process in self.processes:
             code = process.poll()
             if code is not None and code not in (0, -signal.SIGKILL, -signal.SIGTERM):
-                raise ProcessFailed(f"{process.args[4] if len(process.args) > 4 else process.args} "
-                                    f"exited with {code}: {self.log_of(process)[-3000:]}")
+                raise ProcessFailed(f"{self.logs[process.pid].stem} exited with {code}: "
+                                    f"{self.log_of(process)[-3000:]}")
 
     # --- the execution log -----------------------------------------------------------------
 

@@ -10,12 +10,13 @@ from benchmarks.stats import Figure
 __all__ = ["Report", "Row", "Section", "render", "verdict"]
 
 
-def verdict(met: bool | None, figure: Figure) -> str:
+def verdict(met: bool | None, figure: Figure, note: str = "") -> str:
     if met is None:
         return ""
     if math.isnan(figure.median):
         return "not measured"
-    return "**met**" if met else "**not met**"
+    text = "**met**" if met else "**not met**"
+    return f"{text} ({note})" if note else text
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Row:
     figure: Figure
     target: str = ""
     met: bool | None = None
+    note: str = ""  # a qualification of the verdict, e.g. a smaller count than the target's
 
 
 @dataclass
@@ -38,8 +40,9 @@ class Section:
     method: list[str] = field(default_factory=list)
     error: str | None = None  # set when the scenario could not run to the end
 
-    def add(self, what: str, figure: Figure, target: str = "", met: bool | None = None) -> Row:
-        row = Row(what, figure, target, met)
+    def add(self, what: str, figure: Figure, target: str = "", met: bool | None = None,
+            note: str = "") -> Row:
+        row = Row(what, figure, target, met, note)
         self.rows.append(row)
         return row
 
@@ -62,7 +65,8 @@ def _cell(text: str) -> str:
 
 
 def _row(row: Row) -> str:
-    return f"{_cell(row.what)} | {row.figure} | {_cell(row.target)} | {verdict(row.met, row.figure)}"
+    return (f"{_cell(row.what)} | {row.figure} | {_cell(row.target)} | "
+            f"{_cell(verdict(row.met, row.figure, row.note))}")
 
 
 def render(report: Report) -> str:

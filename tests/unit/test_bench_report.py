@@ -57,3 +57,7 @@ def test_report_lists_targets_first_then_each_scenario() -> None:
     assert text.index("## 1. Schedule rate") > targets
     assert "- how it was measured" in text
     assert "**Did not complete:** RuntimeError: boom" in text
+
+
+def test_a_qualified_verdict_says_what_it_was_measured_at() -> None:
+    assert verdict(True, Figure.of([70]), "at 100,000 pending") == "**met** (at 100,000 pending)"
