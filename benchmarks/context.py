@@ -26,20 +26,27 @@ def utc(epoch: float) -> dt.datetime:
 
 
 def feed(publish: Callable[[int, float], None], rate: float, duration: float, lead: float
-         ) -> tuple[float, int]:
+         ) -> tuple[float, int, int]:
     """Publish task i, due at ``t0 + i / rate``, *lead* seconds before it is due.
 
-    Returns (t0, tasks published). Publishing keeps *lead* seconds ahead of the due times
-    for as long as the publisher keeps up, which is what a steady producer of scheduled
-    work looks like.
+    Returns (t0, tasks published, tasks planned). Publishing keeps *lead* seconds ahead of
+    the due times for as long as the publisher keeps up, which is what a steady producer of
+    scheduled work looks like; a publisher slower than *rate* stops at the last due time,
+    leaving the rest unpublished (the caller reports how many).
     """
     total = int(rate * duration)
     t0 = time.time() + lead + 1.0
+    end = t0 + duration
     i = 0
     while i < total:
-        horizon = time.time() + lead
+        now = time.time()
+        if now > end:
+            break
+        horizon = now + lead
         while i < total and t0 + i / rate <= horizon:
             publish(i, t0 + i / rate)
             i += 1
+            if i % 100 == 0 and time.time() > end:
+                break
         time.sleep(0.005)
-    return t0, total
+    return t0, i, total

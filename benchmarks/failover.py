@@ -53,7 +53,7 @@ def _failover(ctx: Context) -> tuple[float, float, float, int, int]:
         killed = time.time()
         feeder.join()
         flush(app.app, 60)
-        t0, total = fed[0]
+        t0, total, _ = fed[0]
         s.wait_for_starts(total, timeout=t0 + duration + grace - time.time())
         starts = s.starts()
     first = first_starts(starts)
