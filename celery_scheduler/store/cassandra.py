@@ -7,6 +7,7 @@ translated into :mod:`celery_scheduler.errors`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import logging
@@ -31,7 +32,7 @@ from cassandra.policies import (
     ExponentialReconnectionPolicy,
     TokenAwarePolicy,
 )
-from cassandra.query import BatchStatement, BatchType
+from cassandra.query import BatchStatement, BatchType, named_tuple_factory
 
 from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
 from celery_scheduler.errors import (
@@ -115,6 +116,30 @@ PACK_STATEMENTS = 10
 PACK_BYTES = 4096
 
 
+_ROW_CLASSES: dict[tuple[str, ...], Any] = {}
+
+
+def _rows(column_names: list[str], rows: list[Any]) -> list[Any]:
+    """Rows as named tuples, like the driver's default row factory, with one class per column list.
+
+    The default builds a new namedtuple class for every result (hundreds of microseconds of
+    CPU), which made each status read of ingest cost more than its request.
+    """
+    names = tuple(column_names)
+    row_class: Any = _ROW_CLASSES.get(names)
+    if row_class is None:
+        try:
+            row_class = collections.namedtuple("Row", names)  # type: ignore[misc,no-redef]
+        except ValueError:  # not identifiers (e.g. "[applied]"): the driver cleans them up
+            return list(named_tuple_factory(column_names, rows))
+        _ROW_CLASSES[names] = row_class
+    return [row_class._make(row) for row in rows]
+
+
+# Lightweight transactions use the driver's own row factory: ``was_applied`` accepts only that.
+_LWT_PROFILE = "celery_scheduler_lwt"
+
+
 def _status(key: TaskKey, row: Any) -> TaskStatus | None:
     if row is None or row.state is None:
         return None
@@ -153,10 +178,14 @@ class CassandraScheduleStore(ScheduleStore):
         profile = ExecutionProfile(load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
                                    consistency_level=self._consistency,
                                    serial_consistency_level=self._serial,
-                                   request_timeout=request_timeout)
+                                   request_timeout=request_timeout, row_factory=_rows)
+        lwt_profile = ExecutionProfile(load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+                                       consistency_level=self._consistency,
+                                       serial_consistency_level=self._serial,
+                                       request_timeout=request_timeout)
         self._cluster = Cluster(list(contact_points), port=port, auth_provider=auth,
                                 ssl_context=ssl_context, connect_timeout=request_timeout,
-                                execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                                execution_profiles={EXEC_PROFILE_DEFAULT: profile, _LWT_PROFILE: lwt_profile},
                                 reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS))
         with translate_errors("connect"):
             self._session: Session = self._cluster.connect()
@@ -479,7 +508,7 @@ class CassandraScheduleStore(ScheduleStore):
         statement = self._prepare(cql)
         statement.serial_consistency_level = self._serial
         with translate_errors(what):
-            return self._session.execute(statement, params)
+            return self._session.execute(statement, params, execution_profile=_LWT_PROFILE)
 
     def acquire_lease(self, partition: int, owner: str, ttl_ms: int, now_ms: int) -> Lease | None:
         current = self._lwt(f"read the lease of partition {partition}",
