@@ -144,7 +144,8 @@ class Ingest:
             envelope = self._check(record)
             if envelope is not None:
                 operation = (Cancel(record.partition, envelope.key)
-                             if isinstance(envelope, CancelEnvelope) else Put(record.partition, envelope))
+                             if isinstance(envelope, CancelEnvelope)
+                             else Put(record.partition, envelope, record.value))
                 # First round without this ordering id: records of one ordering id take
                 # effect in Kafka order, so a batch that fails half-way never leaves a later
                 # task stored without an earlier one (which the engine could then run first).

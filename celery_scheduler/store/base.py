@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
@@ -101,6 +101,8 @@ class Put:
 
     partition: int
     envelope: ScheduleEnvelope
+    # the envelope's bytes as read from the task log, stored as they are (not encoded again)
+    data: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> TaskKey:

@@ -274,7 +274,8 @@ class CassandraScheduleStore(ScheduleStore):
         return (key.ordering_id, _ts(key.scheduled_ms), key.uniqueness_key)
 
     def _plan_put(self, partition: int, envelope: ScheduleEnvelope, current: TaskStatus | None,
-                  now_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], StoredTask | None]:
+                  now_ms: int, data: bytes | None = None
+                  ) -> tuple[list[tuple[str, tuple[Any, ...]]], StoredTask | None]:
         key = envelope.key
         if current is not None and current.state.finished:
             logger.info("not scheduling %s again: it already %s", key, current.state.value)
@@ -300,7 +301,7 @@ class CassandraScheduleStore(ScheduleStore):
              " envelope, attempts, not_before, lease_until, blocked)"
              " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, false)",
              (partition, bucket, _ts(key.scheduled_ms), key.ordering_id, key.uniqueness_key,
-              envelope.task, encode(envelope))),
+              envelope.task, data if data is not None else encode(envelope))),
             ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition, bucket,"
              " attempts, last_error, outcome, outcome_attempt, updated_at)"
              " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, 0, ?)",
@@ -358,7 +359,7 @@ class CassandraScheduleStore(ScheduleStore):
         statement_sets: list[list[tuple[str, tuple[Any, ...]]]] = []
         for op, current in zip(operations, statuses, strict=True):
             if isinstance(op, Put):
-                statements, stored = self._plan_put(op.partition, op.envelope, current, now_ms)
+                statements, stored = self._plan_put(op.partition, op.envelope, current, now_ms, op.data)
                 results.append(stored)
             else:
                 statements = self._plan_cancel(op.key, current, now_ms)
