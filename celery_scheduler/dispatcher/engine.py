@@ -237,6 +237,7 @@ class Engine:
 
     def _maintain_leases(self) -> None:
         ttl_ms = int(self.settings.partition_lease_seconds * 1000)
+        renewed_one = False
         for number, partition in self.partitions.items():
             mono = time.monotonic()
             if partition.lease is None:
@@ -252,8 +253,15 @@ class Engine:
                     partition.lease, partition.lease_mono = lease, mono
                     logger.info("leased partition %d (epoch %d)", number, lease.epoch)
                 continue
-            if mono - partition.lease_mono < self.settings.partition_lease_seconds / 3:
+            age = mono - partition.lease_mono
+            if age < self.settings.partition_lease_seconds / 3:
                 continue
+            # Each renewal is a lightweight transaction (several round trips) on the thread
+            # that releases: spread them over steps, one per step, so no step waits for all
+            # of them at once, unless a lease is half gone (a slow step), then renew it now.
+            if renewed_one and age < self.settings.partition_lease_seconds / 2:
+                continue
+            renewed_one = True
             try:
                 renewed = self.store.renew_lease(partition.lease, ttl_ms, self.clock())
             except SchedulerError:
@@ -377,7 +385,7 @@ class Engine:
         now = self.clock()
         partition = self.partitions.get(task.partition)
         if partition is not None:
-            partition.loader.dirty = True  # room in memory: more may be loaded
+            partition.loader.room_freed()  # more may be loaded
         if succeeded:
             # Stored with the others of this step, in one round trip (_store_succeeded); its
             # ordering id stays blocked until then.

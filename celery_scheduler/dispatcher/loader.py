@@ -41,11 +41,21 @@ class PartitionLoader:
         # cursor (ingest says so), room freed in memory, or the horizon moving on. A slow
         # periodic read covers anything else.
         self.dirty = True
+        self.full = False  # the last fill stopped for lack of room, not at the horizon
         self.last_fill_ms = 0
         self.refresh_ms = 1000
 
     def due_for_fill(self, now_ms: int) -> bool:
         return self.dirty or now_ms - self.last_fill_ms >= self.refresh_ms
+
+    def room_freed(self) -> None:
+        """A task of this partition left memory: read on if the last fill ran out of room.
+
+        A fill that reached the horizon has nothing more to read until the horizon moves
+        (the periodic fill) or ingest writes ahead of the cursor (which marks it dirty).
+        """
+        if self.full:
+            self.dirty = True
 
     def passed(self, position: Cursor) -> bool:
         """Whether the cursor is at or beyond *position* (a row there will not be read again)."""
@@ -83,6 +93,7 @@ class PartitionLoader:
                     continue  # maybe more in this bucket
             if not self._next_bucket(horizon, now_ms, emptied=not rows):
                 break
+        self.full = timetable.count(self.partition) >= self.max_loaded
         return added
 
     def _next_bucket(self, horizon: int, now_ms: int, emptied: bool) -> bool:
