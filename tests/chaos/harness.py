@@ -479,8 +479,10 @@ class Run:
             time.sleep(0.5)
         produced_until = time.time()
         drained = self._drain()
-        self.say("== reading the status of cancelled keys")
-        statuses = [t for t in self.tasks if t.cancel and t.accepted]
+        self.say("== reading the status of cancelled keys and of keys that did not run")
+        self.executions.read()
+        statuses = [t for t in self.tasks if t.accepted and (
+            t.cancel or (t.ordering_id, t.seq) not in self.executions.started)]
         store = client.store
         from celery_scheduler.keys import TaskKey
 

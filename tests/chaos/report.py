@@ -35,6 +35,8 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"Python {platform.python_version()}.",
         "",
         f"**Verdict: {'PASS' if verdict.ok else 'FAIL'}**"
+        + ("" if facts.drained else " (the run stopped before every accepted task had run, so "
+           "tasks still waiting count against it as not run)")
         + (f" (mutant `{o.mutant}`: the dispatcher was broken on purpose, so FAIL with lost tasks "
            "is what shows the check works)" if o.mutant else ""),
         "",
@@ -72,7 +74,10 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"| cancels accepted / cancels that raised | {c['cancels_accepted']} / {c['cancels_not_accepted']} |",
         f"| cancelled (store status) / cancel came after the release | {c['cancelled']} / "
         f"{c['cancel_came_too_late']} |",
-        f"| **lost** | **{c['lost']}** |",
+        (f"| **lost** | **{c['lost']}** |" if facts.drained else
+         f"| **not run when the run stopped** (lost, or still waiting: it did not drain) | "
+         f"**{c['lost']}** |"),
+        f"| ... of which the store never heard of | {c['never_stored']} |",
         f"| **early runs** | **{c['early']}** |",
         f"| **order violations** | **{c['order_violations']}** |",
         f"| **overlapping runs of one ordering id** | **{c['overlaps']}** |",

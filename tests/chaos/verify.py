@@ -115,6 +115,7 @@ def verify(facts: RunFacts) -> Verdict:
     verdict.counts["cancels_accepted"] = sum(1 for t in accepted if t.cancel_accepted)
     verdict.counts["cancels_not_accepted"] = sum(1 for t in accepted if t.cancel and not t.cancel_accepted)
     verdict.counts["cancelled"] = verdict.counts["cancel_came_too_late"] = 0
+    verdict.counts["never_stored"] = 0  # not run, and the store never heard of it either
     for task in accepted:
         key = (task.ordering_id, task.seq)
         ran = key in starts
@@ -129,6 +130,8 @@ def verify(facts: RunFacts) -> Verdict:
             continue
         verdict.flag("lost", f"{key} due {task.at_ms / 1000:.3f}, cancel accepted: "
                              f"{task.cancel_accepted}, status {task.status}")
+        if task.status is None:
+            verdict.counts["never_stored"] += 1
 
     # early, lateness
     lateness: dict[tuple[str, int], float] = {}
