@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_scheduler.api import ScheduleHandle
 from celery_scheduler.client import open_store
 from celery_scheduler.config import Settings
 from celery_scheduler.errors import StoreUnavailableError, TaskLogUnavailableError
@@ -117,11 +118,13 @@ def signed_by(scheduler: Scheduler, keys: dict[str, str], active: str) -> None:
     scheduler.env["CELERY_SCHEDULER_TEST_SIGNING_KEY_ID"] = active
 
 
-def schedule_signed(scheduler: Scheduler, key_id: str, seq: int) -> Any:
-    """Schedule ("r", seq) from a producer that signs with *key_id* only."""
+def schedule_signed(scheduler: Scheduler, reader: Any, key_id: str, seq: int) -> ScheduleHandle:
+    """Schedule ("r", seq) from a producer that signs with *key_id* only; *reader* asks statuses."""
     with scheduling_client(scheduler.env, signing_keys={key_id: SECRETS[key_id]},
                            signing_key_id=key_id) as app:
-        return app.record.schedule(("r", seq), {}, at=now_utc())
+        handle = app.record.schedule(("r", seq), {}, at=now_utc())
+    # the producer's client is closed: status queries go through one that stays open
+    return ScheduleHandle(reader.record.client, handle.envelope, handle.wait())
 
 
 def restart_dispatcher(scheduler: Scheduler, running: Any, keys: list[str], active: str) -> Any:
@@ -134,19 +137,20 @@ def restart_dispatcher(scheduler: Scheduler, running: Any, keys: list[str], acti
 
 def test_signing_key_rotation_end_to_end(secured: None, kafka_bootstrap: str, redis_url: str,
                                          cassandra_contact: str, unique_name: str, tmp_path: Path) -> None:
-    with own_scheduler(tmp_path, kafka_bootstrap, unique_name) as scheduler:
+    with own_scheduler(tmp_path, kafka_bootstrap, unique_name) as scheduler, \
+            scheduling_client(scheduler.env) as reader:
         scheduler.worker()
         # 1. everyone signs with k1
         dispatcher = restart_dispatcher(scheduler, None, ["k1"], "k1")
-        wait_for_state([schedule_signed(scheduler, "k1", 1)], State.SUCCEEDED)
+        wait_for_state([schedule_signed(scheduler, reader, "k1", 1)], State.SUCCEEDED)
         # 2. k2 added everywhere and made active; a producer not yet updated still signs with k1
         dispatcher = restart_dispatcher(scheduler, dispatcher, ["k1", "k2"], "k2")
-        wait_for_state([schedule_signed(scheduler, "k1", 2), schedule_signed(scheduler, "k2", 3)],
-                       State.SUCCEEDED)
+        wait_for_state([schedule_signed(scheduler, reader, "k1", 2),
+                        schedule_signed(scheduler, reader, "k2", 3)], State.SUCCEEDED)
         # 3. k1 removed: what it signs is refused from now on
         restart_dispatcher(scheduler, dispatcher, ["k2"], "k2")
-        stale = schedule_signed(scheduler, "k1", 4)
-        wait_for_state([schedule_signed(scheduler, "k2", 5)], State.SUCCEEDED)
+        stale = schedule_signed(scheduler, reader, "k1", 4)
+        wait_for_state([schedule_signed(scheduler, reader, "k2", 5)], State.SUCCEEDED)
 
         [reason] = dead_letters(kafka_bootstrap, unique_name, 1).values()
         assert reason == "record is signed with unknown key 'k1'"
