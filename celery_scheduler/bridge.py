@@ -93,5 +93,8 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
         if "soft_time_limit" in options:
             options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
     args, kwargs = _arguments(envelope)
+    # JSON whatever the app's task_serializer says: the scheduler promises that nothing it
+    # carries is ever pickled, from the schedule call to the worker.
     app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=release.key.task_id,
-                  headers=headers, retries=CELERY_RETRIES_EXHAUSTED, producer=producer, **options)
+                  headers=headers, retries=CELERY_RETRIES_EXHAUSTED, producer=producer,
+                  serializer="json", **options)

@@ -32,6 +32,9 @@ app.conf.update(
     scheduler_retry_backoff_max=1.0,
     scheduler_max_attempts=3,
     task_default_queue=os.environ.get("CELERY_SCHEDULER_TEST_QUEUE", "dispatching"),
+    # Celery reads this once, when the app first publishes: it cannot be changed later.
+    # Workers keep accepting JSON only, whatever it is.
+    task_serializer=os.environ.get("CELERY_SCHEDULER_TEST_TASK_SERIALIZER", "json"),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )

@@ -78,7 +78,9 @@ class Canary:
 def test_topic_records_can_neither_unpickle_nor_run_unscheduled_tasks(
         secured: None, kafka_bootstrap: str, redis_url: str, cassandra_contact: str,
         unique_name: str, tmp_path: Path) -> None:
-    with own_scheduler(tmp_path, kafka_bootstrap, unique_name) as scheduler, \
+    # the app pickles its own tasks: a released scheduled task must still travel as JSON
+    with own_scheduler(tmp_path, kafka_bootstrap, unique_name,
+                       CELERY_SCHEDULER_TEST_TASK_SERIALIZER="pickle") as scheduler, \
             scheduling_client(scheduler.env) as app:
         topic, partition = unique_name, partition_for("acct", PARTITIONS)
         producer = RawProducer(kafka_bootstrap, topic)

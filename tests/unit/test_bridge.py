@@ -41,6 +41,11 @@ def test_release_carries_key_attempt_and_deterministic_id() -> None:
     assert (sent["args"], sent["kwargs"]) == (["customer-42"], {"kind": "welcome"})
 
 
+def test_release_is_json_even_when_the_app_pickles() -> None:
+    # the app's task_serializer (pickle, say) never applies to a released task
+    assert released({})["serializer"] == "json"
+
+
 def test_hard_time_limit_stays_below_the_lease() -> None:
     assert released({})["time_limit"] == 295.0
     assert released({"time_limit": 60})["time_limit"] == 60.0
