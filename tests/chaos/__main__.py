@@ -115,7 +115,16 @@ def command_of(options: Options) -> str:
 def report(facts: RunFacts, *checks: RunFacts, path: Path | None) -> int:
     """Print (and write) the report of *facts*, then of each further run as a check."""
     verdict = verify(facts)
-    parts = [render(facts, verdict, command_of(facts.options))]
+    o = facts.options
+    note = ""
+    smaller = o.tasks < LONG.tasks or o.faults_per_kind < LONG.faults_per_kind
+    if o.ordering_ids == LONG.ordering_ids and smaller:
+        note = (f"**This is a smaller run than the long run's target** ({LONG.tasks} tasks, "
+                f"{LONG.faults_per_kind} faults of each kind): {o.tasks} tasks and {o.faults_per_kind} "
+                "of each kind, so that it finished in the time there was. On this shared 2-core "
+                "machine a Cassandra restart took 50-90 s, so 30 of them leave Cassandra down for "
+                "most of an hour; runs with 20 and 30 of each kind were stopped unfinished.")
+    parts = [render(facts, verdict, command_of(facts.options), note=note)]
     for check in checks:
         title = (f"Mutant check: {check.options.mutant}" if check.options.mutant
                  else "Further run")

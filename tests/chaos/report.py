@@ -22,7 +22,7 @@ def _row(name: str, figures: dict[str, float]) -> str:
 
 
 def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliability",
-           rules: bool = True) -> str:
+           rules: bool = True, note: str = "") -> str:
     o = facts.options
     c = verdict.counts
     kinds = Counter(f.kind for f in facts.faults)
@@ -40,6 +40,7 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         + (f" (mutant `{o.mutant}`: the dispatcher was broken on purpose, so FAIL with lost tasks "
            "is what shows the check works)" if o.mutant else ""),
         "",
+        *([note, ""] if note else []),
         "## Plan",
         "",
         f"- seed {o.seed}; {o.tasks} tasks over {o.ordering_ids} ordering ids, scheduled through "
