@@ -50,7 +50,8 @@ def test_quick_chaos_run_keeps_every_guarantee(chaos_services: Path, tmp_path: P
     verdict = run(QUICK, chaos_services, tmp_path)
 
     assert verdict.faults == dict.fromkeys(verdict.faults, 1), "one fault of every kind"
-    assert verdict.counts["accepted"] > 0.8 * QUICK.tasks
+    # most calls went through (those made while Kafka restarts raise, and are not counted)
+    assert verdict.counts["accepted"] > QUICK.tasks / 2
     assert verdict.counts["cancelled"] > 0
     violations = {name: verdict.examples.get(name) for name in Verdict.VIOLATIONS
                   if verdict.counts[name]}
@@ -73,5 +74,5 @@ def test_the_chaos_run_catches_a_dispatcher_that_commits_before_it_persists(
     verdict = run(MUTANT, chaos_services, tmp_path)
 
     assert verdict.faults["dispatcher-kill"] == 4
-    assert verdict.counts["lost"] > 0
+    assert verdict.counts["never_stored"] > 0  # lost for good, not merely late
     assert not verdict.ok
