@@ -1,4 +1,10 @@
-"""The worker side: report each released execution's outcome, and the dispatcher's inbox.
+"""The worker side: run only current releases, report each one's outcome; the dispatcher's inbox.
+
+Before a released task runs, the worker checks that the message is the key's current
+release: a copy of an older attempt (a message a killed worker had prefetched, given back by
+the broker after its visibility timeout, long after the dispatcher released the key again)
+or of a key that already finished is skipped, so it can neither run a completed key again
+nor overlap the current attempt. When the store cannot be read the task runs: at least once.
 
 The hooks are Celery signal handlers (``task_success``, ``task_failure``) connected when a
 task is decorated with ``@scheduled_task``, so any worker that imports the task reports
@@ -9,6 +15,7 @@ release the next task of the ordering id within milliseconds.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -17,14 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
+from celery.exceptions import Ignore
 
 from celery_scheduler.bridge import HEADER, parse_header
 from celery_scheduler.client import get_client, now_ms
 from celery_scheduler.config import Settings
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import State
 
-__all__ = ["Outcome", "install_worker_hooks", "notice_channel", "redis_url", "subscribe"]
+__all__ = ["Outcome", "guard_stale_releases", "install_worker_hooks", "is_current_release",
+           "notice_channel", "redis_url", "subscribe"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +117,40 @@ def report(task: Any, succeeded: bool, error: str | None) -> None:
         _publish(url, notice_channel(client.settings), outcome.encode())
     except Exception:  # the dispatcher polls the store as well; a lost notice only costs time
         logger.warning("could not publish the outcome of %s on Redis", outcome.key, exc_info=True)
+
+
+def is_current_release(task: Any) -> bool:
+    """Whether *task*'s execution may run: not a release, or the key's current release."""
+    release = parse_header(getattr(task.request, HEADER, None))
+    if release is None:
+        return True
+    try:
+        status = get_client(task._get_app()).store.status(release.key)
+    except SchedulerError:
+        logger.warning("could not check that %s (attempt %d) is current; running it",
+                       release.key, release.attempt, exc_info=True)
+        return True
+    if status is None:  # unknown to the store (status expired): at least once
+        return True
+    current = (status.state is State.RELEASED and status.attempts == release.attempt
+               and not (status.outcome and status.outcome_attempt >= release.attempt))
+    if not current:
+        logger.warning("skipping a stale copy of %s (attempt %d): the key is %s at attempt %d",
+                       release.key, release.attempt, status.state.value, status.attempts)
+    return current
+
+
+def guard_stale_releases(task: Any) -> None:
+    """Make *task* skip (Celery's ``Ignore``) executions that are not its key's current release."""
+    run = task.run
+
+    @functools.wraps(run)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if not is_current_release(task):
+            raise Ignore()
+        return run(*args, **kwargs)
+
+    task.run = guarded
 
 
 def _on_success(sender: Any = None, **_: Any) -> None:

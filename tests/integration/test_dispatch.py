@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from celery_scheduler.bridge import HEADER, Release
 from celery_scheduler.store.base import State
 from tests.integration.dispatch_fixtures import Scheduler
 
@@ -196,6 +197,29 @@ def test_cancelled_task_never_runs(scheduler: Scheduler, schedule) -> None:
     time.sleep(1)
     assert [s["seq"] for s in scheduler.starts()] == [1]
     assert doomed.status().state is State.CANCELLED
+
+
+def test_a_stale_copy_of_a_release_never_runs(scheduler: Scheduler, schedule) -> None:
+    """A killed worker's prefetched message comes back from the broker after its visibility
+    timeout, long after the key was released again: that copy must not run the key again."""
+    scheduler.dispatcher()
+    worker = scheduler.worker()
+    at = time.time() + 2
+    handle = schedule.record.schedule(("stale", 0), {"scheduled_for": at}, at=utc(at))
+    wait_for_states([handle], State.SUCCEEDED, timeout=60)
+    assert handle.status().attempts == 1
+
+    # the message as the broker would give it back: attempt 1, then an attempt never released
+    for attempt in (1, 2):
+        release = Release(handle.key, 0, attempt, 1)
+        schedule.app.send_task("dispatching.record", args=["stale", 0], kwargs={"scheduled_for": at},
+                               task_id=handle.key.task_id, headers={HEADER: release.header()},
+                               queue=scheduler.env["CELERY_SCHEDULER_TEST_QUEUE"])
+    # both copies handled: skipped (logged), or run (in the execution log)
+    wait_until(lambda: scheduler.log_of(worker).count("skipping a stale copy") + len(scheduler.starts()) >= 3,
+               30, lambda: scheduler.log_of(worker)[-3000:])
+    assert [s["seq"] for s in scheduler.starts()] == [0], "a stale copy ran the key again"
+    assert handle.status().state is State.SUCCEEDED
 
 
 def test_sigkilled_dispatcher_loses_nothing(scheduler: Scheduler, schedule) -> None:
