@@ -77,6 +77,7 @@ class Settings:
     partition_lease_seconds: float = 10.0  # dispatcher ownership of a partition
     max_loaded_per_partition: int = 5000  # tasks a dispatcher holds in memory per partition
     lookahead_seconds: float = 60.0  # how far ahead of now the schedule is loaded
+    startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
     redis_url: str | None = None  # completion notices; defaults to the broker when it is Redis
 
     # optional HMAC signing of records (see celery_scheduler.signing)
@@ -96,7 +97,7 @@ class Settings:
                     f"{PREFIX}{name} must be positive, got {getattr(self, name)!r}"
                 )
         for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds",
-                     "partition_lease_seconds", "lookahead_seconds"):
+                     "partition_lease_seconds", "lookahead_seconds", "startup_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")
         if self.signing_keys:

@@ -15,7 +15,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -27,13 +28,20 @@ from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
 from celery_scheduler.dispatcher.timetable import Loaded
-from celery_scheduler.errors import ConfigurationError, SchedulerError
+from celery_scheduler.errors import (
+    ConfigurationError,
+    SchedulerError,
+    StoreUnavailableError,
+    TaskLogUnavailableError,
+)
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 
-__all__ = ["Dispatcher", "check", "engine_settings"]
+__all__ = ["Dispatcher", "check", "engine_settings", "when_available"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Consumer group of all dispatchers of one scheduler topic.
 DEFAULT_GROUP_SUFFIX = ".dispatchers"
@@ -45,6 +53,30 @@ def engine_settings(settings: Settings) -> EngineSettings:
                           on_exhausted=settings.on_exhausted,
                           max_loaded=settings.max_loaded_per_partition,
                           lookahead_seconds=settings.lookahead_seconds)
+
+
+def when_available(name: str, connect: Callable[[], T], deadline: float,
+                   stopping: threading.Event) -> T:
+    """Call *connect* until *name* answers (it raised no ``*UnavailableError``) or *deadline*.
+
+    A dispatcher started by a supervisor beside its services (or restarted while one of them
+    restarts) waits for them, as a Celery worker waits for its broker, instead of exiting at
+    once. Errors that waiting cannot cure (a missing topic or schema, bad credentials that
+    the driver reports as such, bad settings) are raised at once.
+    """
+    delay = 0.5
+    while True:
+        try:
+            return connect()
+        except (StoreUnavailableError, TaskLogUnavailableError) as exc:
+            left = deadline - time.monotonic()
+            if left <= 0 or stopping.is_set():
+                raise
+            wait = min(delay, left)
+            logger.warning("%s is not available yet (%s); retrying in %.1fs (giving up in %.0fs, "
+                           "scheduler_startup_timeout)", name, exc, wait, left)
+            stopping.wait(wait)
+            delay = min(delay * 2, 10.0)
 
 
 class Dispatcher:
@@ -66,13 +98,17 @@ class Dispatcher:
         self.group_id = group_id or f"{s.kafka_topic}{DEFAULT_GROUP_SUFFIX}"
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stopping = threading.Event()
-        self.store = open_store(s)
+        deadline = time.monotonic() + s.startup_timeout
+        base = client_config(s.kafka_bootstrap_servers, s.kafka_options)
+        metadata = Producer(base)
+        self._partitions = when_available(
+            "Kafka", lambda: topic_partitions(metadata, s.kafka_topic, s.kafka_produce_timeout),
+            deadline, self.stopping)
+        self.store = when_available("Cassandra", lambda: open_store(s), deadline, self.stopping)
         self.metrics = metrics or Metrics()
         self._producer: Any = None
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics)
-        base = client_config(s.kafka_bootstrap_servers, s.kafka_options)
-        self._partitions = topic_partitions(Producer(base), s.kafka_topic, s.kafka_produce_timeout)
         producer = Producer({**base, "acks": "all", "enable.idempotence": True})
         topic_partitions(producer, dead_letter_topic(s.kafka_topic), s.kafka_produce_timeout)
         self.consumer = Consumer({

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cassandra import (
+    AuthenticationFailed,
     ConsistencyLevel,
     DriverException,
     InvalidRequest,
@@ -79,7 +80,15 @@ def translate_errors(what: str) -> Iterator[None]:
     """Turn cassandra-driver exceptions raised inside the block into ScheduleStoreErrors."""
     try:
         yield
-    except (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, WriteTimeout) as exc:
+    except NoHostAvailable as exc:
+        errors = list((exc.errors or {}).values()) if isinstance(exc.errors, dict) else []
+        if errors and all(isinstance(error, AuthenticationFailed) for error in errors):
+            # not an outage: waiting or retrying will not change the answer
+            raise ScheduleStoreError(
+                f"Cassandra refused the credentials (scheduler_cassandra_username/_password): "
+                f"{exc}") from exc
+        raise StoreUnavailableError(f"Cassandra could not {what}: {exc}") from exc
+    except (OperationTimedOut, Unavailable, ReadTimeout, WriteTimeout) as exc:
         raise StoreUnavailableError(f"Cassandra could not {what}: {exc}") from exc
     except InvalidRequest as exc:
         message = str(exc)
