@@ -50,6 +50,8 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     parser.add_argument("--window", type=float, help="seconds each fault lane is spread over")
     parser.add_argument("--drain-seconds", type=float,
                         help="how long to wait after the last due time for the last runs")
+    parser.add_argument("--dispatchers", type=int, help="dispatcher processes (default 2)")
+    parser.add_argument("--workers", type=int, help="Celery worker processes (default 2)")
     parser.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_KINDS)})")
     parser.add_argument("--mutant", choices=["commit-before-persist"],
                         help="run a deliberately broken dispatcher")
@@ -62,7 +64,8 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     args = parser.parse_args(argv)
     options = QUICK if args.quick else LONG
     changes: dict[str, object] = {"seed": args.seed, "mutant": args.mutant}
-    for name in ("tasks", "ordering_ids", "faults_per_kind", "window", "drain_seconds"):
+    for name in ("tasks", "ordering_ids", "faults_per_kind", "window", "drain_seconds",
+                 "dispatchers", "workers"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.kinds:

@@ -52,6 +52,10 @@ FAULT_KINDS = PROCESS_FAULTS + SERVICE_FAULTS
 # Rough seconds each fault takes on a small machine, to spread the workload over the plan.
 EXPECTED_SECONDS = {"dispatcher-kill": 15, "worker-kill": 10, "dispatcher-pause": 16,
                     "kafka-restart": 30, "cassandra-restart": 55, "redis-restart": 7}
+# In a plan spread over a window, the scheduler gets at least this long with the services up
+# between two restarts, so that a dense plan tests recovery again and again rather than
+# making one long outage of them.
+SERVICE_MIN_GAP = 30.0
 # A paused dispatcher stays stopped past Kafka's session timeout (6 s) plus the partition
 # lease (6 s in the chaos app), so its partitions certainly move while it sleeps.
 PAUSE_SECONDS = 15.0
@@ -200,7 +204,8 @@ def plan_faults(options: Options, rng: random.Random) -> list[list[tuple[str, fl
             spare = options.window - sum(EXPECTED_SECONDS[kind] for kind in kinds)
             mean = max(low, spare / len(kinds))
             low, high = mean / 2, mean * 3 / 2
-        lanes.append([(kind, rng.uniform(low, high)) for kind in kinds])
+        floor = SERVICE_MIN_GAP if options.window and set(group) & set(SERVICE_FAULTS) else 0.0
+        lanes.append([(kind, max(floor, rng.uniform(low, high))) for kind in kinds])
     return lanes
 
 
