@@ -85,6 +85,11 @@ def main(argv: list[str]) -> int:
         return report(*[load_facts(path) for path in args.from_facts], path=args.report)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="celery-scheduler-chaos-"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / "executions.jsonl").exists():
+        # the verdict reads that log: an earlier run's executions would count as this one's
+        print(f"chaos: {run_dir} holds an earlier run's executions.jsonl; give an empty or "
+              "new --run-dir", file=sys.stderr)
+        return 2
     print(f"== chaos run: {options}\n== logs in {run_dir}", flush=True)
     root = state_root()
     try:
