@@ -35,7 +35,7 @@ from tests.services import REPO
 QUICK = Options(tasks=1200, ordering_ids=60, faults_per_kind=1, gap=(2.0, 4.0), drain_seconds=90.0)
 # 140,000 planned so that more than 100,000 are accepted: calls made while Kafka restarts
 # fail (about a fifth of them). Four workers, since a tenth of the tasks sleep up to 0.5 s.
-LONG = Options(tasks=140_000, ordering_ids=2000, faults_per_kind=30, window=3300.0,
+LONG = Options(tasks=140_000, ordering_ids=2000, faults_per_kind=30, window=3600.0,
                drain_seconds=1200.0, workers=4)
 
 
