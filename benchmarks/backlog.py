@@ -38,7 +38,7 @@ def drain(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_secon
     """Fill a backlog of *tasks* over *ordering_ids* (seq order = schedule order per id), drain it."""
     with stack(ctx.tmp) as s:
         app = s.use_client()
-        base = time.time() + 5
+        base = time.time() + ctx.pick(1, 5)
         spacing = 2e-4  # 5,000 due per second of schedule time
         tasks, fill_rate = populate(s, app, ((f"o{i % ordering_ids}", i, base + i * spacing)
                                              for i in range(tasks)), fill_seconds)
@@ -75,15 +75,15 @@ def run(ctx: Context) -> list[Section]:
     runs = 1
     window = ctx.pick(8, 30)
     six = Section("6", "Backlog of overdue tasks after a restart")
-    backlog_tasks = ctx.pick(5_000, 100_000)
-    drains = [drain(ctx, backlog_tasks, backlog_tasks // 10, window, ctx.pick(4, 60))
+    backlog_tasks = ctx.pick(3_000, 100_000)
+    drains = [drain(ctx, backlog_tasks, backlog_tasks // 10, window, ctx.pick(3, 60))
               for _ in range(runs)]
     rate = _rows(six, f"{drains[0].tasks:,} tasks, {backlog_tasks // 10:,} ordering ids x 10", drains)
     six.rows[0].target, six.rows[0].met = "≥ 5,000 tasks/s", rate.median >= 5000
     order = Figure.of([d.out_of_order for d in drains])
     six.add("ordering ids whose tasks started out of order", order, "0", order.median == 0)
     six.method = [
-        f"backlog of up to {backlog_tasks:,} tasks (filling stops after {ctx.pick(4, 60)} s; the "
+        f"backlog of up to {backlog_tasks:,} tasks (filling stops after {ctx.pick(3, 60)} s; the "
         "figure names the count reached), due 5,000 per second of schedule time, written straight "
         "into the scheduler's tables with no dispatcher running; once all are overdue, "
         f"{WORKERS} solo workers and one dispatcher start. Drained = executed (the task body "
@@ -92,10 +92,10 @@ def run(ctx: Context) -> list[Section]:
         "schedule order.",
     ]
     seven = Section("7", "Ordering overhead: many tasks per ordering id vs unique ordering ids")
-    per_id_tasks = ctx.pick(2_000, 100_000)
+    per_id_tasks = ctx.pick(1_000, 100_000)
     ids = ctx.pick(20, 1000)
-    chained = [drain(ctx, per_id_tasks, ids, window, ctx.pick(4, 40)) for _ in range(runs)]
-    unique = [drain(ctx, per_id_tasks, per_id_tasks, window, ctx.pick(4, 40)) for _ in range(runs)]
+    chained = [drain(ctx, per_id_tasks, ids, window, ctx.pick(3, 40)) for _ in range(runs)]
+    unique = [drain(ctx, per_id_tasks, per_id_tasks, window, ctx.pick(3, 40)) for _ in range(runs)]
     _rows(seven, f"{ids:,} ordering ids x {per_id_tasks // ids}", chained)
     _rows(seven, "unique ordering ids", unique)
     seven.add("throughput with ordering / without",
@@ -105,7 +105,7 @@ def run(ctx: Context) -> list[Section]:
               Figure.of([d.out_of_order for d in chained]))
     seven.method = [
         f"the same backlog procedure as 6, up to {per_id_tasks:,} tasks each (filling stops after "
-        f"{ctx.pick(4, 40)} s): {ids:,} ordering ids with {per_id_tasks // ids} tasks each "
+        f"{ctx.pick(3, 40)} s): {ids:,} ordering ids with {per_id_tasks // ids} tasks each "
         "(each runs only after the previous one of its id completed), then every task on its own "
         "ordering id.",
         f"{runs} run of each per mode: a backlog is costly to fill on this shared machine.",

@@ -32,7 +32,7 @@ def first_starts(starts: list[Start]) -> dict[int, Start]:
 
 def _failover(ctx: Context) -> tuple[float, float, float, int, int]:
     """(seconds until release resumed, p99 lateness ms around the kill, p99 overall, missing, duplicates)."""
-    rate, duration, lead, grace = ctx.pick(100, 200), ctx.pick(12, 30), 5.0, ctx.pick(8, 20)
+    rate, duration, lead, grace = ctx.pick(100, 200), ctx.pick(8, 30), ctx.pick(3, 5), ctx.pick(12, 20)
     with stack(ctx.tmp) as s:
         app = s.use_client()
         victim = s.dispatcher()
@@ -68,7 +68,7 @@ def _failover(ctx: Context) -> tuple[float, float, float, int, int]:
 def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> tuple[float, int, int]:
     """Kill the only worker while it holds tasks, start another; return (seconds from the kill
     until every task had started, tasks that never ran, duplicate starts)."""
-    count, sleep, lead = ctx.pick(30, 100), 0.1, 6.0
+    count, sleep, lead = ctx.pick(20, 100), 0.1, ctx.pick(4, 6)
     ours = system == "celery_scheduler"
     env = {"BENCH_PREFETCH": "50"}
     if ours:
@@ -99,7 +99,7 @@ def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> tuple[float
         worker.send_signal(signal.SIGKILL)
         killed = time.time()
         s.worker(POOL)
-        s.wait_for_starts(count, timeout=hold_seconds + (15 if ours else ctx.pick(20, 110)))
+        s.wait_for_starts(count, timeout=hold_seconds + (15 if ours else ctx.pick(8, 110)))
         starts = s.starts()
     first = first_starts(starts)
     recovered = max(x.started for x in first.values()) - killed if len(first) == count else float("nan")
@@ -119,15 +119,15 @@ def run(ctx: Context) -> list[Section]:
     five.add("duplicate executions", Figure.of([r[4] for r in results]))
     five.method = [
         f"two dispatchers, two solo workers, 12 partitions; tasks due at {ctx.pick(100, 200)}/s "
-        f"for {ctx.pick(12, 30)} s, published 5 s ahead; one dispatcher is SIGKILLed a third of "
-        "the way in.",
+        f"for {ctx.pick(8, 30)} s, published {ctx.pick(3, 5)} s ahead; one dispatcher is SIGKILLed "
+        "a third of the way in.",
         "resumed after = the longest any task due from 2 s before the kill on waited past "
         "max(its due time, the kill): when the last orphaned partition released again. Default "
         "scheduler_partition_lease_seconds (10) and the dispatcher's 6 s Kafka session timeout.",
         f"{runs} run(s), each on a fresh topic and keyspace.",
     ]
     crash = Section("5b", "Crash of the Celery worker holding released tasks")
-    hold = float(ctx.pick(8, 20))
+    hold = float(ctx.pick(6, 20))
     for system, what in (("celery_scheduler", f"scheduler_lease_seconds = {hold:g}"),
                          ("Celery eta=", f"visibility_timeout = {hold:g} s")):
         outcomes = [_worker_crash(ctx, system, hold)]
@@ -139,7 +139,7 @@ def run(ctx: Context) -> list[Section]:
                   missing.median == 0 if system == "celery_scheduler" else None)
         crash.add(f"{system}: duplicate executions", Figure.of([o[2] for o in outcomes]))
     crash.method = [
-        f"{ctx.pick(30, 100)} tasks of 0.1 s on distinct ordering ids, all due at once; one worker "
+        f"{ctx.pick(20, 100)} tasks of 0.1 s on distinct ordering ids, all due at once; one worker "
         f"(--pool={POOL} --concurrency=1, prefetch multiplier 50) holds them; half a second after "
         "the first started it is SIGKILLed and a second worker started. Time = last first start - "
         "kill; n/a when some task never ran within the wait.",
@@ -151,6 +151,6 @@ def run(ctx: Context) -> list[Section]:
         "defaults kept). Both clocks run from delivery (release), not from the kill, so both can "
         "recover sooner after the kill than the lease or timeout. The wait after the "
         "lease/timeout is 15 s for celery_scheduler and "
-        f"{ctx.pick(20, 110)} s for Celery eta=.",
+        f"{ctx.pick(8, 110)} s for Celery eta=.",
     ]
     return [five, crash]

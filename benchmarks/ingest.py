@@ -122,8 +122,8 @@ def _drop_keyspace(keyspace: str) -> None:
 
 def run(ctx: Context) -> list[Section]:
     count = ctx.pick(2_000, 20_000)
-    window = ctx.pick(8, 30)
-    runs = ctx.pick(1, 3)
+    window = ctx.pick(3, 30)
+    runs = ctx.pick(2, 3)
     section = Section("2", "Dispatcher ingest: Kafka to Cassandra, persisted and committed")
     ours, raw, rss = [], [], []
     with stack(ctx.tmp) as s:

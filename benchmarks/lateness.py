@@ -145,8 +145,8 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
 
 
 def run(ctx: Context) -> list[Section]:
-    slow = Load(rate=100, duration=ctx.pick(3, 20), lead=ctx.pick(2, 5), grace=ctx.pick(3, 15))
-    fast = Load(rate=1000, duration=ctx.pick(3, 60), lead=ctx.pick(2, 5), grace=ctx.pick(3, 20))
+    slow = Load(rate=100, duration=ctx.pick(2, 20), lead=ctx.pick(2, 5), grace=ctx.pick(2, 15))
+    fast = Load(rate=1000, duration=ctx.pick(2, 60), lead=ctx.pick(2, 5), grace=ctx.pick(2, 20))
     slow_runs, fast_runs = ctx.pick(1, 2), 1
     results: dict[str, tuple[list[Outcome], list[Outcome]]] = {}
     errors = []

@@ -85,7 +85,7 @@ def _timed_calls(call: Any, seconds: float) -> list[float]:
 
 
 def run(ctx: Context) -> list[Section]:
-    batched_count = ctx.pick(5_000, 30_000)
+    batched_count = ctx.pick(3_000, 30_000)
     seconds = ctx.pick(1, 4)
     one = Section("1", "Schedule rate from one process, batched")
     sync = Section("1b", "Synchronous schedule_at: rate and call latency")
