@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.context import Context
+from benchmarks.cpu import CpuMeter, CpuUse, add_rows, local_services
 from benchmarks.failover import first_starts
-from benchmarks.harness import stack
+from benchmarks.harness import Stack, stack
 from benchmarks.populate import populate
 from benchmarks.report import Section
 from benchmarks.stats import Figure
@@ -32,6 +33,8 @@ class Drain:
     first_after: float  # seconds from the dispatcher's start to the first task start
     out_of_order: int  # ordering ids whose tasks did not start in schedule order
     fill_rate: float
+    cpu: CpuUse  # from the first start to the end of the wait
+    cpu_tasks: int  # task bodies started while *cpu* was measured
 
 
 def drain(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_seconds: float) -> Drain:
@@ -43,12 +46,41 @@ def drain(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_secon
         tasks, fill_rate = populate(s, app, ((f"o{i % ordering_ids}", i, base + i * spacing)
                                              for i in range(tasks)), fill_seconds)
         time.sleep(max(0.0, base + tasks * spacing + 1 - time.time()))
-        for _ in range(WORKERS):
-            s.worker()
+        workers = [s.worker() for _ in range(WORKERS)]
         launched = time.time()
-        s.dispatcher(wait=False)
-        s.wait_for_starts(tasks, timeout=window)
-        starts = s.starts()
+        dispatcher = s.dispatcher(wait=False)
+        return _measure(s, tasks, window, launched, fill_rate,
+                        {"dispatcher": [dispatcher.pid], "workers": [w.pid for w in workers]})
+
+
+def celery_drain(ctx: Context, tasks: int, ordering_ids: int, window: float) -> Drain:
+    """The floor: the same task bodies as plain Celery messages already queued, then drained.
+
+    No scheduler at all: what Celery's workers alone execute on this machine bounds any
+    scheduler that releases to them.
+    """
+    with stack(ctx.tmp, init=False) as s:
+        app = s.use_client()
+        now = time.time()
+        started = time.monotonic()
+        for i in range(tasks):
+            app.plain.apply_async((f"o{i % ordering_ids}", i, now), queue=s.name)
+        fill_rate = tasks / (time.monotonic() - started)
+        launched = time.time()
+        workers = [s.worker(wait=False) for _ in range(WORKERS)]
+        return _measure(s, tasks, window, launched, fill_rate, {"workers": [w.pid for w in workers]})
+
+
+def _measure(s: Stack, tasks: int, window: float, launched: float, fill_rate: float,
+             processes: dict[str, list[int]]) -> Drain:
+    # CPU is counted from the first start on, so the processes' start-up is left out
+    meter = CpuMeter({**processes, **local_services()})
+    s.wait_for_starts(1, timeout=window)
+    counted_from = len(s.starts())
+    meter.start()
+    s.wait_for_starts(tasks, timeout=window - (time.time() - launched))
+    cpu = meter.stop()
+    starts = s.starts()
     first = first_starts(starts)
     times = sorted(x.started for x in first.values())
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
@@ -58,7 +90,7 @@ def drain(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_secon
     out_of_order = sum(1 for runs in by_id.values()
                        if [seq for _, seq in sorted(runs)] != sorted(seq for _, seq in runs))
     return Drain(tasks, len(first), rate, (times[0] - launched) if times else float("nan"),
-                 out_of_order, fill_rate)
+                 out_of_order, fill_rate, cpu, len(starts) - counted_from)
 
 
 def _rows(section: Section, label: str, drains: list[Drain]) -> Figure:
@@ -66,7 +98,7 @@ def _rows(section: Section, label: str, drains: list[Drain]) -> Figure:
     section.add(f"{label}: drain rate (executed)", rate)
     section.add(f"{label}: tasks started within the window",
                 Figure.of([d.started / d.tasks for d in drains], "%", 1))
-    section.add(f"{label}: first task started after the dispatcher launched",
+    section.add(f"{label}: first task started after launch (dispatcher, or workers alone)",
                 Figure.of([d.first_after for d in drains], "s", 1))
     return rate
 
@@ -82,6 +114,12 @@ def run(ctx: Context) -> list[Section]:
     six.rows[0].target, six.rows[0].met = "≥ 5,000 tasks/s", rate.median >= 5000
     order = Figure.of([d.out_of_order for d in drains])
     six.add("ordering ids whose tasks started out of order", order, "0", order.median == 0)
+    add_rows(six, "celery_scheduler", [d.cpu for d in drains], [d.cpu_tasks for d in drains])
+    floor = [celery_drain(ctx, backlog_tasks, backlog_tasks // 10, window) for _ in range(runs)]
+    _rows(six, f"Celery alone, {backlog_tasks:,} queued plain tasks", floor)
+    six.add("celery_scheduler / Celery alone", Figure.of(
+        [d.rate / f.rate if f.rate else float("nan") for d, f in zip(drains, floor, strict=True)], "%"))
+    add_rows(six, "Celery alone", [d.cpu for d in floor], [d.cpu_tasks for d in floor])
     six.method = [
         f"backlog of up to {backlog_tasks:,} tasks (filling stops after {ctx.pick(3, 60)} s; the "
         "figure names the count reached), due 5,000 per second of schedule time, written straight "
@@ -90,6 +128,13 @@ def run(ctx: Context) -> list[Section]:
         f"started). Waiting stops after {window} s; the rate counts what started by then.",
         "order: for each ordering id, its tasks' first starts sorted by time must follow their "
         "schedule order.",
+        f"Celery alone (the floor): the same number of plain Celery tasks with the same body, "
+        f"queued with apply_async before {WORKERS} solo workers start; no scheduler involved, "
+        "so no scheduler that releases to Celery workers can drain faster on this machine.",
+        "CPU: user + system CPU time of each part (dispatcher, workers, and the Kafka, Cassandra "
+        "and Redis processes) from the first task start to the end of the wait, divided by the "
+        "task bodies started meanwhile; machine busy = share of all cores not idle (whatever "
+        "runs, this run or not). Near 100% busy, CPU is the limit and these rows say who spends it.",
     ]
     seven = Section("7", "Ordering overhead: many tasks per ordering id vs unique ordering ids")
     per_id_tasks = ctx.pick(1_000, 100_000)

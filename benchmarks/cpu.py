@@ -1,0 +1,124 @@
+"""Where the CPU goes: CPU time per task of each part of the pipeline, and how busy the machine was.
+
+On a small machine with every service co-located, a throughput figure alone does not say
+what limits it. A :class:`CpuMeter` samples the CPU time (user + system) of the scenario's
+processes and of the services' processes over the measured window, and the machine's busy
+share; divided by the tasks handled, it names the limiting resource: when the machine is
+near 100% busy, CPU is the limit and the per-part figures show who spends it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+from benchmarks.report import Section
+from benchmarks.stats import Figure
+
+__all__ = ["CpuMeter", "CpuUse", "add_rows", "local_services", "service_pids"]
+
+# How each local service's process is recognised (scripts/services starts them).
+SERVICES = {
+    "Cassandra": "org.apache.cassandra.service.CassandraDaemon",
+    "Kafka": "kafka.Kafka",
+    "Redis": "redis-server",
+}
+
+
+def service_pids(ports: dict[str, int]) -> dict[str, list[int]]:
+    """The pids of the local services listening on *ports* (name -> port)."""
+    listening: dict[int, int] = {}
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid:
+            listening.setdefault(conn.laddr.port, conn.pid)
+    found: dict[str, list[int]] = {}
+    for name, port in ports.items():
+        pid = listening.get(port)
+        if pid is not None and SERVICES[name] in " ".join(psutil.Process(pid).cmdline()):
+            found[name] = [pid]
+    return found
+
+
+def local_services() -> dict[str, list[int]]:
+    """The pids of the Kafka, Cassandra and Redis the benchmarks use."""
+    from urllib.parse import urlparse
+
+    from benchmarks.harness import KAFKA, REDIS_URL
+
+    return service_pids({"Kafka": int(KAFKA.rpartition(":")[2]), "Cassandra": 9042,
+                         "Redis": urlparse(REDIS_URL).port or 6379})
+
+
+def _cpu_seconds(pids: Iterable[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            for p in [process, *process.children(recursive=True)]:
+                times = p.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def _machine_busy() -> tuple[float, float]:
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return sum(times) - idle, sum(times)
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds per part over a window, the window's length and the machine's busy share."""
+
+    seconds: dict[str, float]
+    wall: float
+    busy: float  # 0..1 of all cores
+
+    def ms_per_task(self, tasks: int) -> dict[str, float]:
+        return {part: 1000 * s / tasks for part, s in self.seconds.items()} if tasks else {}
+
+
+class CpuMeter:
+    """``meter = CpuMeter(parts); meter.start(); ...; use = meter.stop()``.
+
+    *parts* maps a name to the pids it covers (their children are counted too). A process
+    that exits inside the window is counted up to its last sample only: keep the window to
+    the steady state.
+    """
+
+    def __init__(self, parts: dict[str, list[int]]) -> None:
+        self.parts = parts
+        self._start: dict[str, float] = {}
+        self._busy: tuple[float, float] = (0.0, 0.0)
+        self._wall = 0.0
+
+    def start(self) -> None:
+        self._start = {part: _cpu_seconds(pids) for part, pids in self.parts.items()}
+        self._busy = _machine_busy()
+        self._wall = time.monotonic()
+
+    def stop(self) -> CpuUse:
+        seconds = {part: _cpu_seconds(pids) - self._start[part] for part, pids in self.parts.items()}
+        busy, total = _machine_busy()
+        share = (busy - self._busy[0]) / (total - self._busy[1]) if total > self._busy[1] else 0.0
+        return CpuUse(seconds, time.monotonic() - self._wall, share)
+
+
+def add_rows(section: Section, label: str, uses: list[CpuUse], tasks: list[int]) -> None:
+    """Rows: the machine's busy share, then CPU ms per task of each part and in all."""
+    cores = psutil.cpu_count() or 1
+    section.add(f"{label}: machine CPU busy (all {cores} cores)",
+                Figure.of([u.busy for u in uses], "%", 0))
+    parts = list(uses[0].seconds) if uses else []
+    for part in parts:
+        section.add(f"{label}: CPU per task, {part}",
+                    Figure.of([u.ms_per_task(n)[part] for u, n in zip(uses, tasks, strict=True)], "ms", 2))
+    section.add(f"{label}: CPU per task, all parts",
+                Figure.of([sum(u.ms_per_task(n).values()) for u, n in zip(uses, tasks, strict=True)],
+                          "ms", 2))
+
