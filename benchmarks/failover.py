@@ -54,7 +54,7 @@ def _failover(ctx: Context) -> tuple[float, float, float, int, int]:
         feeder.join()
         flush(app.app, 60)
         t0, total, _ = fed[0]
-        s.wait_for_starts(total, timeout=t0 + duration + grace - time.time())
+        s.wait_for_starts(total, timeout=t0 + duration + grace - time.time(), distinct=True)
         starts = s.starts()
     first = first_starts(starts)
     after = [x for x in first.values() if x.at >= killed - 2]
@@ -99,7 +99,8 @@ def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> tuple[float
         worker.send_signal(signal.SIGKILL)
         killed = time.time()
         s.worker(POOL)
-        s.wait_for_starts(count, timeout=hold_seconds + (15 if ours else ctx.pick(8, 110)))
+        s.wait_for_starts(count, timeout=hold_seconds + (15 if ours else ctx.pick(8, 110)),
+                          distinct=True)
         starts = s.starts()
     first = first_starts(starts)
     recovered = max(x.started for x in first.values()) - killed if len(first) == count else float("nan")

@@ -174,10 +174,16 @@ class Stack:
     def starts(self) -> list[Start]:
         return execlog.read(self.execlog)
 
-    def wait_for_starts(self, count: int, timeout: float) -> bool:
-        """Wait until *count* task bodies started; False on timeout."""
+    def wait_for_starts(self, count: int, timeout: float, distinct: bool = False) -> bool:
+        """Wait until *count* task bodies started (*distinct*: tasks, not runs); False on timeout."""
         deadline = time.monotonic() + timeout
-        while execlog.count(self.execlog) < count:
+
+        def started() -> int:
+            if distinct:  # a duplicate run must not end the wait before every task ran
+                return len({(x.ordering_id, x.seq) for x in execlog.read(self.execlog)})
+            return execlog.count(self.execlog)
+
+        while started() < count:
             if time.monotonic() > deadline:
                 return False
             self.check_alive()

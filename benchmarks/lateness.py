@@ -160,9 +160,9 @@ def run(ctx: Context) -> list[Section]:
             errors.append(f"{system}: {type(exc).__name__}: {exc}"[:500])
     three = Section("3", f"Release lateness at {fast.rate:g} due tasks/s for {fast.duration:g} s")
     three_b = Section("3b", f"Release lateness at {slow.rate:g} due tasks/s for {slow.duration:g} s")
-    for system, (slow_runs, fast_runs) in results.items():
-        _rows(three, system, fast_runs, 20, 100)
-        _rows(three_b, system, slow_runs, None, 20)
+    for system, (slow_outcomes, fast_outcomes) in results.items():
+        _rows(three, system, fast_outcomes, 20, 100)
+        _rows(three_b, system, slow_outcomes, None, 20)
     method = [
         f"task i is due at t0 + i/rate and published {fast.lead:g} s before it is due "
         f"(batched form for celery_scheduler); {ORDERING_IDS} ordering ids; the task body logs its "
