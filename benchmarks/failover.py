@@ -30,13 +30,14 @@ def first_starts(starts: list[Start]) -> dict[int, Start]:
     return first
 
 
-def _failover(ctx: Context) -> tuple[float, float, float, int, int]:
-    """(seconds until release resumed, p99 lateness ms around the kill, p99 overall, missing, duplicates)."""
+def _failover(ctx: Context) -> tuple[float, float, float, float, int, int]:
+    """(seconds until the survivor leased every orphaned partition, seconds until the worst-hit
+    task ran, p99 lateness ms around the kill, p99 overall, missing, duplicates)."""
     rate, duration, lead, grace = ctx.pick(100, 200), ctx.pick(8, 30), ctx.pick(3, 5), ctx.pick(12, 20)
     with stack(ctx.tmp) as s:
         app = s.use_client()
         victim = s.dispatcher()
-        s.dispatcher()
+        survivor = s.dispatcher()
         for _ in range(2):
             s.worker()
         from celery_scheduler import flush
@@ -56,13 +57,34 @@ def _failover(ctx: Context) -> tuple[float, float, float, int, int]:
         t0, total, _ = fed[0]
         s.wait_for_starts(total, timeout=t0 + duration + grace - time.time(), distinct=True)
         starts = s.starts()
+        took_over = takeover_seconds(s.log_of(survivor), killed)
     first = first_starts(starts)
     after = [x for x in first.values() if x.at >= killed - 2]
     resumed = max((x.started - max(x.at, killed) for x in after), default=float("nan"))
     around = [x.lateness for x in first.values() if killed - 2 <= x.at <= killed + 15]
-    return (resumed, percentile(around, 99) * 1000,
+    return (took_over, resumed, percentile(around, 99) * 1000,
             percentile([x.lateness for x in first.values()], 99) * 1000,
             total - len(first), len(starts) - len(first))
+
+
+def takeover_seconds(log: str, killed: float) -> float:
+    """Seconds from *killed* to the survivor's last "leased partition" line after it (NaN if none).
+
+    The dispatcher logs that line once it holds a partition's lease, and releases from the
+    partition in the same step.
+    """
+    last = float("nan")
+    for line in log.splitlines():
+        if "leased partition" not in line or not line.startswith("["):
+            continue
+        stamp = line[1:24]  # "2026-11-22 17:51:38,349", the machine's local time
+        try:
+            at = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:23]) / 1000
+        except ValueError:
+            continue
+        if at >= killed:
+            last = at - killed
+    return last
 
 
 def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> tuple[float, int, int]:
@@ -112,19 +134,25 @@ def run(ctx: Context) -> list[Section]:
     runs = ctx.pick(1, 2)
     results = [_failover(ctx) for _ in range(runs)]
     resumed = Figure.of([r[0] for r in results], "s", 1)
-    five.add("release resumed on the survivor after", resumed, "≤ 10 s", resumed.median <= 10)
+    five.add("release resumed on the survivor after (it leased the last orphaned partition)",
+             resumed, "≤ 10 s", resumed.median <= 10)
+    five.add("the worst-hit task ran after (backlog caught up)", Figure.of([r[1] for r in results], "s", 1))
     five.add("lateness p99, tasks due from 2 s before to 15 s after the kill",
-             Figure.of([r[1] for r in results], "ms"))
-    five.add("lateness p99, whole run", Figure.of([r[2] for r in results], "ms"))
-    five.add("tasks that never ran", Figure.of([r[3] for r in results]))
-    five.add("duplicate executions", Figure.of([r[4] for r in results]))
+             Figure.of([r[2] for r in results], "ms"))
+    five.add("lateness p99, whole run", Figure.of([r[3] for r in results], "ms"))
+    five.add("tasks that never ran", Figure.of([r[4] for r in results]))
+    five.add("duplicate executions", Figure.of([r[5] for r in results]))
     five.method = [
         f"two dispatchers, two solo workers, 12 partitions; tasks due at {ctx.pick(100, 200)}/s "
         f"for {ctx.pick(8, 30)} s, published {ctx.pick(3, 5)} s ahead; one dispatcher is SIGKILLed "
         "a third of the way in.",
-        "resumed after = the longest any task due from 2 s before the kill on waited past "
-        "max(its due time, the kill): when the last orphaned partition released again. Default "
-        "scheduler_partition_lease_seconds (10) and the dispatcher's 6 s Kafka session timeout.",
+        "resumed after = from the kill to the survivor's log line saying it holds the lease of "
+        "the last partition it took over (it releases from a partition in the step it leases "
+        "it). Bounded below by the Kafka session timeout (6 s) and the dead owner's partition "
+        "lease running out (scheduler_partition_lease_seconds, default 10 s, renewed every third "
+        "of it): a survivor may not release before that, or two could release one partition.",
+        "worst-hit task = the longest any task due from 2 s before the kill on waited past "
+        "max(its due time, the kill): takeover plus working off what fell due meanwhile.",
         f"{runs} run(s), each on a fresh topic and keyspace.",
     ]
     crash = Section("5b", "Crash of the Celery worker holding released tasks")
