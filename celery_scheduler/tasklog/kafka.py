@@ -8,6 +8,8 @@ exceptions are translated into :mod:`celery_scheduler.errors`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import threading
 import time
@@ -32,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 # How long the background thread blocks in each poll for delivery reports.
 POLL_INTERVAL = 0.05
+# Seconds past the delivery timeout (at least) before a record without a report is taken to
+# mean its producer is stuck.
+STUCK_GRACE = 10.0
 
 
 def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,6 +106,14 @@ class KafkaTaskLog(TaskLog):
 
     A background thread serves delivery reports, so ``publish_async`` never blocks for
     long and ``publish`` waits only for its own record.
+
+    The same thread replaces a producer that has stopped working: one that reported a fatal
+    error, or one holding a record that got no delivery report long after the delivery
+    timeout (a long chaos run left one such producer, after repeated Kafka restarts,
+    accepting records and never sending them, so that every later schedule call of the
+    process failed). The records it held are reported as not acknowledged (they may or may
+    not have been written: scheduling the same key again is safe), and later calls go
+    through a new producer.
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, *, timeout: float = 10.0,
@@ -120,11 +133,20 @@ class KafkaTaskLog(TaskLog):
             # give up on a record at about the time a caller stops waiting for it
             "delivery.timeout.ms": max(1000, int(timeout * 1000)),
             "message.max.bytes": max(max_message_bytes + 4096, 1_000_000),
+            "error_cb": self._on_error,
         })
+        self._config = config
+        # a record without a report this long after it was produced means a stuck producer
+        self._stuck_after = max(1.0, timeout) + max(STUCK_GRACE, timeout)
         try:
             self._producer = Producer(config)
         except KafkaException as exc:
             raise TaskLogError(f"invalid Kafka producer settings: {exc.args[0]}") from exc
+        self._lock = threading.Lock()  # the producer and the records awaiting their report
+        self._pending: dict[int, tuple[float, Future[Position], str]] = {}  # oldest first
+        self._ids = itertools.count()
+        self._fatal: KafkaError | None = None
+        self.replaced = 0  # producers replaced so far
         self._partitions: int | None = None
         self._closed = threading.Event()
         self._checked = threading.Lock()
@@ -133,8 +155,58 @@ class KafkaTaskLog(TaskLog):
         self._poller.start()
 
     def _poll_forever(self) -> None:
+        next_check = 0.0
         while not self._closed.is_set():
             self._producer.poll(POLL_INTERVAL)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 1.0
+                self._check(now)
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error  # the poll thread replaces the producer at its next check
+
+    def _check(self, now: float) -> None:
+        """Replace the producer if it reported a fatal error or holds a long-overdue record."""
+        fatal, self._fatal = self._fatal, None
+        if fatal is not None:
+            self._replace(f"fatal error: {fatal.str()}")
+            return
+        with self._lock:
+            oldest = next(iter(self._pending.values()), None)
+        if oldest is not None and now > oldest[0]:
+            self._replace(f"no delivery report for {self._stuck_after:.0f}s")
+
+    def _replace(self, reason: str) -> None:
+        with self._lock:
+            old, self._producer = self._producer, Producer(self._config)
+            failed, self._pending = list(self._pending.values()), {}
+            self.replaced += 1
+        logger.warning("replaced the Kafka producer (%s); %d record(s) it held are reported as "
+                       "not acknowledged", reason, len(failed))
+        for _, future, key in failed:
+            if not future.done():
+                future.set_exception(TaskLogUnavailableError(
+                    f"Kafka did not acknowledge the record for {key!r}: its producer was replaced "
+                    f"({reason}); the record may or may not have been written, and scheduling "
+                    "the same task key again is safe"))
+        try:
+            old.purge()  # drop what it still holds; their reports find nobody waiting
+            old.poll(0)
+        except KafkaException:
+            pass
+
+    def _delivered(self, ident: int, error: KafkaError | None, message: Any) -> None:
+        with self._lock:
+            entry = self._pending.pop(ident, None)
+        if entry is None:  # failed already, when its producer was replaced
+            return
+        _, future, key = entry
+        if error is None:
+            future.set_result(Position(message.partition(), message.offset()))
+        else:
+            future.set_exception(self._translate(error, key))
 
     def partitions(self) -> int:
         if self._partitions is None:
@@ -149,19 +221,16 @@ class KafkaTaskLog(TaskLog):
             raise TaskLogError("the Kafka task log is closed")
         self.partitions()  # fails fast, with a clear message, when the topic is missing
         future: Future[Position] = Future()
-
-        def on_delivery(error: KafkaError | None, message: Any) -> None:
-            if error is None:
-                future.set_result(Position(message.partition(), message.offset()))
-            else:
-                future.set_exception(self._translate(error, key))
-
         deadline = time.monotonic() + self.timeout
+        replaced = False
         while True:
             try:
-                self._producer.produce(self.topic, key=key.encode("utf-8"), value=value,
-                                       headers=list(headers.items()) if headers else None,
-                                       on_delivery=on_delivery)
+                with self._lock:
+                    ident = next(self._ids)
+                    self._producer.produce(self.topic, key=key.encode("utf-8"), value=value,
+                                           headers=list(headers.items()) if headers else None,
+                                           on_delivery=functools.partial(self._delivered, ident))
+                    self._pending[ident] = (time.monotonic() + self._stuck_after, future, key)
                 return future
             except BufferError:  # local queue full: wait for deliveries to drain it
                 if time.monotonic() > deadline:
@@ -171,7 +240,12 @@ class KafkaTaskLog(TaskLog):
                     ) from None
                 time.sleep(POLL_INTERVAL)
             except KafkaException as exc:
-                raise self._translate(exc.args[0], key) from exc
+                error = exc.args[0]
+                if isinstance(error, KafkaError) and error.fatal() and not replaced:
+                    self._replace(f"fatal error: {error.str()}")  # then try the new one once
+                    replaced = True
+                    continue
+                raise self._translate(error, key) from exc
 
     def _translate(self, error: KafkaError, key: str) -> TaskLogError | EnvelopeTooLargeError:
         code = error.code()
