@@ -270,6 +270,7 @@ class Run:
         self.executions = Executions(run_dir / "executions.jsonl")
         self._lock = threading.Lock()  # the process lists: lanes and the supervisor
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         # A pause moves partitions only while Kafka and Cassandra are up: it waits for them.
         self._up = {"kafka": threading.Lock(), "cassandra": threading.Lock()}
         self._next_restart = 0.0  # a process that keeps exiting is restarted every 5 s at most
@@ -401,6 +402,8 @@ class Run:
         start = time.monotonic()
         last_ms: dict[str, int] = {}
         for index, task in enumerate(self.tasks):
+            if self._stop.is_set():
+                break
             pause = start + index / rate - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
@@ -452,6 +455,9 @@ class Run:
             try:
                 return self._execute()
             finally:
+                self._stop.set()  # on Ctrl-C too: no more schedule calls or faults
+                for thread in self._threads:  # a fault under way ends before the services stop
+                    thread.join(timeout=300)
                 self.cluster.stop_all()
 
     def _execute(self) -> RunFacts:
@@ -470,6 +476,7 @@ class Run:
         threads = [threading.Thread(target=self._produce, args=(rate, handles), name="produce"),
                    threading.Thread(target=self._resolve, args=(handles,), name="resolve")]
         threads += [threading.Thread(target=self._lane, args=(lane,), name="lane") for lane in self.lanes]
+        self._threads = threads
         for thread in threads:
             thread.start()
         last_note = 0.0
