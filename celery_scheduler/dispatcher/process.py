@@ -110,7 +110,9 @@ class Dispatcher:
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics)
         producer = Producer({**base, "acks": "all", "enable.idempotence": True})
-        topic_partitions(producer, dead_letter_topic(s.kafka_topic), s.kafka_produce_timeout)
+        when_available(  # Kafka may have gone away again while Cassandra was awaited
+            "Kafka", lambda: topic_partitions(producer, dead_letter_topic(s.kafka_topic),
+                                              s.kafka_produce_timeout), deadline, self.stopping)
         self.consumer = Consumer({
             **base,
             "group.id": self.group_id,
