@@ -108,10 +108,11 @@ class KafkaTaskLog(TaskLog):
     long and ``publish`` waits only for its own record.
 
     The same thread replaces a producer that has stopped working: one that reported a fatal
-    error, or one holding a record that got no delivery report long after the delivery
-    timeout (a long chaos run left one such producer, after repeated Kafka restarts,
-    accepting records and never sending them, so that every later schedule call of the
-    process failed). The records it held are reported as not acknowledged (they may or may
+    error, one holding a record that got no delivery report long after the delivery
+    timeout, or one that got no record acknowledged for that long while its records failed
+    (a long chaos run left such a producer, after repeated Kafka restarts, never
+    reconnecting, so that every later schedule call of the process failed while other
+    processes wrote to the same broker). The records it held are reported as not acknowledged (they may or may
     not have been written: scheduling the same key again is safe), and later calls go
     through a new producer.
     """
@@ -146,6 +147,7 @@ class KafkaTaskLog(TaskLog):
         self._pending: dict[int, tuple[float, Future[Position], str]] = {}  # oldest first
         self._ids = itertools.count()
         self._fatal: KafkaError | None = None
+        self._failing_since: float | None = None  # first failed report since the last success
         self.replaced = 0  # producers replaced so far
         self._partitions: int | None = None
         self._closed = threading.Event()
@@ -177,12 +179,19 @@ class KafkaTaskLog(TaskLog):
             oldest = next(iter(self._pending.values()), None)
         if oldest is not None and now > oldest[0]:
             self._replace(f"no delivery report for {self._stuck_after:.0f}s")
+            return
+        failing = self._failing_since
+        if failing is not None and now - failing > self._stuck_after:
+            # A broker outage is as long, and a new producer then fails the same way until
+            # it ends: replacing it costs little, and cures a producer that never reconnects.
+            self._replace(f"no record acknowledged for {now - failing:.0f}s")
 
     def _replace(self, reason: str) -> None:
         with self._lock:
             old, self._producer = self._producer, Producer(self._config)
             failed, self._pending = list(self._pending.values()), {}
             self.replaced += 1
+            self._failing_since = None
         logger.warning("replaced the Kafka producer (%s); %d record(s) it held are reported as "
                        "not acknowledged", reason, len(failed))
         for _, future, key in failed:
@@ -204,9 +213,13 @@ class KafkaTaskLog(TaskLog):
             return
         _, future, key = entry
         if error is None:
+            self._failing_since = None
             future.set_result(Position(message.partition(), message.offset()))
-        else:
-            future.set_exception(self._translate(error, key))
+            return
+        failure = self._translate(error, key)
+        if isinstance(failure, TaskLogUnavailableError) and self._failing_since is None:
+            self._failing_since = time.monotonic()
+        future.set_exception(failure)
 
     def partitions(self) -> int:
         if self._partitions is None:

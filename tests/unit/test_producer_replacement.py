@@ -78,3 +78,14 @@ def test_an_ordinary_error_does_not(log: KafkaTaskLog) -> None:
     log._on_error(KafkaError(KafkaError._TRANSPORT, "broker down"))
     time.sleep(1.5)
     assert log.replaced == 0 and log._producer is first
+
+
+def test_a_producer_whose_records_keep_failing_is_replaced(log: KafkaTaskLog) -> None:
+    first = log._producer
+    future = log.publish_async("o1", b"record")  # nothing listens: it times out after 1 s
+    with pytest.raises(TaskLogUnavailableError, match="did not acknowledge"):
+        future.result(timeout=10)
+    deadline = time.monotonic() + 10
+    while log.replaced == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.replaced == 1 and log._producer is not first
