@@ -4,7 +4,9 @@ It receives events (partitions assigned or revoked, tasks persisted or cancelled
 ingest loop, outcomes reported by workers) on a queue, and in between:
 
 1. takes and renews the lease of every assigned partition (fencing: it releases from a
-   partition only while its lease is certainly valid by its own monotonic clock);
+   partition only while its lease is certainly valid by its own monotonic clock, and the
+   ingest loop of its process writes a partition's new tasks only then too, so every task
+   of a leased partition reaches the engine that releases from it);
 2. loads each leased partition's schedule forward (bounded, see ``loader``);
 3. releases due tasks, at most one in flight per ordering id, to Celery;
 4. acts on outcomes: success finishes the key and frees its ordering id; failure retries
@@ -16,6 +18,7 @@ Owning all state in one thread keeps the ordering rules free of locks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import random
@@ -53,6 +56,9 @@ class EngineSettings:
     outcome_poll_seconds: float = 2.0  # how often the store is asked about in-flight tasks
     release_batch: int = 500  # most tasks released per step, so leases are renewed in between
     tick_seconds: float = 0.05  # longest sleep between checks
+    # The ingest loop of this process not back for this long: it hangs (a Kafka client call
+    # that never returns), so its partitions' new tasks go unread; give their leases up.
+    ingest_stall_seconds: float = 60.0
 
 
 @dataclass
@@ -91,6 +97,11 @@ class Engine:
         self.released_count = 0
         self.completed_count = 0
         self.last_loop_mono = time.monotonic()
+        # Read by the ingest thread: partition -> monotonic time until which its lease is
+        # certainly ours. Only the engine thread writes it (one dict operation at a time).
+        self._writable: dict[int, float] = {}
+        self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
+        self._ingest_stalled = False
 
     # --- called from other threads -------------------------------------------------------
 
@@ -114,6 +125,20 @@ class Engine:
 
     def outcome(self, outcome: Outcome) -> None:
         self.events.put(("outcome", outcome))
+
+    def may_persist(self, partition: int) -> bool:
+        """Whether this process holds *partition*'s lease now, so it may write its new tasks.
+
+        A dispatcher that reads a partition from Kafka without holding its lease (Kafka gave
+        it the partition, but the previous holder has not let go) must not write: the
+        holder's engine, whose schedule is loaded past where those tasks fall, would never
+        see them, and could release a later task of their ordering id first.
+        """
+        return time.monotonic() < self._writable.get(partition, 0.0)
+
+    def ingest_alive(self) -> None:
+        """Called by the ingest loop on every pass (see ``ingest_stall_seconds``)."""
+        self._ingest_mono = time.monotonic()
 
     def start(self) -> threading.Thread:
         self._thread = threading.Thread(target=self.run, name="celery-scheduler-engine", daemon=True)
@@ -215,6 +240,7 @@ class Engine:
         except SchedulerError:
             logger.warning("could not record finished tasks before a revocation", exc_info=True)
         for number in request.partitions:
+            self._writable.pop(number, None)
             partition = self.partitions.pop(number, None)
             if partition is not None and partition.lease is not None:
                 try:
@@ -229,13 +255,44 @@ class Engine:
     # --- leases (fencing) ------------------------------------------------------------------
 
     def _may_release(self, partition: _Partition) -> bool:
-        if partition.lease is None:
-            return False
+        return partition.lease is not None and time.monotonic() < self._certain_until(partition)
+
+    def _certain_until(self, partition: _Partition) -> float:
         # Valid by our own clock, counted from when the request was sent, with a margin.
         margin = min(2.0, self.settings.partition_lease_seconds / 4)
-        return time.monotonic() < partition.lease_mono + self.settings.partition_lease_seconds - margin
+        return partition.lease_mono + self.settings.partition_lease_seconds - margin
+
+    def _hold(self, number: int, partition: _Partition, lease: Lease, mono: float) -> None:
+        partition.lease, partition.lease_mono = lease, mono
+        self._writable[number] = self._certain_until(partition)
+
+    def _drop_lease(self, number: int, partition: _Partition) -> None:
+        self._writable.pop(number, None)
+        self.timetable.drop_partitions([number])
+        partition.lease, partition.loader.cursor = None, None
+
+    def _ingest_hangs(self) -> bool:
+        """Whether the ingest loop has not come back for too long; if so, let go of every lease."""
+        if self._ingest_mono is None:
+            return False
+        stalled = time.monotonic() - self._ingest_mono > self.settings.ingest_stall_seconds
+        if stalled and not self._ingest_stalled:
+            logger.error("the Kafka consumer loop has not come back for %.0fs: giving up the leases "
+                         "of partitions %s so that their readers can write and release them",
+                         self.settings.ingest_stall_seconds, sorted(self.partitions))
+            for number, partition in self.partitions.items():
+                if partition.lease is not None:
+                    with contextlib.suppress(SchedulerError):
+                        self.store.release_lease(partition.lease)
+                    self._drop_lease(number, partition)
+        elif self._ingest_stalled and not stalled:
+            logger.info("the Kafka consumer loop is back; taking leases again")
+        self._ingest_stalled = stalled
+        return stalled
 
     def _maintain_leases(self) -> None:
+        if self._ingest_hangs():
+            return
         ttl_ms = int(self.settings.partition_lease_seconds * 1000)
         renewed_one = False
         for number, partition in self.partitions.items():
@@ -250,7 +307,7 @@ class Engine:
                     logger.warning("could not take the lease of partition %d", number, exc_info=True)
                     continue
                 if lease is not None:
-                    partition.lease, partition.lease_mono = lease, mono
+                    self._hold(number, partition, lease, mono)
                     logger.info("leased partition %d (epoch %d)", number, lease.epoch)
                 continue
             age = mono - partition.lease_mono
@@ -269,10 +326,9 @@ class Engine:
                 continue
             if renewed is None:
                 logger.warning("lost the lease of partition %d to another dispatcher", number)
-                self.timetable.drop_partitions([number])
-                partition.lease, partition.loader.cursor = None, None
+                self._drop_lease(number, partition)
             else:
-                partition.lease, partition.lease_mono = renewed, mono
+                self._hold(number, partition, renewed, mono)
 
     # --- release and outcomes -----------------------------------------------------------------
 

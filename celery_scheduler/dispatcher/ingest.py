@@ -10,6 +10,12 @@ batch is applied again (writes are idempotent), so an acknowledged schedule call
 lost. A record that cannot be
 decoded, or breaks the rules a dispatcher relies on, is copied to the dead-letter topic
 with the reason, and the partition moves on.
+
+Records of a partition whose lease this process does not hold are not written: the
+partition is paused at the first of them and resumed once the engine holds the lease (see
+:meth:`Engine.may_persist`). Offsets are committed asynchronously: a commit that never
+completes (the client can hang in a synchronous one after a broker restart) must not stop
+the loop, and a commit that is lost only means records are read and written again.
 """
 
 from __future__ import annotations
@@ -119,9 +125,43 @@ class Ingest:
         self.batch_size = batch_size
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.persisted_count = 0
+        self.paused: dict[int, str] = {}  # partition -> topic, paused until its lease is held
+        self._assigned: list[TopicPartition] = []  # newly assigned: not paused by us
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Kafka assigned *partitions* (called from the consumer's callback, on this thread)."""
+        self._assigned.extend(partitions)
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.paused.pop(tp.partition, None)
+
+    def _resume_leased(self) -> None:
+        if self._assigned:
+            # a partition paused before it was revoked and then assigned again starts paused
+            fresh, self._assigned = self._assigned, []
+            with contextlib.suppress(KafkaException):
+                self.consumer.resume(fresh)
+        ready = [TopicPartition(topic, partition) for partition, topic in self.paused.items()
+                 if self.engine.may_persist(partition)]
+        if ready:
+            self.consumer.resume(ready)
+            for tp in ready:
+                del self.paused[tp.partition]
+
+    def _hold_back(self, records: dict[int, Record]) -> None:
+        """Read *records* (the first unwritten one of each partition) again once leased."""
+        for record in records.values():
+            tp = TopicPartition(record.topic, record.partition, record.offset)
+            with contextlib.suppress(KafkaException):  # revoked meanwhile: its new owner reads it
+                self.consumer.seek(tp)
+                self.consumer.pause([tp])
+                self.paused[record.partition] = record.topic
 
     def poll_once(self, timeout: float = 0.2) -> int:
         """Consume, persist and commit one batch; return how many records it held."""
+        self.engine.ingest_alive()
+        self._resume_leased()
         try:
             messages = self.consumer.consume(self.batch_size, timeout)
         except KafkaException as exc:
@@ -131,6 +171,8 @@ class Ingest:
             return 0
         first: dict[int, Record] = {}
         last: dict[int, Record] = {}
+        unleased: dict[int, Record] = {}
+        writable: dict[int, bool] = {}
         rounds: list[dict[object, Put | Cancel]] = []
         for message in messages:
             error = message.error()
@@ -139,6 +181,11 @@ class Ingest:
                     logger.warning("Kafka reported %s", error)
                 continue
             record = Record.of(message)
+            if record.partition not in writable:
+                writable[record.partition] = self.engine.may_persist(record.partition)
+            if not writable[record.partition]:
+                unleased.setdefault(record.partition, record)
+                continue
             first.setdefault(record.partition, record)
             last[record.partition] = record
             envelope = self._check(record)
@@ -162,7 +209,7 @@ class Ingest:
             self.dead_letters.flush()
             if last:
                 self.consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.offset + 1)
-                                              for r in last.values()], asynchronous=False)
+                                              for r in last.values()], asynchronous=True)
         except (SchedulerError, KafkaException) as exc:
             # Nothing of this batch counts as done: read it again (the writes are idempotent).
             logger.warning("could not persist a batch (%s); it will be applied again", exc)
@@ -170,8 +217,10 @@ class Ingest:
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
                 with contextlib.suppress(KafkaException):
                     self.consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
+            self._hold_back(unleased)
             time.sleep(1.0)
             return 0
+        self._hold_back(unleased)
         return len(messages)
 
     def _check(self, record: Record) -> Envelope | None:

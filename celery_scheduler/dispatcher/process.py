@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from celery_scheduler import bridge
 from celery_scheduler.api import registered
@@ -53,6 +53,14 @@ def engine_settings(settings: Settings) -> EngineSettings:
                           on_exhausted=settings.on_exhausted,
                           max_loaded=settings.max_loaded_per_partition,
                           lookahead_seconds=settings.lookahead_seconds)
+
+
+def _log_commit_failure(error: KafkaError | None, partitions: list[Any]) -> None:
+    # Offsets are committed asynchronously; a failed commit means those records are read
+    # and written again by whoever reads the partition next, which is harmless.
+    if error is not None and error.code() != KafkaError._NO_OFFSET:
+        logger.info("Kafka did not take an offset commit (%s); those records will be read again",
+                    error)
 
 
 def when_available(name: str, connect: Callable[[], T], deadline: float,
@@ -122,6 +130,7 @@ class Dispatcher:
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1500,
+            "on_commit": _log_commit_failure,
         })
         self.ingest = Ingest(self.consumer, self.store, self.engine,
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
@@ -142,10 +151,12 @@ class Dispatcher:
             raise
 
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
+        self.ingest.assigned(partitions)
         self.engine.assign(p.partition for p in partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
         started = time.monotonic()
+        self.ingest.revoked(partitions)
         if not self.engine.revoke(p.partition for p in partitions):
             logger.error("partitions %s were not handed over in time", [p.partition for p in partitions])
         logger.info("handed over partitions %s in %.3fs", [p.partition for p in partitions],

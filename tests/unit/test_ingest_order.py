@@ -7,6 +7,7 @@ subset of them may have landed. The chaos run found a later task of an ordering 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from celery_scheduler.dispatcher.engine import Engine
@@ -51,6 +52,7 @@ class Consumer:
         self.messages = messages
         self.committed: list[Any] = []
         self.sought: list[Any] = []
+        self.paused: set[int] = set()
 
     def consume(self, count: int, timeout: float) -> list[Message]:
         messages, self.messages = self.messages, []
@@ -61,6 +63,12 @@ class Consumer:
 
     def seek(self, partition: Any) -> None:
         self.sought.append(partition)
+
+    def pause(self, partitions: list[Any]) -> None:
+        self.paused |= {tp.partition for tp in partitions}
+
+    def resume(self, partitions: list[Any]) -> None:
+        self.paused -= {tp.partition for tp in partitions}
 
 
 class HalfDownStore(MemoryScheduleStore):
@@ -78,12 +86,20 @@ class HalfDownStore(MemoryScheduleStore):
         return results
 
 
+def leased_engine(store: MemoryScheduleStore, partitions: Iterable[int]) -> Engine:
+    """An engine (not running: stepped here) that holds the leases of *partitions*."""
+    engine = Engine(store, lambda task, release: None, "test", clock=lambda: NOW)
+    engine.assign(partitions)
+    engine.step()
+    return engine
+
+
 def test_a_failed_round_stops_the_later_tasks_of_its_ordering_ids() -> None:
     tasks = [ScheduleEnvelope(TaskKey(o, at, "u"), "proj.remind", [1])
              for o, at in (("a", 10), ("a", 20), ("b", 10), ("a", 30))]
     store = HalfDownStore(failing={tasks[0].key})
     consumer = Consumer([Message(t.key.ordering_id, offset, encode(t)) for offset, t in enumerate(tasks)])
-    engine = Engine(store, lambda task, release: None, "test", clock=lambda: NOW)
+    engine = leased_engine(store, range(PARTITIONS))
     ingest = Ingest(consumer, store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
                     lambda: PARTITIONS, clock=lambda: NOW)
 
@@ -99,3 +115,62 @@ def test_a_failed_round_stops_the_later_tasks_of_its_ordering_ids() -> None:
     consumer.messages = [Message(t.key.ordering_id, offset, encode(t)) for offset, t in enumerate(tasks)]
     assert ingest.poll_once() == 4
     assert all(store.status(t.key) is not None for t in tasks)
+
+
+def test_records_of_a_partition_without_its_lease_wait_until_the_lease_is_held() -> None:
+    """Writing them would hide them from the holder's engine (see test_split_ownership)."""
+    tasks = [ScheduleEnvelope(TaskKey(o, 10, "u"), "proj.remind", [1]) for o in ("a", "b")]
+    a, b = (partition_for(t.key.ordering_id, PARTITIONS) for t in tasks)
+    assert a != b
+    store = MemoryScheduleStore()
+    other = Engine(store, lambda task, release: None, "other", clock=lambda: NOW)
+    other.assign([a])
+    other.step()  # another dispatcher holds a's lease
+    engine = leased_engine(store, range(PARTITIONS))
+    messages = [Message(t.key.ordering_id, offset, encode(t)) for offset, t in enumerate(tasks)]
+    consumer = Consumer(list(messages))
+    ingest = Ingest(consumer, store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
+                    lambda: PARTITIONS, clock=lambda: NOW)
+
+    assert not engine.may_persist(a) and engine.may_persist(b)
+    assert ingest.poll_once() == 2
+    assert store.status(tasks[0].key) is None  # held back
+    assert store.status(tasks[1].key) is not None
+    assert [tp.partition for batch in consumer.committed for tp in batch] == [b]
+    assert [(tp.partition, tp.offset) for tp in consumer.sought] == [(a, 0)]
+    assert consumer.paused == {a}
+
+    ingest.poll_once()
+    assert consumer.paused == {a}  # still not ours
+
+    other.revoke([a])  # gives the lease up
+    engine.partitions[a].next_attempt_mono = 0  # no need to wait to ask again
+    engine.step()
+    assert engine.may_persist(a)
+    consumer.messages = [messages[0]]  # the consumer reads on from where it was sought
+    assert ingest.poll_once() == 1
+    assert consumer.paused == set()
+    assert store.status(tasks[0].key) is not None
+
+
+def test_a_hanging_ingest_loop_gives_the_leases_up() -> None:
+    store = MemoryScheduleStore()
+    engine = leased_engine(store, [0, 1])
+    engine.ingest_alive()
+    assert engine.may_persist(0) and engine.may_persist(1)
+
+    engine._ingest_mono -= engine.settings.ingest_stall_seconds + 1  # not back for too long
+    engine.step()
+    assert not engine.may_persist(0) and not engine.may_persist(1)
+    assert all(p.lease is None for p in engine.partitions.values())
+    other = Engine(store, lambda task, release: None, "other", clock=lambda: NOW)
+    other.assign([0, 1])
+    other.step()
+    assert other.may_persist(0) and other.may_persist(1)  # readers of the partitions take over
+
+    engine.ingest_alive()  # back: it may take leases again (once they are free)
+    other.revoke([0, 1])
+    for partition in engine.partitions.values():
+        partition.next_attempt_mono = 0
+    engine.step()
+    assert engine.may_persist(0) and engine.may_persist(1)
