@@ -4,9 +4,10 @@ It receives events (partitions assigned or revoked, tasks persisted or cancelled
 ingest loop, outcomes reported by workers) on a queue, and in between:
 
 1. takes and renews the lease of every assigned partition (fencing: it releases from a
-   partition only while its lease is certainly valid by its own monotonic clock, and the
-   ingest loop of its process writes a partition's new tasks only then too, so every task
-   of a leased partition reaches the engine that releases from it);
+   partition only while its lease is certainly valid by its own monotonic clock; and the
+   ingest loop of its process does not write a partition's new tasks while another
+   dispatcher holds its lease, so the tasks of a partition reach the engine that releases
+   from it);
 2. loads each leased partition's schedule forward (bounded, see ``loader``);
 3. releases due tasks, at most one in flight per ordering id, to Celery;
 4. acts on outcomes: success finishes the key and frees its ordering id; failure retries
@@ -97,9 +98,9 @@ class Engine:
         self.released_count = 0
         self.completed_count = 0
         self.last_loop_mono = time.monotonic()
-        # Read by the ingest thread: partition -> monotonic time until which its lease is
-        # certainly ours. Only the engine thread writes it (one dict operation at a time).
-        self._writable: dict[int, float] = {}
+        # Read by the ingest thread: the partitions whose lease this engine holds (or held
+        # last, while the store could not be asked). Only the engine thread changes it.
+        self._writable: set[int] = set()
         self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
         self._ingest_stalled = False
 
@@ -127,14 +128,17 @@ class Engine:
         self.events.put(("outcome", outcome))
 
     def may_persist(self, partition: int) -> bool:
-        """Whether this process holds *partition*'s lease now, so it may write its new tasks.
+        """Whether this process may write *partition*'s new tasks: it holds the lease.
 
-        A dispatcher that reads a partition from Kafka without holding its lease (Kafka gave
-        it the partition, but the previous holder has not let go) must not write: the
-        holder's engine, whose schedule is loaded past where those tasks fall, would never
-        see them, and could release a later task of their ordering id first.
+        A dispatcher that reads a partition from Kafka while another holds its lease (Kafka
+        gave it the partition, but the holder has not let go) must not write: the holder's
+        engine, whose schedule is loaded past where those tasks fall, would never see them,
+        and could release a later task of their ordering id first. A partition stays
+        writable while its renewal merely fails (the store is down: writes fail too) or is
+        late; it stops being writable when the lease is found in other hands, and becomes
+        writable only once the lease is taken.
         """
-        return time.monotonic() < self._writable.get(partition, 0.0)
+        return partition in self._writable
 
     def ingest_alive(self) -> None:
         """Called by the ingest loop on every pass (see ``ingest_stall_seconds``)."""
@@ -240,7 +244,7 @@ class Engine:
         except SchedulerError:
             logger.warning("could not record finished tasks before a revocation", exc_info=True)
         for number in request.partitions:
-            self._writable.pop(number, None)
+            self._writable.discard(number)
             partition = self.partitions.pop(number, None)
             if partition is not None and partition.lease is not None:
                 try:
@@ -264,10 +268,10 @@ class Engine:
 
     def _hold(self, number: int, partition: _Partition, lease: Lease, mono: float) -> None:
         partition.lease, partition.lease_mono = lease, mono
-        self._writable[number] = self._certain_until(partition)
+        self._writable.add(number)
 
     def _drop_lease(self, number: int, partition: _Partition) -> None:
-        self._writable.pop(number, None)
+        self._writable.discard(number)
         self.timetable.drop_partitions([number])
         partition.lease, partition.loader.cursor = None, None
 
@@ -306,7 +310,9 @@ class Engine:
                 except SchedulerError:
                     logger.warning("could not take the lease of partition %d", number, exc_info=True)
                     continue
-                if lease is not None:
+                if lease is None:
+                    self._writable.discard(number)  # another dispatcher holds it
+                else:
                     self._hold(number, partition, lease, mono)
                     logger.info("leased partition %d (epoch %d)", number, lease.epoch)
                 continue

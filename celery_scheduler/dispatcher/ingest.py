@@ -11,11 +11,12 @@ lost. A record that cannot be
 decoded, or breaks the rules a dispatcher relies on, is copied to the dead-letter topic
 with the reason, and the partition moves on.
 
-Records of a partition whose lease this process does not hold are not written: the
-partition is paused at the first of them and resumed once the engine holds the lease (see
-:meth:`Engine.may_persist`). Offsets are committed asynchronously: a commit that never
-completes (the client can hang in a synchronous one after a broker restart) must not stop
-the loop, and a commit that is lost only means records are read and written again.
+Records of a partition whose lease this process has not taken (another dispatcher holds
+it, or it was just assigned) are not written: the partition is paused at the first of them
+and resumed once the engine holds the lease (see :meth:`Engine.may_persist`). Offsets are
+committed asynchronously: a commit that never completes (the client can hang in a
+synchronous one after a broker restart) must not stop the loop, and a commit that is lost
+only means records are read and written again.
 """
 
 from __future__ import annotations

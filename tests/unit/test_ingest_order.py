@@ -174,3 +174,18 @@ def test_a_hanging_ingest_loop_gives_the_leases_up() -> None:
         partition.next_attempt_mono = 0
     engine.step()
     assert engine.may_persist(0) and engine.may_persist(1)
+
+
+def test_a_late_renewal_alone_does_not_stop_writes_but_a_lost_lease_does() -> None:
+    store = MemoryScheduleStore()
+    engine = leased_engine(store, [0])
+    engine.partitions[0].lease_mono -= 60  # renewal long overdue: releasing stops...
+    assert not engine._may_release(engine.partitions[0])
+    assert engine.may_persist(0)  # ...writing does not: the engine still holds the lease
+
+    later = Engine(store, lambda task, release: None, "other", clock=lambda: NOW + 60_000)
+    later.assign([0])
+    later.step()  # the lease expired in the store: another dispatcher takes it
+    assert later.may_persist(0)
+    engine.step()  # its renewal finds the lease gone
+    assert not engine.may_persist(0)
