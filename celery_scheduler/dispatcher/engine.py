@@ -214,8 +214,7 @@ class Engine:
         elif kind == "persisted":
             self._on_persisted(payload)
         elif kind == "cancelled":
-            if payload in self.timetable and not self.timetable.is_in_flight(payload):
-                self.timetable.remove(payload)
+            self._on_cancelled(payload)
         elif kind == "outcome":
             task = self.timetable.get(payload.key)
             # also for a task a previous owner released: its outcome frees the ordering id
@@ -237,6 +236,21 @@ class Engine:
                 partition.loader.dirty = True
         else:
             partition.loader.dirty = True  # ahead of the cursor: the next fill reads it
+
+    def _on_cancelled(self, key: TaskKey) -> None:
+        if key not in self.timetable or self.timetable.is_in_flight(key):
+            return
+        # The cancel may have landed between this engine marking the task released and
+        # publishing it (a release put off because the marking took long): the marking then
+        # overwrote the cancel, and the task must still run. Only a status that is still
+        # cancelled drops it; if the store cannot say, it stays (a late run is allowed, a
+        # lost one is not).
+        try:
+            status = self.store.status(key)
+        except SchedulerError:
+            return
+        if status is None or status.state is State.CANCELLED:
+            self.timetable.remove(key)
 
     def _revoke(self, request: _Revoke) -> None:
         try:

@@ -172,6 +172,24 @@ def test_cancel_removes_a_loaded_task(store: MemoryScheduleStore, clock: Clock) 
     assert h.released == []
 
 
+def test_a_cancel_overwritten_by_a_release_marked_before_it_does_not_lose_the_task(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    """The cancel landed between the engine marking the task released and publishing it.
+
+    Found by the chaos harness: the key ended "released", never published, never run.
+    """
+    h = Harness(store, clock)
+    key = h.schedule("a", 1000)
+    h.step()
+    stored = h.engine.timetable.get(key)
+    assert stored is not None
+    assert store.cancel(0, key, clock())  # the cancel lands first...
+    store.mark_released(stored.stored, 1, clock() + 60_000, clock())  # ...then the marking
+    h.engine.cancelled(key)
+    h.step(2000)
+    assert [k for k, _ in h.released] == [key]
+
+
 def test_memory_is_bounded_per_partition(store: MemoryScheduleStore, clock: Clock) -> None:
     h = Harness(store, clock, max_loaded=10, page_size=4)
     for i in range(50):
