@@ -273,12 +273,11 @@ class Engine:
     # --- leases (fencing) ------------------------------------------------------------------
 
     def _may_release(self, partition: _Partition) -> bool:
-        return partition.lease is not None and time.monotonic() < self._certain_until(partition)
-
-    def _certain_until(self, partition: _Partition) -> float:
+        if partition.lease is None:
+            return False
         # Valid by our own clock, counted from when the request was sent, with a margin.
         margin = min(2.0, self.settings.partition_lease_seconds / 4)
-        return partition.lease_mono + self.settings.partition_lease_seconds - margin
+        return time.monotonic() < partition.lease_mono + self.settings.partition_lease_seconds - margin
 
     def _hold(self, number: int, partition: _Partition, lease: Lease, mono: float) -> None:
         partition.lease, partition.lease_mono = lease, mono

@@ -204,6 +204,7 @@ class Ingest:
                         break
                 else:
                     rounds.append({ordering_id: operation})
+        self._hold_back(unleased)
         try:
             for round_ in rounds:
                 self._apply(list(round_.values()))
@@ -218,10 +219,8 @@ class Ingest:
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
                 with contextlib.suppress(KafkaException):
                     self.consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
-            self._hold_back(unleased)
             time.sleep(1.0)
             return 0
-        self._hold_back(unleased)
         return len(messages)
 
     def _check(self, record: Record) -> Envelope | None:
