@@ -36,7 +36,7 @@ from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
-from celery_scheduler.store.base import Lease, ScheduleStore, State, StoredTask
+from celery_scheduler.store.base import Lease, ScheduleStore, State, StoredTask, TaskStatus
 
 __all__ = ["Engine", "EngineSettings"]
 
@@ -68,6 +68,42 @@ class _Partition:
     lease: Lease | None = None
     lease_mono: float = 0.0  # monotonic time the lease request was sent
     next_attempt_mono: float = 0.0
+
+
+class _Watch:
+    """Where the engine thread's time goes, logged every ``every`` seconds (INFO).
+
+    A dispatcher that holds leases but releases little shows here which part of its loop
+    (waiting for events, store round trips for leases, schedule reads, outcome checks,
+    releases, failed steps) took the time.
+    """
+
+    def __init__(self, every: float = 30.0) -> None:
+        self.every = every
+        self.started = self.mark = time.monotonic()
+        self.spent: dict[str, float] = {}
+        self.steps = self.failed = 0
+        self.released = 0
+        self.slowest = 0.0
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.spent[phase] = self.spent.get(phase, 0.0) + now - self.mark
+        self.mark = now
+
+    def step_done(self, engine: Engine) -> None:
+        self.steps += 1
+        now = time.monotonic()
+        if now - self.started < self.every:
+            return
+        released, self.released = engine.released_count - self.released, engine.released_count
+        phases = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in
+                           sorted(self.spent.items(), key=lambda item: -item[1]))
+        logger.info("last %.0fs: released %d, %d steps (%d failed); time in %s; %d loaded, %d in "
+                    "flight, leases %s", now - self.started, released, self.steps, self.failed,
+                    phases, len(engine.timetable), len(engine.timetable.in_flight()),
+                    sorted(n for n, p in engine.partitions.items() if p.lease is not None))
+        self.started, self.spent, self.steps, self.failed = now, {}, 0, 0
 
 
 @dataclass
@@ -103,6 +139,7 @@ class Engine:
         self._writable: set[int] = set()
         self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
         self._ingest_stalled = False
+        self._watch = _Watch()
 
     # --- called from other threads -------------------------------------------------------
 
@@ -164,23 +201,36 @@ class Engine:
                 # A store or broker outage (or a bug) must not stop releasing for good: log
                 # it, and try again; nothing in memory is lost by a failed step.
                 logger.exception("dispatcher step failed; retrying in 1s")
+                self._watch.failed += 1
                 self.stopped.wait(1.0)
+                self._watch.lap("failed")
         self._revoke(_Revoke(list(self.partitions)))
 
     def step(self) -> None:
         self.last_loop_mono = time.monotonic()
+        watch = self._watch
         self._drain_events(self._wait_seconds())
+        watch.lap("events")
         self._store_succeeded()  # before releasing: frees the ordering ids that finished
+        # Tasks already loaded and due go first: lease upkeep and schedule reads are store
+        # round trips that would otherwise stand between a due time and its release.
+        self._release_due()
+        watch.lap("release")
         now = self.clock()
         self._maintain_leases()
+        watch.lap("leases")
         for partition in list(self.partitions.values()):
             if self._may_release(partition) and partition.loader.due_for_fill(now):
                 partition.loader.fill(self.timetable, now)
+        watch.lap("load")
         self._poll_outcomes()
+        watch.lap("outcomes")
         self._release_due()
         self._store_succeeded()
+        watch.lap("release")
         self.metrics.state(len(self.timetable), len(self.timetable.in_flight()),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
+        watch.step_done(self)
 
     def _wait_seconds(self) -> float:
         next_due = self.timetable.next_due_ms()
@@ -353,27 +403,37 @@ class Engine:
 
     def _release_due(self) -> None:
         now = self.clock()
+        taken = self.timetable.take_due(now, self.settings.release_batch)
+        if not taken:
+            return
+        # Every task taken is now in flight: whatever fails below, the ones not released,
+        # put off or settled go back to their ordering id's queue, or it would stay blocked.
+        open_ = {task.key: task for task in taken}
+        try:
+            self._release_taken(open_, now)
+        finally:
+            for task in open_.values():
+                if self.timetable.is_in_flight(task.key):
+                    self.timetable.defer(task.key, now + 1000)
+
+    def _release_taken(self, open_: dict[TaskKey, Loaded], now: int) -> None:
         ready: list[Loaded] = []
-        for task in self.timetable.take_due(now, self.settings.release_batch):
+        for task in list(open_.values()):
             partition = self.partitions.get(task.partition)
             if partition is None or not self._may_release(partition):
                 self.timetable.defer(task.key, now + 200)  # lease not (yet) certain
-                continue
-            if task.awaiting_outcome and self._settle_from_store(task):
+                del open_[task.key]
                 continue
             ready.append(task)
+        ready = self._unsettled(ready, open_)
         if not ready:
             return
         # Mark them all released (one round trip for the lot), and only then publish: a task
         # another dispatcher could see as not released must not be running.
         lease_until = now + int(self.settings.lease_seconds * 1000)
-        try:
-            self.store.mark_released_many([(t.stored, t.attempts + 1, lease_until) for t in ready], now)
-        except SchedulerError:
-            for task in ready:
-                self.timetable.defer(task.key, now + 1000)
-            raise
+        self.store.mark_released_many([(t.stored, t.attempts + 1, lease_until) for t in ready], now)
         for task in ready:
+            del open_[task.key]
             partition = self.partitions.get(task.partition)
             if partition is None or not self._may_release(partition):  # the marking took long
                 self.timetable.defer(task.key, now + 200)
@@ -390,15 +450,31 @@ class Engine:
         except Exception as exc:  # the Celery broker is down: undo, and try again shortly
             logger.warning("could not publish %s to Celery (%s); retrying in 1s", task.key, exc)
             task.attempts, task.released_ms = attempt - 1, 0
+            self.timetable.retry_later(task.key, now + 1000)  # first: the store may be down too
             self.store.mark_retry(task.stored, attempt - 1, now + 1000, f"broker: {exc}", now)
-            self.timetable.retry_later(task.key, now + 1000)
             return
         self.released_count += 1
         self.metrics.released((now - task.due_ms) / 1000 if attempt == 1 else 0.0)
 
-    def _settle_from_store(self, task: Loaded) -> bool:
+    def _unsettled(self, tasks: list[Loaded], open_: dict[TaskKey, Loaded]) -> list[Loaded]:
+        """*tasks* less those released earlier whose outcome the store has (settled here).
+
+        The statuses of all of them are read in one go: after a takeover, every ordering id
+        may start with a task its previous owner released.
+        """
+        earlier = [task for task in tasks if task.awaiting_outcome]
+        if not earlier:
+            return tasks
+        statuses = self.store.statuses([task.key for task in earlier])
+        settled = set()
+        for task, status in zip(earlier, statuses, strict=True):
+            if self._settle_from_store(task, status):
+                settled.add(task.key)
+                del open_[task.key]
+        return [task for task in tasks if task.key not in settled]
+
+    def _settle_from_store(self, task: Loaded, status: TaskStatus | None) -> bool:
         """A task released earlier whose lease ran out: did its outcome reach the store?"""
-        status = self.store.status(task.key)
         if status is not None and status.outcome and status.outcome_attempt == task.attempts:
             self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
             return True
@@ -421,6 +497,7 @@ class Engine:
             return
         self._last_poll_ms = now
         first = int(self.settings.outcome_poll_seconds * 1000)
+        asking: list[Loaded] = []
         for task in self.timetable.awaiting():
             if task.key in self._succeeded:
                 continue
@@ -430,12 +507,18 @@ class Engine:
                 continue
             since = now - (task.released_ms or now)
             task.next_poll_ms = now + min(30_000, max(first, since))
-            status = self.store.status(task.key)
-            if status is not None and status.outcome and status.outcome_attempt == task.attempts:
-                self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
-            elif task.released_ms and now >= task.lease_until_ms:
-                logger.warning("no outcome for %s within its lease; releasing it again", task.key)
-                self._apply_outcome(task, False, "lease expired without an outcome")
+            asking.append(task)
+        for start in range(0, len(asking), self.settings.release_batch):
+            chunk = asking[start:start + self.settings.release_batch]
+            for task, status in zip(chunk, self.store.statuses([t.key for t in chunk]), strict=True):
+                self._settle_polled(task, status, now)
+
+    def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int) -> None:
+        if status is not None and status.outcome and status.outcome_attempt == task.attempts:
+            self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
+        elif task.released_ms and now >= task.lease_until_ms:
+            logger.warning("no outcome for %s within its lease; releasing it again", task.key)
+            self._apply_outcome(task, False, "lease expired without an outcome")
 
     def _store_succeeded(self) -> None:
         """Record the tasks that succeeded since the last call, then forget them.

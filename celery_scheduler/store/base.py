@@ -166,6 +166,10 @@ class ScheduleStore(abc.ABC):
     def status(self, key: TaskKey) -> TaskStatus | None:
         """Return the status of *key*, or None if the store never saw it."""
 
+    def statuses(self, keys: Sequence[TaskKey]) -> list[TaskStatus | None]:
+        """The statuses of *keys*, in order (a store may read them concurrently)."""
+        return [self.status(key) for key in keys]
+
     # --- loading ------------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -363,7 +363,7 @@ class CassandraScheduleStore(ScheduleStore):
         """Read every key's status concurrently, then write every batch concurrently."""
         if len({op.key for op in operations}) != len(operations):
             raise ValueError("apply() takes at most one operation per task key")
-        statuses = self._statuses([op.key for op in operations])
+        statuses = self.statuses([op.key for op in operations])
         results: list[StoredTask | bool | None] = []
         statement_sets: list[list[tuple[str, tuple[Any, ...]]]] = []
         for op, current in zip(operations, statuses, strict=True):
@@ -378,7 +378,9 @@ class CassandraScheduleStore(ScheduleStore):
         self._indexed_now([r for r in results if isinstance(r, StoredTask)])
         return results
 
-    def _statuses(self, keys: list[TaskKey]) -> list[TaskStatus | None]:
+    def statuses(self, keys: Sequence[TaskKey]) -> list[TaskStatus | None]:
+        if not keys:
+            return []
         statement = self._prepare(_SELECT_STATUS)
         with translate_errors(f"read the status of {len(keys)} task(s)"):
             answers = execute_concurrent_with_args(self._session, statement,
@@ -493,7 +495,7 @@ class CassandraScheduleStore(ScheduleStore):
 
     def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int) -> None:
         reading = [task.key for task in tasks if self._may_have_error(task)]
-        current = dict(zip(reading, self._statuses(reading), strict=True)) if reading else {}
+        current = dict(zip(reading, self.statuses(reading), strict=True)) if reading else {}
         self._batches(f"mark {len(tasks)} task(s) {state.value}",
                       [self._finished(task, state, None, current.get(task.key), now_ms, False)
                        for task in tasks])

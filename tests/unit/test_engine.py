@@ -10,6 +10,7 @@ from celery_scheduler.completion import Outcome
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
+from celery_scheduler.errors import StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import State
@@ -221,3 +222,97 @@ def test_broker_outage_at_release_is_retried_without_spending_an_attempt(
     assert h.released == [] and store.status(key).state is State.PENDING
     h.step(1000)
     assert h.released == [(key, 1)]  # first real release is attempt 1
+
+
+class _RecordingStore(MemoryScheduleStore):
+    """Notes the store round trips that stand between a due time and a release."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def renew_lease(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("renew_lease")
+        return super().renew_lease(*args, **kwargs)  # type: ignore[arg-type]
+
+    def read(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("read")
+        return super().read(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_schedule(
+        clock: Clock) -> None:
+    calls: list[str] = []
+    store = _RecordingStore(calls)
+    h = Harness(store, clock)
+    h.publish = lambda task, release: calls.append("publish")  # type: ignore[method-assign]
+    h.engine.publish = h.publish
+    h.schedule("a", 100)
+    h.step()  # leased and loaded; not due yet
+    partition = h.engine.partitions[0]
+    partition.lease_mono -= 4.0  # the lease wants renewing (but is still certain) ...
+    partition.loader.dirty = True  # ... and the schedule wants reading
+    calls.clear()
+    h.step(150)
+    assert calls[0] == "publish", calls
+    assert "renew_lease" in calls and "read" in calls
+
+
+class _DownStore(MemoryScheduleStore):
+    """A store whose status reads and retry markings fail while ``down`` is set."""
+
+    down = False
+
+    def statuses(self, keys):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise StoreUnavailableError("Cassandra could not read statuses: down")
+        return super().statuses(keys)
+
+    def status(self, key):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise StoreUnavailableError("Cassandra could not read a status: down")
+        return super().status(key)
+
+    def mark_retry(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise StoreUnavailableError("Cassandra could not schedule a retry: down")
+        return super().mark_retry(*args, **kwargs)
+
+
+def test_a_store_outage_while_settling_an_adopted_task_does_not_block_its_ordering_id(
+        clock: Clock) -> None:
+    store = _DownStore()
+    envelope = ScheduleEnvelope(TaskKey("a", NOW, "u"), "t", retry=RetryPolicy(5, 1.0, 10.0))
+    stored = store.put(0, envelope, NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 1000, NOW)  # a previous owner's release, lease gone soon
+    h = Harness(store, clock)
+    store.down = True
+    with pytest.raises(StoreUnavailableError):
+        h.step(2000)  # loads it; its lease has run out: asked about its outcome, the store fails
+    store.down = False
+    for _ in range(5):
+        h.step(500)
+    assert h.released == [(envelope.key, 2)]
+
+
+def test_a_broker_and_store_outage_at_once_does_not_block_the_ordering_id(clock: Clock) -> None:
+    store = _DownStore()
+    h = Harness(store, clock)
+    broker_down = [True]
+
+    def publish(task: Loaded, release: Release) -> None:
+        if broker_down[0]:
+            raise RuntimeError("broker down")
+        h.released.append((task.key, release.attempt))
+
+    h.engine.publish = publish
+    key = h.schedule("a", 100)
+    h.step()  # loaded, not due
+    store.down = True
+    with pytest.raises(StoreUnavailableError):
+        h.step(150)  # the publish fails, and so does recording the retry
+    store.down, broker_down[0] = False, False
+    for _ in range(4):
+        h.step(500)
+    assert h.released == [(key, 1)]
