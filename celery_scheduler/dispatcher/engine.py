@@ -212,10 +212,6 @@ class Engine:
         self._drain_events(self._wait_seconds())
         watch.lap("events")
         self._store_succeeded()  # before releasing: frees the ordering ids that finished
-        # Tasks already loaded and due go first: lease upkeep and schedule reads are store
-        # round trips that would otherwise stand between a due time and its release.
-        self._release_due()
-        watch.lap("release")
         now = self.clock()
         self._maintain_leases()
         watch.lap("leases")

@@ -224,40 +224,6 @@ def test_broker_outage_at_release_is_retried_without_spending_an_attempt(
     assert h.released == [(key, 1)]  # first real release is attempt 1
 
 
-class _RecordingStore(MemoryScheduleStore):
-    """Notes the store round trips that stand between a due time and a release."""
-
-    def __init__(self, calls: list[str]) -> None:
-        super().__init__()
-        self.calls = calls
-
-    def renew_lease(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        self.calls.append("renew_lease")
-        return super().renew_lease(*args, **kwargs)  # type: ignore[arg-type]
-
-    def read(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        self.calls.append("read")
-        return super().read(*args, **kwargs)  # type: ignore[arg-type]
-
-
-def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_schedule(
-        clock: Clock) -> None:
-    calls: list[str] = []
-    store = _RecordingStore(calls)
-    h = Harness(store, clock)
-    h.publish = lambda task, release: calls.append("publish")  # type: ignore[method-assign]
-    h.engine.publish = h.publish
-    h.schedule("a", 100)
-    h.step()  # leased and loaded; not due yet
-    partition = h.engine.partitions[0]
-    partition.lease_mono -= 4.0  # the lease wants renewing (but is still certain) ...
-    partition.loader.dirty = True  # ... and the schedule wants reading
-    calls.clear()
-    h.step(150)
-    assert calls[0] == "publish", calls
-    assert "renew_lease" in calls and "read" in calls
-
-
 class _DownStore(MemoryScheduleStore):
     """A store whose status reads and retry markings fail while ``down`` is set."""
 
