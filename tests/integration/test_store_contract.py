@@ -189,3 +189,18 @@ def test_apply_writes_a_set_of_operations_like_single_calls(store: ScheduleStore
     assert [t.envelope for t in store.read(0, Cursor(B), 10)] == [keep]
     with pytest.raises(ValueError, match="one operation per task key"):
         store.apply([Put(0, keep), Cancel(0, keep.key)], NOW)
+
+
+def test_statuses_reads_many_keys_in_order(store: ScheduleStore) -> None:
+    first, second = envelope("a", NOW), envelope("b", NOW + 1)
+    stored = store.put(0, first, NOW)
+    store.put(0, second, NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 60_000, NOW)
+    unknown = TaskKey("never", NOW, "u")
+
+    statuses = store.statuses([second.key, unknown, first.key])
+
+    assert [s.key if s else None for s in statuses] == [second.key, None, first.key]
+    assert [s.state if s else None for s in statuses] == [State.PENDING, None, State.RELEASED]
+    assert store.statuses([]) == []
