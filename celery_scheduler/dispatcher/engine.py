@@ -84,7 +84,6 @@ class _Watch:
         self.spent: dict[str, float] = {}
         self.steps = self.failed = 0
         self.released = 0
-        self.slowest = 0.0
 
     def lap(self, phase: str) -> None:
         now = time.monotonic()
@@ -469,10 +468,16 @@ class Engine:
                 del open_[task.key]
         return [task for task in tasks if task.key not in settled]
 
+    def _outcome_stored(self, task: Loaded, status: TaskStatus | None) -> bool:
+        """Apply the outcome the worker stored for *task*'s current attempt, if there is one."""
+        if status is None or not status.outcome or status.outcome_attempt != task.attempts:
+            return False
+        self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
+        return True
+
     def _settle_from_store(self, task: Loaded, status: TaskStatus | None) -> bool:
         """A task released earlier whose lease ran out: did its outcome reach the store?"""
-        if status is not None and status.outcome and status.outcome_attempt == task.attempts:
-            self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
+        if self._outcome_stored(task, status):
             return True
         if status is not None and status.state.finished:
             self.timetable.remove(task.key)
@@ -510,9 +515,9 @@ class Engine:
                 self._settle_polled(task, status, now)
 
     def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int) -> None:
-        if status is not None and status.outcome and status.outcome_attempt == task.attempts:
-            self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
-        elif task.released_ms and now >= task.lease_until_ms:
+        if self._outcome_stored(task, status):
+            return
+        if task.released_ms and now >= task.lease_until_ms:
             logger.warning("no outcome for %s within its lease; releasing it again", task.key)
             self._apply_outcome(task, False, "lease expired without an outcome")
 
