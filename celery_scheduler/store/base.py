@@ -145,8 +145,16 @@ class ScheduleStore(abc.ABC):
 
     @abc.abstractmethod
     def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
-        """Store a pending task (overwriting the same key); None if the key already finished,
-        runs, or was cancelled (a cancel is final, also against a schedule record read again)."""
+        """Store a pending task; None if the key already finished, runs, waits for a retry, or
+        was cancelled (a cancel is final, also against a schedule record read again).
+
+        A pending key put again (its record read again after a failed batch, or scheduled
+        again with new arguments) is overwritten in place, in the bucket it was first written
+        to, never moved to a later one: the rows of an ordering id must stay in the order
+        they were written, or a loader that stopped between them (an outage, a full window)
+        would hold a later task of the ordering id without an earlier one, and release it
+        first.
+        """
 
     @abc.abstractmethod
     def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:

@@ -297,11 +297,14 @@ class CassandraScheduleStore(ScheduleStore):
             # commit or a rebalance) must not bring the task back: a cancel is final.
             logger.info("not scheduling %s again: it was cancelled", key)
             return [], None
+        if current is not None and current.attempts > 0:
+            logger.info("not rescheduling %s: it waits for attempt %d", key, current.attempts + 1)
+            return [], None
         bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
         statements: list[tuple[str, tuple[Any, ...]]] = []
         if current is not None and current.state is State.PENDING and current.bucket is not None:
-            if current.bucket >= bucket:
-                bucket = current.bucket
+            if current.partition == partition:
+                bucket = current.bucket  # in place: see ScheduleStore.put
             else:
                 statements.append((_DELETE_ROW, (current.partition, current.bucket, _ts(key.scheduled_ms),
                                                  key.ordering_id, key.uniqueness_key)))

@@ -49,10 +49,12 @@ class MemoryScheduleStore(ScheduleStore):
             if current is not None and (current.state.finished
                                         or current.state in (State.RELEASED, State.CANCELLED)):
                 return None
+            if current is not None and current.attempts > 0:
+                return None  # released before, waiting for a retry: keep its dispatch state
             bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
             if current is not None and current.state is State.PENDING and current.bucket is not None:
-                if current.bucket >= bucket:
-                    bucket = current.bucket
+                if current.partition == partition:
+                    bucket = current.bucket  # in place: see ScheduleStore.put
                 else:
                     self._delete_row(current.partition, current.bucket, key)
             task = StoredTask(partition, bucket, envelope)

@@ -75,6 +75,33 @@ def test_same_key_overwrites_in_place(store: ScheduleStore) -> None:
     assert row.envelope.args == ["second"]
 
 
+def test_a_pending_key_put_again_later_keeps_its_place_in_the_schedule(store: ScheduleStore) -> None:
+    # The record of "a" at +10 s is read again five minutes on (its batch failed half-way,
+    # after "a" at +70 s was written): it must stay before +70 s in read order, or a loader
+    # stopped between them would hold the later task without the earlier one.
+    first, second = envelope("a", NOW + 10_000, "1"), envelope("a", NOW + 70_000, "2")
+    store.put(0, first, NOW)
+    store.put(0, second, NOW)
+    again = store.put(0, envelope("a", NOW + 10_000, "1", args=["again"]), NOW + 300_000)
+    assert again is not None and again.bucket == B
+    read = [row for bucket in store.buckets(0, 0, B + 100) for row in store.read(0, Cursor(bucket), 100)]
+    assert [(row.key, row.envelope.args) for row in read] == [(first.key, ["again"]), (second.key, ["a"])]
+    status = store.status(first.key)
+    assert status is not None and (status.state, status.bucket) == (State.PENDING, B)
+
+
+def test_a_key_waiting_for_a_retry_is_not_reset_by_its_record_read_again(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 60_000, NOW)
+    store.mark_retry(stored, 1, NOW + 2_000, "boom", NOW + 6)
+    assert store.put(0, envelope("a", NOW), NOW + 7) is None
+    [row] = store.read(0, Cursor(B), 10)
+    assert (row.attempts, row.not_before_ms) == (1, NOW + 2_000)
+    status = store.status(stored.key)
+    assert status is not None and (status.state, status.attempts) == (State.PENDING, 1)
+
+
 def test_finished_keys_are_never_stored_again(store: ScheduleStore) -> None:
     stored = store.put(0, envelope("a", NOW), NOW)
     assert stored is not None
