@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -222,6 +224,75 @@ def test_broker_outage_at_release_is_retried_without_spending_an_attempt(
     assert h.released == [] and store.status(key).state is State.PENDING
     h.step(1000)
     assert h.released == [(key, 1)]  # first real release is attempt 1
+
+
+class _RecordingStore(MemoryScheduleStore):
+    """Notes the store round trips that stand between a due time and a release."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def renew_lease(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("renew_lease")
+        return super().renew_lease(*args, **kwargs)  # type: ignore[arg-type]
+
+    def read(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("read")
+        return super().read(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_schedule(
+        clock: Clock) -> None:
+    calls: list[str] = []
+    store = _RecordingStore(calls)
+    h = Harness(store, clock)
+    h.publish = lambda task, release: calls.append("publish")  # type: ignore[method-assign]
+    h.engine.publish = h.publish
+    h.schedule("a", 100)
+    h.step()  # leased and loaded; not due yet
+    partition = h.engine.partitions[0]
+    partition.lease_mono -= 4.0  # the lease wants renewing (but is still certain) ...
+    partition.loader.dirty = True  # ... and the schedule wants reading
+    calls.clear()
+    h.step(150)
+    assert calls[0] == "publish", calls
+    assert "renew_lease" in calls and "read" in calls
+
+
+class _IngestDuringRead(MemoryScheduleStore):
+    """Runs *ingest* (once) when the engine next reads the schedule, as the ingest thread may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ingest: Callable[[], None] | None = None
+
+    def read(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        ingest, self.ingest = self.ingest, None
+        if ingest is not None:
+            ingest()
+        return super().read(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_task_read_by_a_fill_waits_for_an_earlier_one_known_only_by_its_event(
+        clock: Clock) -> None:
+    # Ingest writes "a" at +100 (behind the cursor, which is past "b" at +200) and then "a" at
+    # +300 (ahead of it) while the step reads the schedule: the fill loads +300, and +100 is
+    # known only by its queued event. Releasing +300 first would break the order.
+    store = _IngestDuringRead()
+    h = Harness(store, clock)
+    h.schedule("b", 200)
+    h.step()  # leased and loaded: the cursor is at "b"
+    earlier = TaskKey("a", NOW + 100, "u")
+
+    def ingest() -> None:
+        h.schedule("a", 100)
+        h.schedule("a", 300)
+
+    store.ingest = ingest
+    h.engine.partitions[0].loader.dirty = True
+    h.step(400)
+    assert [key for key, _ in h.released if key.ordering_id == "a"] == [earlier]
 
 
 class _DownStore(MemoryScheduleStore):
