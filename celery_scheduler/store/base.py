@@ -19,7 +19,7 @@ from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
 __all__ = ["Cancel", "Cursor", "Lease", "Put", "ScheduleStore", "State", "StoredTask", "TaskStatus",
-           "bucket_of", "write_bucket"]
+           "bucket_of", "settled_state", "write_bucket"]
 
 
 class State(str, enum.Enum):
@@ -127,6 +127,24 @@ def write_bucket(scheduled_ms: int, now_ms: int, bucket_seconds: int) -> int:
     return max(bucket_of(scheduled_ms, bucket_seconds), bucket_of(now_ms, bucket_seconds) - 1)
 
 
+def settled_state(status: TaskStatus | None, partition: int, bucket: int) -> State | None:
+    """The final state to record for a key whose row at (*partition*, *bucket*) lost its task.
+
+    Only a cancel or a completion deletes a row. A dispatch update (a release marking, a
+    retry) written just after one of them re-creates the row without its task and
+    overwrites the final status with "released" or "pending": a dispatcher that marked a
+    task released a moment after its cancel was applied, then died before publishing it.
+    Nobody will run that task (there is nothing left to run), so its status must say so:
+    "succeeded" if a worker reported so, "cancelled" otherwise. None: the status is final
+    already, unknown, or belongs to a row elsewhere, and only the remnant goes.
+    """
+    if status is None or status.partition != partition or status.bucket != bucket:
+        return None
+    if status.state not in (State.PENDING, State.RELEASED):
+        return None
+    return State.SUCCEEDED if status.outcome == "succeeded" else State.CANCELLED
+
+
 def droppable(bucket: int, now_ms: int, bucket_seconds: int) -> bool:
     """Whether an empty bucket may leave the index: no writer will use it again."""
     return bucket < bucket_of(now_ms, bucket_seconds) - 2
@@ -187,7 +205,11 @@ class ScheduleStore(abc.ABC):
     @abc.abstractmethod
     def read(self, partition: int, after: Cursor, limit: int, inclusive: bool = False
              ) -> list[StoredTask]:
-        """Rows of bucket ``after.bucket`` past *after* (or at it, if *inclusive*), in order."""
+        """Rows of bucket ``after.bucket`` past *after* (or at it, if *inclusive*), in order.
+
+        Fewer than *limit* rows means the bucket has no more. A row found without its task
+        is removed on the way, and its key's status settled (see :func:`settled_state`).
+        """
 
     @abc.abstractmethod
     def drop_bucket(self, partition: int, bucket: int) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import logging
 import ssl
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ from celery_scheduler.store.base import (
     State,
     StoredTask,
     TaskStatus,
+    settled_state,
     write_bucket,
 )
 from celery_scheduler.store.schema import check_identifier, keyspace_statements
@@ -404,30 +406,65 @@ class CassandraScheduleStore(ScheduleStore):
 
     def read(self, partition: int, after: Cursor, limit: int, inclusive: bool = False
              ) -> list[StoredTask]:
-        operator = ">=" if inclusive else ">"
-        rows = self._execute(
-            f"read bucket {after.bucket} of partition {partition}",
-            "SELECT at, ordering_id, unique_key, envelope, attempts, not_before, lease_until, blocked"
-            " FROM {ks}.schedule WHERE partition = ? AND bucket = ?"
-            f" AND (at, ordering_id, unique_key) {operator} (?, ?, ?) LIMIT ?",
-            (partition, after.bucket, _ts(after.at_ms),
-             after.ordering_id, after.uniqueness_key, limit))
         found: list[StoredTask] = []
-        for row in rows:
-            try:
-                envelope = decode(row.envelope) if row.envelope is not None else None
-            except EnvelopeDecodeError:
-                envelope = None
-            if not isinstance(envelope, ScheduleEnvelope):
-                # a row left behind by a dispatch update racing a cancel or completion
-                logger.warning("removing an incomplete schedule row %s/%s at %s", row.ordering_id,
-                               row.unique_key, row.at)
-                self._execute("remove an incomplete row", _DELETE_ROW,
-                              (partition, after.bucket, row.at, row.ordering_id, row.unique_key))
-                continue
-            found.append(StoredTask(partition, after.bucket, envelope, row.attempts or 0,
-                                    _ms(row.not_before), _ms(row.lease_until), bool(row.blocked)))
-        return found
+        position, operator = after, ">=" if inclusive else ">"
+        while True:
+            asked = limit - len(found)
+            rows = list(self._execute(
+                f"read bucket {after.bucket} of partition {partition}",
+                "SELECT at, ordering_id, unique_key, envelope, attempts, not_before, lease_until, blocked"
+                " FROM {ks}.schedule WHERE partition = ? AND bucket = ?"
+                f" AND (at, ordering_id, unique_key) {operator} (?, ?, ?) LIMIT ?",
+                (partition, after.bucket, _ts(position.at_ms), position.ordering_id,
+                 position.uniqueness_key, asked)))
+            remnants: list[tuple[Any, str | None]] = []
+            for row in rows:
+                try:
+                    envelope = decode(row.envelope) if row.envelope is not None else None
+                except EnvelopeDecodeError as exc:
+                    remnants.append((row, f"its stored task could not be decoded: {exc}"))
+                    continue
+                if not isinstance(envelope, ScheduleEnvelope):
+                    remnants.append((row, None))
+                    continue
+                found.append(StoredTask(partition, after.bucket, envelope, row.attempts or 0,
+                                        _ms(row.not_before), _ms(row.lease_until), bool(row.blocked)))
+            if remnants:
+                self._settle_remnants(partition, after.bucket, remnants)
+            # A short page is the bucket's end only if every row in it was a task: the loader
+            # takes fewer rows than it asked for as "nothing more here".
+            if not remnants or len(rows) < asked or len(found) >= limit:
+                return found
+            last = rows[-1]
+            position = Cursor(after.bucket, _ms(last.at), last.ordering_id, last.unique_key)
+            operator = ">"
+
+    def _settle_remnants(self, partition: int, bucket: int, remnants: list[tuple[Any, str | None]]
+                         ) -> None:
+        """Remove rows without a readable task, and give their keys a final status.
+
+        A row without its task is what a dispatch update leaves when it lands just after a
+        cancel or a completion (see :func:`settled_state`); a task that cannot be decoded
+        (written by an incompatible version) cannot run either, and is recorded as failed.
+        """
+        keys = [TaskKey(row.ordering_id, _ms(row.at), row.unique_key) for row, _ in remnants]
+        now_ms = int(time.time() * 1000)
+        statement_sets: list[list[tuple[str, tuple[Any, ...]]]] = []
+        for (row, error), key, status in zip(remnants, keys, self.statuses(keys), strict=True):
+            state = settled_state(status, partition, bucket)
+            if error is not None and state is not None:
+                state = State.FAILED
+            logger.warning("removing a schedule row without a runnable task: %s (%s); its status: %s",
+                           key, error or "its task was removed by a cancel or a completion",
+                           status.state.value if status else "unknown")
+            statements: list[tuple[str, tuple[Any, ...]]] = [
+                (_DELETE_ROW, (partition, bucket, row.at, row.ordering_id, row.unique_key))]
+            if state is not None and status is not None:
+                statements.append((_FINAL_STATUS, (
+                    *self._pk(key), state.value, status.task, partition, bucket, status.attempts,
+                    error or status.last_error, _ts(now_ms), self.status_ttl)))
+            statement_sets.append(statements)
+        self._batches(f"remove {len(remnants)} schedule row(s) without a task", statement_sets)
 
     def drop_bucket(self, partition: int, bucket: int) -> None:
         self._indexed.discard((partition, bucket))

@@ -14,6 +14,7 @@ from celery_scheduler.store.base import (
     State,
     StoredTask,
     TaskStatus,
+    settled_state,
     write_bucket,
 )
 
@@ -29,6 +30,9 @@ class MemoryScheduleStore(ScheduleStore):
         self._index: dict[int, set[int]] = {}
         self._status: dict[TaskKey, TaskStatus] = {}
         self._leases: dict[int, Lease] = {}
+        # Rows a dispatch update re-created without their task after a cancel or a completion
+        # deleted them, as Cassandra's updates do (see settled_state).
+        self._remnants: dict[tuple[int, int], set[TaskKey]] = {}
         self._lock = threading.Lock()
 
     def create_schema(self) -> None:
@@ -37,10 +41,19 @@ class MemoryScheduleStore(ScheduleStore):
     def _set_row(self, task: StoredTask) -> None:
         self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task
         self._index.setdefault(task.partition, set()).add(task.bucket)
+        self._remnants.get((task.partition, task.bucket), set()).discard(task.key)
 
     def _delete_row(self, partition: int, bucket: int | None, key: TaskKey) -> None:
         if bucket is not None:
             self._rows.get((partition, bucket), {}).pop(key, None)
+            self._remnants.get((partition, bucket), set()).discard(key)
+
+    def _update_row(self, task: StoredTask, **changes: object) -> None:
+        row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
+        if row is None:
+            self._remnants.setdefault((task.partition, task.bucket), set()).add(task.key)
+        else:
+            self._set_row(replace(row, **changes))  # type: ignore[arg-type]
 
     def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
         key = envelope.key
@@ -87,10 +100,22 @@ class MemoryScheduleStore(ScheduleStore):
     def read(self, partition: int, after: Cursor, limit: int, inclusive: bool = False
              ) -> list[StoredTask]:
         with self._lock:
+            self._settle_remnants(partition, after, inclusive)
             rows = list(self._rows.get((partition, after.bucket), {}).values())
         rows.sort(key=lambda t: t.position)
         found = [t for t in rows if (t.position >= after if inclusive else t.position > after)]
         return found[:limit]
+
+    def _settle_remnants(self, partition: int, after: Cursor, inclusive: bool) -> None:
+        remnants = self._remnants.get((partition, after.bucket), set())
+        for key in [k for k in remnants
+                    if (at := Cursor(after.bucket, k.scheduled_ms, k.ordering_id, k.uniqueness_key))
+                    > after or (inclusive and at == after)]:
+            remnants.discard(key)
+            current = self._status.get(key)
+            state = settled_state(current, partition, after.bucket)
+            if current is not None and state is not None:
+                self._status[key] = replace(current, state=state)
 
     def drop_bucket(self, partition: int, bucket: int) -> None:
         with self._lock:
@@ -103,18 +128,13 @@ class MemoryScheduleStore(ScheduleStore):
 
     def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
         with self._lock:
-            row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
-            if row is not None:
-                self._set_row(replace(row, attempts=attempt, lease_until_ms=lease_until_ms))
+            self._update_row(task, attempts=attempt, lease_until_ms=lease_until_ms)
             self._update_status(task.key, state=State.RELEASED, attempts=attempt, updated_ms=now_ms)
 
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
         with self._lock:
-            row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
-            if row is not None:
-                self._set_row(replace(row, attempts=attempts, not_before_ms=not_before_ms,
-                                      lease_until_ms=0))
+            self._update_row(task, attempts=attempts, not_before_ms=not_before_ms, lease_until_ms=0)
             self._update_status(task.key, state=State.PENDING, attempts=attempts, last_error=error,
                                 updated_ms=now_ms)
 
@@ -122,9 +142,7 @@ class MemoryScheduleStore(ScheduleStore):
                keep_row: bool = False) -> None:
         with self._lock:
             if keep_row:
-                row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
-                if row is not None:
-                    self._set_row(replace(row, blocked=True, lease_until_ms=0))
+                self._update_row(task, blocked=True, lease_until_ms=0)
             else:
                 self._delete_row(task.partition, task.bucket, task.key)
             changes: dict[str, object] = {"state": state, "updated_ms": now_ms}

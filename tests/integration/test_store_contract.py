@@ -102,12 +102,18 @@ def test_a_key_waiting_for_a_retry_is_not_reset_by_its_record_read_again(store: 
     assert status is not None and (status.state, status.attempts) == (State.PENDING, 1)
 
 
-def test_finished_keys_are_never_stored_again(store: ScheduleStore) -> None:
-    stored = store.put(0, envelope("a", NOW), NOW)
+def run_to_success(store: ScheduleStore, task: ScheduleEnvelope) -> StoredTask:
+    """Store *task*, release it once, and finish it as a worker's success would."""
+    stored = store.put(0, task, NOW)
     assert stored is not None
     store.mark_released(stored, 1, NOW + 60_000, NOW)
     store.record_outcome(stored.key, 1, True, None, NOW + 5)
     store.finish(stored, State.SUCCEEDED, None, NOW + 6)
+    return stored
+
+
+def test_finished_keys_are_never_stored_again(store: ScheduleStore) -> None:
+    stored = run_to_success(store, envelope("a", NOW))
     assert store.read(0, Cursor(B), 10) == []
     assert store.put(0, envelope("a", NOW), NOW + 7) is None
     assert store.read(0, Cursor(B), 10) == []
@@ -159,6 +165,40 @@ def test_cancel_removes_a_pending_row(store: ScheduleStore) -> None:
     assert status is not None and status.state is State.CANCELLED
     assert store.cancel(5, task.key, NOW + 2) is False
     assert store.cancel(5, TaskKey("never", NOW, "u"), NOW) is False
+
+
+def test_a_release_marked_just_after_a_cancel_leaves_the_key_cancelled(store: ScheduleStore) -> None:
+    # A dispatcher took the task, the cancel was applied, then the marking landed and the
+    # dispatcher died before publishing: nothing will run it, so it must read as cancelled.
+    stored = store.put(0, envelope("a", NOW), NOW)
+    later = store.put(0, envelope("a", NOW + 1_000, "v"), NOW)
+    assert stored is not None and later is not None
+    assert store.cancel(0, stored.key, NOW + 1) is True
+    store.mark_released(stored, 1, NOW + 60_000, NOW + 2)
+    assert [row.key for row in store.read(0, Cursor(B), 10)] == [later.key]
+    status = store.status(stored.key)
+    assert status is not None and status.state is State.CANCELLED
+    assert store.put(0, envelope("a", NOW), NOW + 3) is None  # and it stays so
+
+
+def test_a_stale_release_after_completion_leaves_the_key_succeeded(store: ScheduleStore) -> None:
+    stored = run_to_success(store, envelope("a", NOW))
+    store.mark_released(stored, 2, NOW + 60_000, NOW + 7)  # a previous owner, late
+    assert store.read(0, Cursor(B), 10) == []
+    status = store.status(stored.key)
+    assert status is not None and status.state is State.SUCCEEDED
+
+
+def test_rows_without_a_task_do_not_shorten_a_page(store: ScheduleStore) -> None:
+    # The loader takes a page shorter than it asked for as the end of the bucket.
+    rows = [store.put(0, envelope(f"o{i}", NOW + i * 1_000), NOW) for i in range(5)]
+    assert all(row is not None for row in rows)
+    for row in rows[1:3]:
+        assert row is not None and store.cancel(0, row.key, NOW + 1) is True
+        store.mark_released(row, 1, NOW + 60_000, NOW + 2)
+    assert [row.key.ordering_id for row in store.read(0, Cursor(B), 3)] == ["o0", "o3", "o4"]
+    assert [store.status(row.key).state for row in rows if row is not None] == [  # type: ignore[union-attr]
+        State.PENDING, State.CANCELLED, State.CANCELLED, State.PENDING, State.PENDING]
 
 
 def test_drop_bucket_removes_it_from_the_index(store: ScheduleStore) -> None:
