@@ -488,7 +488,7 @@ class Engine:
         """A task released earlier whose lease ran out: did its outcome reach the store?"""
         if self._outcome_stored(task, status):
             return True
-        if status is not None and status.state.finished:
+        if status is not None and (status.state.finished or status.state is State.CANCELLED):
             self.timetable.remove(task.key)
             return True
         if task.attempts >= self._max_attempts(task):
@@ -525,6 +525,13 @@ class Engine:
 
     def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int) -> None:
         if self._outcome_stored(task, status):
+            return
+        if status is not None and status.state is State.CANCELLED:
+            # A cancel overwritten by this release's marking, settled since by a reader of
+            # the row it left (see settled_state): a released key is never cancelled
+            # otherwise. Releasing it again would run a task reported as cancelled.
+            logger.info("%s was settled as cancelled while released; dropping it", task.key)
+            self.timetable.remove(task.key)
             return
         if task.released_ms and now >= task.lease_until_ms:
             logger.warning("no outcome for %s within its lease; releasing it again", task.key)

@@ -15,7 +15,7 @@ from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
-from celery_scheduler.store.base import State
+from celery_scheduler.store.base import Cursor, State, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
 
 NOW = 1_893_456_000_000
@@ -191,6 +191,31 @@ def test_a_cancel_overwritten_by_a_release_marked_before_it_does_not_lose_the_ta
     h.engine.cancelled(key)
     h.step(2000)
     assert [k for k, _ in h.released] == [key]
+
+
+def test_a_released_task_settled_as_cancelled_is_not_released_again(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    """Another dispatcher's ingest cancelled the task just before this engine marked it.
+
+    The marking overwrote the cancel and left a row without its task; a reader of that row
+    settled the key as cancelled. The engine must let the ordering id move on, not release
+    the task again when its lease runs out.
+    """
+    h = Harness(store, clock, lease_seconds=10.0)
+    first, second = h.schedule("a", 1000), h.schedule("a", 1001)
+    h.step()
+    assert store.cancel(0, first, clock())  # not told to this engine: another process applied it
+    h.step(2000)
+    assert h.released == [(first, 1)]
+    assert store.read(0, Cursor(bucket_of(NOW, store.bucket_seconds)), 10)[0].key == second
+    assert store.status(first).state is State.CANCELLED  # type: ignore[union-attr]
+    for _ in range(5):  # its poll finds the cancel: well within its 10 s lease
+        h.step(1000)
+    assert h.released == [(first, 1), (second, 1)]
+    h.report(second, 1, True)
+    for _ in range(30):
+        h.step(1000)
+    assert h.released == [(first, 1), (second, 1)]  # and the first is not released again
 
 
 def test_memory_is_bounded_per_partition(store: MemoryScheduleStore, clock: Clock) -> None:
