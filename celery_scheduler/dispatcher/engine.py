@@ -500,7 +500,8 @@ class Engine:
         """Ask the store about released tasks whose notice has not come (it may be lost).
 
         Each task is asked about at growing intervals (2 s, 4 s, 8 s, ... up to 30 s after
-        its release), so long-running tasks cost few reads.
+        its release), so long-running tasks cost few reads, and once more when its lease
+        ends, so a task whose worker died is released again then, not up to 30 s later.
         """
         now = self.clock()
         if now - self._last_poll_ms < min(500, self.settings.outcome_poll_seconds * 1000):
@@ -517,6 +518,8 @@ class Engine:
                 continue
             since = now - (task.released_ms or now)
             task.next_poll_ms = now + min(30_000, max(first, since))
+            if now < task.lease_until_ms < task.next_poll_ms:
+                task.next_poll_ms = task.lease_until_ms
             asking.append(task)
         for start in range(0, len(asking), self.settings.release_batch):
             chunk = asking[start:start + self.settings.release_batch]

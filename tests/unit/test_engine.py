@@ -134,6 +134,20 @@ def test_expired_lease_releases_again(store: MemoryScheduleStore, clock: Clock) 
     assert h.released[:2] == [(key, 1), (key, 2)]
 
 
+def test_a_task_without_an_outcome_is_released_again_when_its_lease_ends(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    # polls at 1, 2, 4, 8, 16, 32 s after the release would find the 20 s lease over only at 32 s
+    h = Harness(store, clock, lease_seconds=20.0)
+    key = h.schedule("a", 0)
+    h.step()
+    for _ in range(80):
+        h.step(500)
+        if (key, 2) in h.released:
+            break
+    assert (key, 2) in h.released
+    assert clock() - NOW <= 20_000 + 1_500  # the lease, then the first retry's backoff (≤ 1 s)
+
+
 def test_task_left_in_flight_by_a_previous_owner_blocks_until_its_outcome(
         store: MemoryScheduleStore, clock: Clock) -> None:
     # a previous dispatcher released "first" and died; its lease runs for another minute
