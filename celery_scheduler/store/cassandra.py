@@ -433,7 +433,7 @@ class CassandraScheduleStore(ScheduleStore):
                 self._settle_remnants(partition, after.bucket, remnants)
             # A short page is the bucket's end only if every row in it was a task: the loader
             # takes fewer rows than it asked for as "nothing more here".
-            if not remnants or len(rows) < asked or len(found) >= limit:
+            if not remnants or len(rows) < asked:
                 return found
             last = rows[-1]
             position = Cursor(after.bucket, _ms(last.at), last.ordering_id, last.unique_key)

@@ -21,6 +21,11 @@ from celery_scheduler.store.base import (
 __all__ = ["MemoryScheduleStore"]
 
 
+def _past(position: Cursor, after: Cursor, inclusive: bool) -> bool:
+    """Whether a read from *after* (at it too, if *inclusive*) reaches *position*."""
+    return position >= after if inclusive else position > after
+
+
 class MemoryScheduleStore(ScheduleStore):
     """Same semantics as the Cassandra store, kept in dictionaries."""
 
@@ -103,14 +108,13 @@ class MemoryScheduleStore(ScheduleStore):
             self._settle_remnants(partition, after, inclusive)
             rows = list(self._rows.get((partition, after.bucket), {}).values())
         rows.sort(key=lambda t: t.position)
-        found = [t for t in rows if (t.position >= after if inclusive else t.position > after)]
+        found = [t for t in rows if _past(t.position, after, inclusive)]
         return found[:limit]
 
     def _settle_remnants(self, partition: int, after: Cursor, inclusive: bool) -> None:
         remnants = self._remnants.get((partition, after.bucket), set())
-        for key in [k for k in remnants
-                    if (at := Cursor(after.bucket, k.scheduled_ms, k.ordering_id, k.uniqueness_key))
-                    > after or (inclusive and at == after)]:
+        for key in [k for k in remnants if _past(
+                Cursor(after.bucket, k.scheduled_ms, k.ordering_id, k.uniqueness_key), after, inclusive)]:
             remnants.discard(key)
             current = self._status.get(key)
             state = settled_state(current, partition, after.bucket)
