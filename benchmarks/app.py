@@ -1,7 +1,9 @@
 """The Celery app the benchmarks run in dispatchers and workers, configured from the environment.
 
 ``bench.record`` is a scheduled task; ``bench.plain`` is the same body as an ordinary Celery
-task, for Celery's own ``eta=``. Both log when their body started (``benchmarks.execlog``).
+task, for Celery's own ``eta=``. Both log when their body started (``benchmarks.execlog``);
+a released task also logs when the dispatcher published it (a message header this app adds),
+so lateness splits into the dispatcher's part and the broker's and worker's part.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery, current_task, signals
 
 from benchmarks.execlog import write_start
 from celery_scheduler import scheduled_task
+from celery_scheduler.bridge import HEADER
 
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 EXECLOG = os.environ.get("BENCH_EXECLOG", "")
@@ -40,9 +43,20 @@ def sequence_key(ordering_id: str, seq: int, *args: Any, **kwargs: Any) -> str:
     return f"s{seq}"
 
 
+RELEASED_HEADER = "bench_released"
+
+
+@signals.before_task_publish.connect
+def _stamp_release(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    if headers is not None and HEADER in headers:
+        headers[RELEASED_HEADER] = time.time()
+
+
 def body(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
     """Log the start (*at* is the scheduled time), then work for *sleep* seconds."""
-    write_start(EXECLOG, ordering_id, seq, at)
+    request = current_task.request if current_task else None
+    released = getattr(request, RELEASED_HEADER, None) if request is not None else None
+    write_start(EXECLOG, ordering_id, seq, at, released if isinstance(released, float) else None)
     if sleep:
         time.sleep(sleep)
 

@@ -22,16 +22,19 @@ class Start:
     at: float  # scheduled time, epoch seconds
     started: float  # when the body started, epoch seconds
     pid: int
+    released: float | None = None  # when the dispatcher published it (celery_scheduler only)
 
     @property
     def lateness(self) -> float:
         return self.started - self.at
 
 
-def write_start(path: str, ordering_id: str, seq: int, at: float) -> None:
+def write_start(path: str, ordering_id: str, seq: int, at: float, released: float | None = None
+                ) -> None:
     started = time.time()
     with open(path, "a") as handle:
-        handle.write(f"{ordering_id},{seq},{at!r},{started!r},{os.getpid()}\n")
+        handle.write(f"{ordering_id},{seq},{at!r},{started!r},{os.getpid()},"
+                     f"{'' if released is None else repr(released)}\n")
 
 
 def read(path: Path) -> list[Start]:
@@ -43,10 +46,11 @@ def read(path: Path) -> list[Start]:
     starts = []
     for line in text.splitlines():
         parts = line.split(",")
-        if len(parts) != 5:
+        if len(parts) != 6:
             continue
         try:
-            starts.append(Start(parts[0], int(parts[1]), float(parts[2]), float(parts[3]), int(parts[4])))
+            starts.append(Start(parts[0], int(parts[1]), float(parts[2]), float(parts[3]), int(parts[4]),
+                                float(parts[5]) if parts[5] else None))
         except ValueError:
             continue
     return starts
