@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kombu.utils.json import loads as _kombu_loads
 
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
-__all__ = ["HEADER", "Release", "parse_header", "publish"]
+__all__ = ["HEADER", "Publisher", "Release", "parse_header", "publish", "publish_each"]
+
+T = TypeVar("T")
 
 # Message header naming the task key and attempt of a released task.
 HEADER = "celery_scheduler"
@@ -98,3 +101,71 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
     app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=release.key.task_id,
                   headers=headers, retries=CELERY_RETRIES_EXHAUSTED, producer=producer,
                   serializer="json", **options)
+
+
+def publish_each(publish: Callable[[T, Release], None], items: list[tuple[T, Release]]
+                 ) -> list[Exception | None]:
+    """Publish *items* one at a time: None for each sent, else the error.
+
+    After a failure the rest are not tried (the broker is down) and get the same error.
+    """
+    results: list[Exception | None] = []
+    for index, (item, release) in enumerate(items):
+        try:
+            publish(item, release)
+        except Exception as exc:
+            return results + [exc] * (len(items) - index)
+        results.append(None)
+    return results
+
+
+class Publisher:
+    """Publishes releases through one producer from the app's pool, kept between calls.
+
+    Used from one thread (the release engine's). After a failure the producer goes back to
+    the pool and the next call takes a fresh one.
+    """
+
+    def __init__(self, app: Any, lease_seconds: float) -> None:
+        self.app = app
+        self.lease_seconds = lease_seconds
+        self._producer: Any = None
+
+    def publish(self, envelope: ScheduleEnvelope, release: Release) -> None:
+        producer = self._in_use()
+        try:
+            publish(self.app, envelope, release, self.lease_seconds, producer=producer)
+        except Exception:
+            self.close()
+            raise
+
+    def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]]) -> list[Exception | None]:
+        """Publish *items* in order, in one round trip where the broker allows it.
+
+        With kombu's publish batches (Redis), the messages are sent together when the batch
+        ends, instead of one round trip each. If the batch fails, kombu cannot say which of
+        them Redis took, so none counts as sent. Brokers without batches (or a Redis
+        transport set to retry commands, which kombu does not batch) get them one at a time.
+        """
+        producer = self._in_use()
+        if not getattr(producer, "supports_batch_publish", False):
+            return publish_each(self.publish, items)
+        try:
+            # never flushed half-way: the batch is sent whole or counts as not sent
+            with producer.batch(max_size=1 << 30):
+                for envelope, release in items:
+                    publish(self.app, envelope, release, self.lease_seconds, producer=producer)
+        except Exception as exc:
+            self.close()
+            return [exc] * len(items)
+        return [None] * len(items)
+
+    def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.release()
+
+    def _in_use(self) -> Any:
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+        return self._producer

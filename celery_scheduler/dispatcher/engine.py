@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_scheduler.bridge import Release
+from celery_scheduler.bridge import Release, publish_each
 from celery_scheduler.completion import Outcome
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
@@ -43,6 +43,8 @@ __all__ = ["Engine", "EngineSettings"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[Loaded, Release], None]
+# Publishes a step's releases in order; for each, None (sent) or why it may not have been.
+PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,12 @@ class Engine:
 
     def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
                  settings: EngineSettings | None = None,
-                 clock: Callable[[], int] | None = None, metrics: Metrics | None = None) -> None:
+                 clock: Callable[[], int] | None = None, metrics: Metrics | None = None,
+                 publish_many: PublishMany | None = None) -> None:
         self.store = store
         self.publish = publish
+        # the dispatcher sends a step's releases in one round trip where the broker allows
+        self.publish_many: PublishMany = publish_many or (lambda items: publish_each(self.publish, items))
         self.owner = owner
         self.settings = settings or EngineSettings()
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
@@ -436,6 +441,7 @@ class Engine:
         # another dispatcher could see as not released must not be running.
         lease_until = now + int(self.settings.lease_seconds * 1000)
         self.store.mark_released_many([(t.stored, t.attempts + 1, lease_until) for t in ready], now)
+        sending: list[tuple[Loaded, Release]] = []
         for task in ready:
             del open_[task.key]
             partition = self.partitions.get(task.partition)
@@ -443,22 +449,35 @@ class Engine:
                 self.timetable.defer(task.key, now + 200)
                 continue
             assert partition.lease is not None
-            self._release(task, partition.lease, lease_until, now)
-
-    def _release(self, task: Loaded, lease: Lease, lease_until: int, now: int) -> None:
-        attempt = task.attempts + 1
-        task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
-        task.next_poll_ms = 0
-        try:
-            self.publish(task, Release(task.key, task.partition, attempt, lease.epoch))
-        except Exception as exc:  # the Celery broker is down: undo, and try again shortly
-            logger.warning("could not publish %s to Celery (%s); retrying in 1s", task.key, exc)
-            task.attempts, task.released_ms = attempt - 1, 0
-            self.timetable.retry_later(task.key, now + 1000)  # first: the store may be down too
-            self.store.mark_retry(task.stored, attempt - 1, now + 1000, f"broker: {exc}", now)
+            attempt = task.attempts + 1
+            task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
+            task.next_poll_ms = 0
+            sending.append((task, Release(task.key, task.partition, attempt, partition.lease.epoch)))
+        if not sending:
             return
-        self.released_count += 1
-        self.metrics.released((now - task.due_ms) / 1000 if attempt == 1 else 0.0)
+        failed: list[tuple[Loaded, Exception]] = []
+        for (task, release), error in zip(sending, self.publish_many(sending), strict=True):
+            if error is not None:
+                failed.append((task, error))
+                continue
+            self.released_count += 1
+            self.metrics.released((now - task.due_ms) / 1000 if release.attempt == 1 else 0.0)
+        if failed:
+            self._unpublished(failed, now)
+
+    def _unpublished(self, failed: list[tuple[Loaded, Exception]], now: int) -> None:
+        """The broker did not take *failed* (or may not have): undo, and try again in a second.
+
+        The attempt is not spent. A message the broker took after all runs, and so may its
+        copy released again: at least once.
+        """
+        logger.warning("could not publish %d task(s) to Celery, first %s (%s); retrying in 1s",
+                       len(failed), failed[0][0].key, failed[0][1])
+        for task, _ in failed:  # memory first: the store may be down too
+            task.attempts, task.released_ms = task.attempts - 1, 0
+            self.timetable.retry_later(task.key, now + 1000)
+        for task, error in failed:
+            self.store.mark_retry(task.stored, task.attempts, now + 1000, f"broker: {error}", now)
 
     def _unsettled(self, tasks: list[Loaded], open_: dict[TaskKey, Loaded]) -> list[Loaded]:
         """*tasks* less those released earlier whose outcome the store has (settled here).

@@ -114,9 +114,9 @@ class Dispatcher:
             deadline, self.stopping)
         self.store = when_available("Cassandra", lambda: open_store(s), deadline, self.stopping)
         self.metrics = metrics or Metrics()
-        self._producer: Any = None
+        self.publisher = bridge.Publisher(app, s.lease_seconds)  # the engine thread's only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
-                             metrics=self.metrics)
+                             metrics=self.metrics, publish_many=self._publish_many)
         producer = Producer({**base, "acks": "all", "enable.idempotence": True})
         when_available(  # Kafka may have gone away again while Cassandra was awaited
             "Kafka", lambda: topic_partitions(producer, dead_letter_topic(s.kafka_topic),
@@ -138,17 +138,10 @@ class Dispatcher:
                              signer=s.signer, max_bytes=s.max_envelope_bytes)
 
     def _publish(self, task: Loaded, release: bridge.Release) -> None:
-        # Called from the engine thread only: it keeps one producer rather than taking one
-        # from the pool for every task. After a failure the next call starts afresh.
-        if self._producer is None:
-            self._producer = self.app.producer_pool.acquire(block=True)
-        try:
-            bridge.publish(self.app, task.envelope, release, self.settings.lease_seconds,
-                           producer=self._producer)
-        except Exception:
-            producer, self._producer = self._producer, None
-            producer.release()
-            raise
+        self.publisher.publish(task.envelope, release)
+
+    def _publish_many(self, items: list[tuple[Loaded, bridge.Release]]) -> list[Exception | None]:
+        return self.publisher.publish_many([(task.envelope, release) for task, release in items])
 
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
         self.ingest.assigned(partitions)
@@ -192,8 +185,7 @@ class Dispatcher:
         except KafkaException as exc:
             logger.warning("closing the consumer: %s", exc)
         self.engine.stop()
-        if self._producer is not None:
-            self._producer.release()
+        self.publisher.close()
         self.ingest.close()
         self.store.close()
 

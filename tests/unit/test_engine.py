@@ -265,6 +265,55 @@ def test_broker_outage_at_release_is_retried_without_spending_an_attempt(
     assert h.released == [(key, 1)]  # first real release is attempt 1
 
 
+def test_a_batch_the_broker_may_not_have_taken_is_released_again_whole(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    batches: list[list[tuple[TaskKey, int]]] = []
+    failing = [True]
+
+    def publish_many(items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
+        batches.append([(task.key, release.attempt) for task, release in items])
+        if failing.pop() if failing else False:
+            return [RuntimeError("pipeline failed")] * len(items)
+        return [None] * len(items)
+
+    h.engine.publish_many = publish_many
+    keys = [h.schedule(f"o{i}", 0) for i in range(3)] + [h.schedule("o0", 10, "later")]
+    h.step()
+    assert batches == [[(k, 1) for k in keys[:3]]]  # one batch per step, a key per ordering id
+    assert [store.status(k).state for k in keys[:3]] == [State.PENDING] * 3
+    assert h.sample("celery_scheduler_released_total") == 0
+    h.step(500)
+    assert len(batches) == 1  # not before a second has passed
+    h.step(500)
+    assert batches[1] == [(k, 1) for k in keys[:3]]  # again, the attempt not spent
+    assert [store.status(k).state for k in keys[:3]] == [State.RELEASED] * 3
+    assert h.sample("celery_scheduler_released_total") == 3
+    h.report(keys[0], 1, True)
+    h.step()
+    assert batches[2] == [(keys[3], 1)]  # the ordering id goes on once its head succeeded
+
+
+def test_after_a_failed_publish_the_rest_of_the_step_is_not_tried(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    tried: list[TaskKey] = []
+
+    def publish(task: Loaded, release: Release) -> None:
+        tried.append(task.key)
+        if len(tried) == 2:
+            raise RuntimeError("broker down")
+        h.released.append((task.key, release.attempt))
+
+    h.engine.publish = publish
+    keys = [h.schedule(f"o{i}", 0) for i in range(3)]
+    h.step()
+    assert tried == keys[:2] and h.released == [(keys[0], 1)]
+    assert [store.status(k).state for k in keys] == [State.RELEASED, State.PENDING, State.PENDING]
+    h.step(1000)
+    assert sorted(h.released) == sorted([(keys[0], 1), (keys[1], 1), (keys[2], 1)])
+
+
 class _RecordingStore(MemoryScheduleStore):
     """Notes the store round trips that stand between a due time and a release."""
 

@@ -1,0 +1,116 @@
+"""A step's releases go to a real Redis broker in one batch: whole, in order, or counted as unsent.
+
+Each test runs a Redis server of its own (the redis-server the services script installed),
+so it can be stopped under the publisher without touching the shared one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_scheduler.bridge import Publisher, Release
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.keys import TaskKey
+
+pytestmark = [pytest.mark.redis]
+
+NOW = 1_893_456_000_000
+QUEUE = "releases"
+
+
+class PrivateRedis:
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed: scripts/services up redis installs it"
+        self.binary = binary
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def queued_task_ids(self) -> list[str]:
+        """Task ids in the queue, oldest first (kombu pushes on the left, workers pop the right)."""
+        raw = redis.Redis.from_url(self.url).lrange(QUEUE, 0, -1)
+        return [json.loads(message)["headers"]["id"] for message in reversed(raw)]
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[PrivateRedis]:  # redis_url: the services are installed
+    server = PrivateRedis()
+    server.start()
+    yield server
+    server.stop()
+
+
+def _app(url: str) -> Celery:
+    app = Celery("publish-batch", broker=url, set_as_current=False)
+    app.conf.update(task_default_queue=QUEUE, broker_connection_timeout=2,
+                    task_publish_retry_policy={"max_retries": 1, "interval_start": 0,
+                                               "interval_step": 0.1, "interval_max": 0.1})
+    return app
+
+
+def _items(first: int, count: int) -> list[tuple[ScheduleEnvelope, Release]]:
+    items = []
+    for i in range(first, first + count):
+        key = TaskKey(f"o{i}", NOW, "u")
+        items.append((ScheduleEnvelope(key, "bench.record", args=[i]), Release(key, i % 12, 1, 1)))
+    return items
+
+
+def test_a_step_of_releases_reaches_the_queue_whole_and_in_order(broker: PrivateRedis) -> None:
+    publisher = Publisher(_app(broker.url), lease_seconds=300)
+    try:
+        items = _items(0, 200)
+        # Celery's default Redis settings allow kombu's publish batches: the batch path runs
+        assert publisher._in_use().supports_batch_publish
+        assert publisher.publish_many(items) == [None] * len(items)
+        assert broker.queued_task_ids() == [release.key.task_id for _, release in items]
+    finally:
+        publisher.close()
+
+
+def test_a_batch_the_broker_did_not_take_counts_as_unsent(broker: PrivateRedis) -> None:
+    publisher = Publisher(_app(broker.url), lease_seconds=300)
+    try:
+        assert publisher.publish_many(_items(0, 1)) == [None]  # a connection in use
+        broker.stop()
+        results = publisher.publish_many(_items(1, 50))
+        assert len(results) == 50 and all(isinstance(error, Exception) for error in results)
+        broker.start()  # empty: it keeps nothing on disk
+        again = _items(1, 50)
+        assert publisher.publish_many(again) == [None] * 50  # a fresh producer after the failure
+        assert broker.queued_task_ids() == [release.key.task_id for _, release in again]
+    finally:
+        publisher.close()
