@@ -18,7 +18,8 @@ concurrent Cassandra inserts for ``ingest``), prints the profile, and drops what
 * ``ingest``: the dispatcher's ingest loop (poll, decode, check, persist, commit) over records
   a week ahead, with the release engine running beside it as in a dispatcher.
 * ``backlog``: the release engine draining overdue tasks already stored in Cassandra, each
-  published to Celery with ``send_task``; a worker's completion notice is fed back to the
+  step's releases published to Celery in one batch as a dispatcher does (``--one-by-one``:
+  one ``send_task`` round trip each); a worker's completion notice is fed back to the
   engine as soon as a task is published, so the next task of its ordering id can go. Checks
   that every ordering id was released in schedule order.
 
@@ -58,7 +59,7 @@ from celery_scheduler.api import registered  # noqa: E402
 from celery_scheduler.client import SchedulerClient, now_ms, open_store, set_client  # noqa: E402
 from celery_scheduler.completion import Outcome  # noqa: E402
 from celery_scheduler.config import get_settings  # noqa: E402
-from celery_scheduler.dispatcher.engine import Engine  # noqa: E402
+from celery_scheduler.dispatcher.engine import Engine, PublishMany  # noqa: E402
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic  # noqa: E402
 from celery_scheduler.dispatcher.process import engine_settings  # noqa: E402
 from celery_scheduler.dispatcher.timetable import Loaded  # noqa: E402
@@ -221,11 +222,13 @@ def _raw_insert_rate(store: Any, rows: list[tuple[Any, ...]]) -> float:
     return len(rows) / (time.perf_counter() - started)
 
 
-def _dispatcher_parts(app: Celery, name: str, publish: Callable[[Loaded, bridge.Release], None]
+def _dispatcher_parts(app: Celery, name: str, publish: Callable[[Loaded, bridge.Release], None],
+                      publish_many: PublishMany | None = None
                       ) -> tuple[Any, Engine, Consumer, Ingest]:
     settings = get_settings(app)
     store = open_store(settings)
-    engine = Engine(store, publish, f"profile-{uuid.uuid4().hex[:8]}", engine_settings(settings))
+    engine = Engine(store, publish, f"profile-{uuid.uuid4().hex[:8]}", engine_settings(settings),
+                    publish_many=publish_many)
     consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
                          "group.id": f"{name}.dispatchers", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest",
@@ -293,10 +296,9 @@ def profile_backlog(args: argparse.Namespace) -> None:
         last_seq: dict[str, int] = {}
         disorder: list[str] = []
 
-        producer = app.producer_pool.acquire(block=True)  # as a dispatcher keeps one
+        publisher = bridge.Publisher(app, settings.lease_seconds)  # as a dispatcher keeps one
 
-        def publish(task: Loaded, release: bridge.Release) -> None:
-            bridge.publish(app, task.envelope, release, settings.lease_seconds, producer=producer)
+        def sent(task: Loaded, release: bridge.Release) -> None:
             ordering_id, seq = task.envelope.args
             if last_seq.get(ordering_id, -1) >= seq:
                 disorder.append(f"{ordering_id}: {seq} after {last_seq[ordering_id]}")
@@ -304,7 +306,19 @@ def profile_backlog(args: argparse.Namespace) -> None:
             # what a worker's completion notice would tell the engine
             engine.outcome(Outcome(task.key, task.partition, release.attempt, True, None))
 
-        store, engine, _, _ = _dispatcher_parts(app, name, publish)
+        def publish(task: Loaded, release: bridge.Release) -> None:
+            publisher.publish(task.envelope, release)
+            sent(task, release)
+
+        def publish_many(items: list[tuple[Loaded, bridge.Release]]) -> list[Exception | None]:
+            results = publisher.publish_many([(task.envelope, release) for task, release in items])
+            for (task, release), error in zip(items, results, strict=True):
+                if error is None:
+                    sent(task, release)
+            return results
+
+        store, engine, _, _ = _dispatcher_parts(app, name, publish,
+                                                None if args.one_by_one else publish_many)
         engine.assign(range(PARTITIONS))
         with app.connection_for_write() as connection:
             connection.ensure_connection()
@@ -314,7 +328,7 @@ def profile_backlog(args: argparse.Namespace) -> None:
             while engine.completed_count < args.count and time.monotonic() < deadline:
                 engine.step()
         completed = engine.completed_count
-        producer.release()
+        publisher.close()
         engine.stop()
         store.close()
         run.report("backlog drained (released and completed)", completed)
@@ -330,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--form", choices=["batched", "sync"], default="batched",
                         help="schedule path: wait=False calls and one flush, or one ack per call")
     parser.add_argument("--no-profile", action="store_true", help="measure without pyinstrument")
+    parser.add_argument("--one-by-one", action="store_true",
+                        help="backlog path: publish each release on its own, not a step's in one batch")
     parser.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
                         help="librdkafka setting for the schedule calls' producer, e.g. linger.ms=5")
     parser.add_argument("--kafka", default="127.0.0.1:9092")
