@@ -215,10 +215,12 @@ class Engine:
         watch = self._watch
         self._drain_events(self._wait_seconds())
         watch.lap("events")
-        self._store_succeeded()  # before releasing: frees the ordering ids that finished
-        # Tasks already loaded and due go first: lease upkeep and schedule reads are store
-        # round trips that would otherwise stand between a due time and its release.
+        # Tasks already loaded and due go first: recording successes, lease upkeep and
+        # schedule reads are store round trips that would otherwise stand between a due time
+        # and its release. An ordering id whose task succeeded stays blocked until its
+        # success is recorded just after, and its next task goes at the end of the step.
         self._release_due()
+        self._store_succeeded()
         watch.lap("release")
         now = self.clock()
         self._maintain_leases()

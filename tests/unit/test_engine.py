@@ -329,6 +329,10 @@ class _RecordingStore(MemoryScheduleStore):
         self.calls.append("read")
         return super().read(*args, **kwargs)  # type: ignore[arg-type]
 
+    def finish_many(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("finish_many")
+        return super().finish_many(*args, **kwargs)  # type: ignore[arg-type]
+
 
 def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_schedule(
         clock: Clock) -> None:
@@ -346,6 +350,24 @@ def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_sche
     h.step(150)
     assert calls[0] == "publish", calls
     assert "renew_lease" in calls and "read" in calls
+
+
+def test_a_due_task_is_released_before_the_successes_of_the_step_are_recorded(
+        clock: Clock) -> None:
+    calls: list[str] = []
+    store = _RecordingStore(calls)
+    h = Harness(store, clock)
+    h.engine.publish = lambda task, release: calls.append(f"publish {task.key.ordering_id}")
+    done, after = h.schedule("a", 0), h.schedule("a", 50, "next")
+    h.schedule("b", 100)
+    h.step()
+    h.report(done, 1, True)
+    calls.clear()
+    h.step(150)
+    # "b" does not wait for the success of "a" to be written; "a"'s next task waits for it
+    assert [c for c in calls if c != "read"] == ["publish b", "finish_many", "publish a"], calls
+    assert store.status(done).state is State.SUCCEEDED
+    assert h.engine.timetable.is_in_flight(after)
 
 
 class _IngestDuringRead(MemoryScheduleStore):
