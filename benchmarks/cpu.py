@@ -52,12 +52,12 @@ def local_services() -> dict[str, list[int]]:
                          "Redis": urlparse(REDIS_URL).port or 6379})
 
 
-def _cpu_seconds(pids: Iterable[int]) -> float:
+def _cpu_seconds(pids: Iterable[int], children: bool = True) -> float:
     total = 0.0
     for pid in pids:
         try:
             process = psutil.Process(pid)
-            for p in [process, *process.children(recursive=True)]:
+            for p in [process, *(process.children(recursive=True) if children else [])]:
                 times = p.cpu_times()
                 total += times.user + times.system
         except psutil.NoSuchProcess:
@@ -86,24 +86,29 @@ class CpuUse:
 class CpuMeter:
     """``meter = CpuMeter(parts); meter.start(); ...; use = meter.stop()``.
 
-    *parts* maps a name to the pids it covers (their children are counted too). A process
-    that exits inside the window is counted up to its last sample only: keep the window to
-    the steady state.
+    *parts* maps a name to the pids it covers (their children are counted too, except for
+    the parts named in *alone*: the measuring process itself, whose children are the other
+    parts). A process that exits inside the window is counted up to its last sample only:
+    keep the window to the steady state.
     """
 
-    def __init__(self, parts: dict[str, list[int]]) -> None:
+    def __init__(self, parts: dict[str, list[int]], alone: Iterable[str] = ()) -> None:
         self.parts = parts
+        self.alone = set(alone)
         self._start: dict[str, float] = {}
         self._busy: tuple[float, float] = (0.0, 0.0)
         self._wall = 0.0
 
     def start(self) -> None:
-        self._start = {part: _cpu_seconds(pids) for part, pids in self.parts.items()}
+        self._start = {part: self._seconds(part) for part in self.parts}
         self._busy = _machine_busy()
         self._wall = time.monotonic()
 
+    def _seconds(self, part: str) -> float:
+        return _cpu_seconds(self.parts[part], children=part not in self.alone)
+
     def stop(self) -> CpuUse:
-        seconds = {part: _cpu_seconds(pids) - self._start[part] for part, pids in self.parts.items()}
+        seconds = {part: self._seconds(part) - self._start[part] for part in self.parts}
         busy, total = _machine_busy()
         share = (busy - self._busy[0]) / (total - self._busy[1]) if total > self._busy[1] else 0.0
         return CpuUse(seconds, time.monotonic() - self._wall, share)

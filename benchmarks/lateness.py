@@ -114,7 +114,9 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
             late += 1
         publish(first_seq + i, due)
 
-    meter = CpuMeter({**_parts(s), "load generator": [os.getpid()], **local_services()})
+    # this process started the stack's processes: count its own CPU only
+    meter = CpuMeter({**_parts(s), "load generator": [os.getpid()], **local_services()},
+                     alone=["load generator"])
     meter.start()
     t0, total, planned = feed(timed, load.rate, load.duration, load.lead)
     flush()
