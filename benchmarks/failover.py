@@ -12,7 +12,7 @@ from benchmarks.context import Context, feed, utc
 from benchmarks.execlog import Start
 from benchmarks.harness import stack
 from benchmarks.report import Section
-from benchmarks.stats import Figure, percentile
+from benchmarks.stats import Figure, percentile, ratio
 
 __all__ = ["run"]
 
@@ -151,15 +151,19 @@ def run(ctx: Context) -> list[Section]:
         "it). Bounded below by the Kafka session timeout (6 s) and the dead owner's partition "
         "lease running out (scheduler_partition_lease_seconds, default 10 s, renewed every third "
         "of it): a survivor may not release before that, or two could release one partition.",
+        "no peer: Celery eta= has no scheduler process of its own to fail over (its schedule "
+        "lives in the workers, whose crash is 5b).",
         "worst-hit task = the longest any task due from 2 s before the kill on waited past "
         "max(its due time, the kill): takeover plus working off what fell due meanwhile.",
         f"{runs} run(s), each on a fresh topic and keyspace.",
     ]
     crash = Section("5b", "Crash of the Celery worker holding released tasks")
     hold = float(ctx.pick(6, 20))
+    recovery: dict[str, list[float]] = {}
     for system, what in (("celery_scheduler", f"scheduler_lease_seconds = {hold:g}"),
                          ("Celery eta=", f"visibility_timeout = {hold:g} s")):
         outcomes = [_worker_crash(ctx, system, hold)]
+        recovery[system] = [o[0] for o in outcomes]
         crash.add(f"{system}: every task ran, time from the kill ({what})",
                   Figure.of([o[0] for o in outcomes], "s", 1))
         missing = Figure.of([o[1] for o in outcomes])
@@ -167,6 +171,9 @@ def run(ctx: Context) -> list[Section]:
                   "0" if system == "celery_scheduler" else "",
                   missing.median == 0 if system == "celery_scheduler" else None)
         crash.add(f"{system}: duplicate executions", Figure.of([o[2] for o in outcomes]))
+    crash.add("celery_scheduler / Celery eta=: time from the kill until every task ran",
+              Figure.of([ratio(a, b) for a, b in zip(recovery["celery_scheduler"], recovery["Celery eta="],
+                                                      strict=True)], "%", 0))
     crash.method = [
         f"{ctx.pick(20, 100)} tasks of 0.1 s on distinct ordering ids, all due at once; one worker "
         f"(--pool={POOL} --concurrency=1, prefetch multiplier 50) holds them; half a second after "

@@ -24,7 +24,7 @@ from benchmarks.cpu import CpuMeter, CpuUse, add_rows, local_services
 from benchmarks.execlog import Start
 from benchmarks.harness import REDIS_URL, Stack, log, stack
 from benchmarks.report import Section
-from benchmarks.stats import Figure, percentile
+from benchmarks.stats import Figure, percentile, ratio
 
 __all__ = ["Load", "Outcome", "measure", "run", "systems"]
 
@@ -146,6 +146,14 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
     return outcome
 
 
+def _ratios(section: Section, ours: list[Outcome], peer: list[Outcome], name: str) -> None:
+    """Our lateness over the peer's, run by run (runs in the same order on the same machine)."""
+    for q in (50, 99):
+        section.add(f"celery_scheduler / {name}: lateness p{q}",
+                    Figure.of([ratio(a.ms(q), b.ms(q)) for a, b in zip(ours, peer, strict=False)],
+                              "x", 1))
+
+
 def _parts(s: Stack) -> dict[str, list[int]]:
     """The stack's processes by part: its dispatcher(s) and its workers."""
     parts: dict[str, list[int]] = {}
@@ -208,6 +216,11 @@ def run(ctx: Context) -> list[Section]:
     for system, (slow_outcomes, fast_outcomes) in results.items():
         _rows(three, system, fast_outcomes, 20, 100)
         _rows(three_b, system, slow_outcomes, None, 20)
+    for section, pick in ((three, 1), (three_b, 0)):
+        ours = results.get("celery_scheduler")
+        for peer in SYSTEMS[1:]:
+            if ours is not None and peer in results:
+                _ratios(section, ours[pick], results[peer][pick], peer)
     method = [
         f"task i is due at t0 + i/rate and published {fast.lead:g} s before it is due "
         f"(batched form for celery_scheduler); {ORDERING_IDS} ordering ids; the task body logs its "

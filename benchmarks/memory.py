@@ -19,7 +19,7 @@ from benchmarks.context import Context, utc
 from benchmarks.harness import REDIS_URL, Stack, stack
 from benchmarks.populate import populate
 from benchmarks.report import Section
-from benchmarks.stats import Figure
+from benchmarks.stats import Figure, ratio
 
 __all__ = ["rss_mb", "run"]
 
@@ -103,6 +103,8 @@ def run(ctx: Context) -> list[Section]:
     section.add("Celery worker memory per ETA task", Figure.of([per_task_kb], "KB", 1))
     section.add(f"Celery worker RSS for {TARGET_PENDING:,} ETA tasks (extrapolated)",
                 Figure.of([extrapolated], "MB"))
+    section.add(f"dispatcher RSS / Celery worker RSS, {TARGET_PENDING:,} pending (extrapolated)",
+                Figure.of([ratio(rss, extrapolated) for rss in ours], "%", 1))
     section.add("schedule filled at (direct Cassandra batches)", Figure.of([rate], "tasks/s"))
     section.add(f"Celery apply_async publish of {held:,} ETA tasks", Figure.of([held / published], "/s"))
     section.method = [

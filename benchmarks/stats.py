@@ -65,6 +65,8 @@ class Figure:
     def __str__(self) -> str:
         """``1,234 /s (1,100 to 1,300, n=3)``: median (min to max, runs)."""
         unit = f" {self.unit}" if self.unit and self.unit != "%" else ("%" if self.unit == "%" else "")
+        if math.isnan(self.median):
+            unit = ""  # "n/a", not "n/a%"
         text = f"{self._number(self.median)}{unit}"
         count = len(self.values)
         if count > 1:
