@@ -29,7 +29,7 @@ def test_figure_shows_median_and_range_of_runs() -> None:
     assert str(figure) == "1,200 /s (1,000 to 1,500, n=3)"
     assert str(Figure.of([0.5234], "%", 1)) == "52.3% (n=1)"
     assert str(Figure.of([2.0, math.nan], "ms", 1)) == "2.0 ms (2.0 to 2.0, n=2)"
-    assert str(Figure.of([math.nan], "s")) == "n/a s (n=1)"
+    assert str(Figure.of([math.nan], "s")) == "n/a (n=1)"  # no unit after n/a
 
 
 def test_verdict_never_claims_an_unmeasured_target() -> None:
