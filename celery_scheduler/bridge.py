@@ -33,22 +33,31 @@ LEASE_MARGIN_SECONDS = 5.0
 # reached and raises the failure, which the scheduler retries in order, instead of sending
 # a copy of the task that would run outside the ordering.
 CELERY_RETRIES_EXHAUSTED = 2**31 - 1
+# Longest argument text a released message shows (Celery's own default for argsrepr).
+ARGS_REPR_LIMIT = 1024
 
 
 @dataclass(frozen=True)
 class Release:
-    """What the worker needs to report an outcome: which key, which attempt, whose partition."""
+    """What the worker needs: which key and attempt, whose partition, and until when it may start.
+
+    ``lease_until_ms`` is the end of the attempt's lease: the dispatcher releases the key
+    again then if no outcome came, so a copy of this message that a worker gets later (one
+    the broker gave back long after) is stale without asking anyone. 0 in headers written
+    before it was carried.
+    """
 
     key: TaskKey
     partition: int
     attempt: int
     epoch: int
+    lease_until_ms: int = 0
 
     def header(self) -> str:
         key = self.key
         return json.dumps({"o": key.ordering_id, "t": key.scheduled_ms, "u": key.uniqueness_key,
-                           "p": self.partition, "a": self.attempt, "e": self.epoch},
-                          ensure_ascii=False, separators=(",", ":"))
+                           "p": self.partition, "a": self.attempt, "e": self.epoch,
+                           "l": self.lease_until_ms}, ensure_ascii=False, separators=(",", ":"))
 
 
 def parse_header(value: object) -> Release | None:
@@ -58,8 +67,8 @@ def parse_header(value: object) -> Release | None:
     try:
         data = json.loads(value)
         return Release(TaskKey(str(data["o"]), int(data["t"]), str(data["u"])), int(data["p"]),
-                       int(data["a"]), int(data["e"]))
-    except (ValueError, KeyError, TypeError):
+                       int(data["a"]), int(data["e"]), int(data.get("l", 0)))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -81,9 +90,23 @@ def _arguments(envelope: ScheduleEnvelope) -> tuple[list[Any], dict[str, Any]]:
     return args, kwargs
 
 
+def _shown(value: Any) -> str:
+    # What Flower and the worker's logs show of the arguments. Celery's own saferepr walks
+    # the arguments in Python for every message (about a tenth of a release's CPU); the
+    # builtin repr is C, and arguments are JSON values whose repr is short and safe.
+    text = repr(value)
+    return text if len(text) <= ARGS_REPR_LIMIT else text[:ARGS_REPR_LIMIT - 3] + "..."
+
+
 def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
-            now: dt.datetime | None = None, producer: Any = None) -> None:
-    """Send *envelope*'s task to Celery for *release* (through *producer*, if given)."""
+            now: dt.datetime | None = None, producer: Any = None,
+            declared: set[tuple[Any, ...]] | None = None) -> None:
+    """Send *envelope*'s task to Celery for *release* (through *producer*, if given).
+
+    With *declared* (the routes this producer's connection has declared already), a route
+    is declared by its first message only: Celery would declare the queue again for every
+    message, a fifth of the CPU of a release.
+    """
     options = dict(envelope.options)
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
@@ -96,11 +119,18 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
         if "soft_time_limit" in options:
             options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
     args, kwargs = _arguments(envelope)
+    if declared is not None:
+        route = (envelope.task, options.get("queue"), options.get("exchange"),
+                 options.get("routing_key"))
+        if route in declared:
+            options["declare"] = []
+        else:
+            declared.add(route)
     # JSON whatever the app's task_serializer says: the scheduler promises that nothing it
     # carries is ever pickled, from the schedule call to the worker.
     app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=release.key.task_id,
                   headers=headers, retries=CELERY_RETRIES_EXHAUSTED, producer=producer,
-                  serializer="json", **options)
+                  serializer="json", argsrepr=_shown(args), kwargsrepr=_shown(kwargs), **options)
 
 
 def publish_each(publish: Callable[[T, Release], None], items: list[tuple[T, Release]]
@@ -130,11 +160,13 @@ class Publisher:
         self.app = app
         self.lease_seconds = lease_seconds
         self._producer: Any = None
+        self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
 
     def publish(self, envelope: ScheduleEnvelope, release: Release) -> None:
         producer = self._in_use()
         try:
-            publish(self.app, envelope, release, self.lease_seconds, producer=producer)
+            publish(self.app, envelope, release, self.lease_seconds, producer=producer,
+                    declared=self._declared)
         except Exception:
             self.close()
             raise
@@ -154,13 +186,16 @@ class Publisher:
             # never flushed half-way: the batch is sent whole or counts as not sent
             with producer.batch(max_size=1 << 30):
                 for envelope, release in items:
-                    publish(self.app, envelope, release, self.lease_seconds, producer=producer)
+                    publish(self.app, envelope, release, self.lease_seconds, producer=producer,
+                            declared=self._declared)
         except Exception as exc:
             self.close()
             return [exc] * len(items)
         return [None] * len(items)
 
     def close(self) -> None:
+        # a new connection may reach a broker that lost non-durable queues: declare again
+        self._declared = set()
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.release()
