@@ -57,7 +57,7 @@ from confluent_kafka import Consumer, Producer  # noqa: E402
 from celery_scheduler import bridge, scheduled_task  # noqa: E402
 from celery_scheduler.api import registered  # noqa: E402
 from celery_scheduler.client import SchedulerClient, now_ms, open_store, set_client  # noqa: E402
-from celery_scheduler.completion import Outcome  # noqa: E402
+from celery_scheduler.completion import Outcome, outcome_topic  # noqa: E402
 from celery_scheduler.config import get_settings  # noqa: E402
 from celery_scheduler.dispatcher.engine import Engine, PublishMany  # noqa: E402
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic  # noqa: E402
@@ -106,6 +106,7 @@ def scratch(args: argparse.Namespace) -> Iterator[tuple[Celery, Any, str]]:
     settings = get_settings(app)
     create_topic(args.kafka, {}, name, PARTITIONS, 1)
     create_topic(args.kafka, {}, dead_letter_topic(name), 1, 1)
+    create_topic(args.kafka, {}, outcome_topic(name), PARTITIONS, 1)
     with open_store(settings) as store:
         store.create_schema()
     try:
@@ -120,7 +121,8 @@ def _drop(args: argparse.Namespace, name: str) -> None:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": args.kafka})
-    for future in admin.delete_topics([name, dead_letter_topic(name)], operation_timeout=30).values():
+    for future in admin.delete_topics([name, dead_letter_topic(name), outcome_topic(name)],
+                                      operation_timeout=30).values():
         with contextlib.suppress(Exception):
             future.result(30)
     host, port = args.cassandra.rsplit(":", 1)

@@ -22,7 +22,7 @@ import click
 from celery_scheduler.client import get_client, now_ms, open_store
 from celery_scheduler.config import get_settings
 from celery_scheduler.envelope import CancelEnvelope
-from celery_scheduler.errors import SchedulerError, TopicMissingError
+from celery_scheduler.errors import ConfigurationError, SchedulerError, TopicMissingError
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
 
 __all__ = ["scheduler"]
@@ -69,6 +69,7 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
     """Create the Kafka topic and the Cassandra keyspace and tables (idempotent)."""
     from confluent_kafka.admin import AdminClient
 
+    from celery_scheduler.completion import outcome_topic
     from celery_scheduler.dispatcher.ingest import dead_letter_topic
     from celery_scheduler.tasklog.kafka import client_config, create_topic, topic_partitions
 
@@ -95,6 +96,18 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
         created = create_topic(settings.kafka_bootstrap_servers, settings.kafka_options, dead, 1,
                                replication_factor or settings.kafka_replication_factor)
         click.echo(f"kafka topic {dead}: {'created' if created else 'exists'}")
+        # one outcomes partition for each partition of the topic, numbered alike
+        outcomes = outcome_topic(settings.kafka_topic)
+        created = create_topic(settings.kafka_bootstrap_servers, settings.kafka_options, outcomes,
+                               count, replication_factor or settings.kafka_replication_factor)
+        outcome_count = topic_partitions(admin, outcomes, settings.kafka_produce_timeout)
+        if outcome_count != count:
+            raise ConfigurationError(
+                f"Kafka topic {outcomes!r} has {outcome_count} partitions but {settings.kafka_topic!r} "
+                f"has {count}: they must match; add partitions to {outcomes!r} (kafka-topics "
+                "--alter --partitions) to match")
+        click.echo(f"kafka topic {outcomes}: {'created' if created else 'exists'}, "
+                   f"{outcome_count} partitions")
         with open_store(settings) as store:
             store.create_schema()
         click.echo(f"cassandra keyspace {settings.cassandra_keyspace}: schema ready")

@@ -1,25 +1,32 @@
-"""The worker side: run only current releases, report each one's outcome; the dispatcher's inbox.
+"""The worker side: run only current releases, report each one's outcome.
 
 Before a released task runs, the worker checks that the message is the key's current
-release: a copy of an older attempt (a message a killed worker had prefetched, given back by
-the broker after its visibility timeout, long after the dispatcher released the key again)
-or of a key that already finished is skipped, so it can neither run a completed key again
-nor overlap the current attempt. When the store cannot be read the task runs: at least once.
+release. A message carries the end of its attempt's lease, when the dispatcher releases the
+key again if no outcome came: a copy that starts later (a message a killed worker had
+prefetched, given back by the broker after its visibility timeout) is stale and skipped
+without a round trip. A message the broker marks as redelivered may be a copy of a run that
+already happened, so for those alone the worker reads the key's status; it skips a copy of
+an older attempt or of a key that already finished. When the store cannot be read the task
+runs: at least once.
 
 The hooks are Celery signal handlers (``task_success``, ``task_failure``) connected when a
 task is decorated with ``@scheduled_task``, so any worker that imports the task reports
-without further set-up. A report is written to the store first (the source of truth, which
-the dispatcher also polls) and then published on Redis, so the owning dispatcher can
-release the next task of the ordering id within milliseconds.
+without further set-up. A report is produced to the scheduler's outcomes topic
+(``<topic>.outcomes``), to the partition of the same number as the task's: the dispatcher
+that owns that partition of the schedule reads it, records the outcome in Cassandra and only
+then commits its offset, so an outcome survives a dispatcher's death. Producing never blocks
+the task: the record is handed to the Kafka client, which sends it in the background (a
+report lost with its worker costs a re-run when the lease ends, never a lost task).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
+import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,12 +40,16 @@ from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import State
 
-__all__ = ["Outcome", "guard_stale_releases", "install_worker_hooks", "is_current_release",
-           "notice_channel", "redis_url", "subscribe"]
+__all__ = ["Outcome", "OutcomeProducer", "guard_stale_releases", "install_worker_hooks",
+           "is_current_release", "outcome_topic", "report"]
 
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_LENGTH = 2000
+# A copy of a release is stale this long before its lease ends, not only at the end, so
+# that a worker whose clock runs a little behind the dispatcher's cannot start a copy that
+# overlaps the key's next release.
+STALE_MARGIN_MS = 5_000
 _installed = threading.Lock()
 _hooks_connected = False
 
@@ -53,11 +64,12 @@ class Outcome:
     succeeded: bool
     error: str | None
 
-    def encode(self) -> str:
+    def encode(self) -> bytes:
         key = self.key
         return json.dumps({"o": key.ordering_id, "t": key.scheduled_ms, "u": key.uniqueness_key,
                            "p": self.partition, "a": self.attempt, "s": self.succeeded,
-                           "x": self.error}, ensure_ascii=False)
+                           "x": self.error}, ensure_ascii=False,
+                          separators=(",", ":")).encode("utf-8")
 
     @classmethod
     def decode(cls, data: str | bytes) -> Outcome | None:
@@ -65,58 +77,104 @@ class Outcome:
             d = json.loads(data)
             return cls(TaskKey(str(d["o"]), int(d["t"]), str(d["u"])), int(d["p"]), int(d["a"]),
                        bool(d["s"]), d["x"] if isinstance(d["x"], str) else None)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
 
-def notice_channel(settings: Settings) -> str:
-    """The Redis channel completion notices of one scheduler topic travel on."""
-    return f"celery_scheduler:{settings.kafka_topic}:outcomes"
+def outcome_topic(topic: str) -> str:
+    """Where workers report outcomes: one partition for each partition of *topic*."""
+    return f"{topic}.outcomes"
 
 
-def redis_url(app: Any, settings: Settings) -> str | None:
-    """Where notices go: ``scheduler_redis_url``, else the broker if it is Redis."""
-    if settings.redis_url:
-        return settings.redis_url
-    broker = app.conf.broker_url or ""
-    return broker if isinstance(broker, str) and broker.startswith(("redis://", "rediss://")) else None
+class OutcomeProducer:
+    """Produces outcomes to the outcomes topic without waiting; one per worker process.
+
+    The Kafka client batches and retries in its own thread (``acks=all``, idempotent); a
+    record it could not deliver is logged, and its task released again when its lease ends.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka import Producer
+
+        from celery_scheduler.tasklog.kafka import client_config
+
+        config = client_config(settings.kafka_bootstrap_servers, settings.kafka_options)
+        config.setdefault("linger.ms", 1)  # a dispatcher waits for it to release the next task
+        config.update({"acks": "all", "enable.idempotence": True,
+                       "delivery.timeout.ms": max(1000, int(settings.lease_seconds * 1000 / 2))})
+        self.topic = outcome_topic(settings.kafka_topic)
+        self._producer = Producer(config)
+        self._lock = threading.Lock()
+
+    def send(self, outcome: Outcome) -> None:
+        with self._lock:
+            try:
+                self._producer.produce(self.topic, outcome.encode(),
+                                       key=outcome.key.ordering_id.encode("utf-8"),
+                                       partition=outcome.partition, on_delivery=_delivered)
+            except BufferError:
+                self._producer.poll(1.0)  # the client's queue is full: let it drain a moment
+                self._producer.produce(self.topic, outcome.encode(),
+                                       key=outcome.key.ordering_id.encode("utf-8"),
+                                       partition=outcome.partition, on_delivery=_delivered)
+            self._producer.poll(0)  # serve the reports of earlier records
+
+    def flush(self, timeout: float) -> int:
+        with self._lock:
+            return int(self._producer.flush(timeout))
 
 
-_publishers: dict[str, Any] = {}
+def _delivered(error: Any, message: Any) -> None:
+    if error is not None:
+        logger.warning("an outcome did not reach Kafka (%s); its task runs again when its lease "
+                       "ends", error)
 
 
-def _publish(url: str, channel: str, message: str) -> None:
-    import redis
+_reporters: dict[tuple[int, str, str], OutcomeProducer] = {}
+_reporters_lock = threading.Lock()
 
-    client = _publishers.get(url)
-    if client is None:
-        client = _publishers[url] = redis.Redis.from_url(url, socket_timeout=5)
-    client.publish(channel, message)
+
+def _reporter(settings: Settings) -> OutcomeProducer:
+    # one per process: a Kafka client does not survive fork(), and prefork children start
+    # with their parent's memory
+    ident = (os.getpid(), settings.kafka_bootstrap_servers, settings.kafka_topic)
+    reporter = _reporters.get(ident)
+    if reporter is None:
+        with _reporters_lock:
+            reporter = _reporters.get(ident)
+            if reporter is None:
+                reporter = _reporters[ident] = OutcomeProducer(settings)
+    return reporter
+
+
+def flush_reports(timeout: float = 10.0) -> None:
+    """Wait for this process's outcome reports to reach Kafka (at worker process shutdown)."""
+    pid = os.getpid()
+    for (owner, _, _), reporter in list(_reporters.items()):
+        if owner == pid:
+            left = reporter.flush(timeout)
+            if left:
+                logger.warning("%d outcome report(s) did not reach Kafka before shutdown; their "
+                               "tasks run again when their leases end", left)
 
 
 def report(task: Any, succeeded: bool, error: str | None) -> None:
-    """Record the outcome of *task*'s current execution if it was released by a dispatcher."""
+    """Report the outcome of *task*'s current execution if it was released by a dispatcher."""
     release = parse_header(getattr(task.request, HEADER, None))
     if release is None:
         return
-    app = task._get_app()
-    client = get_client(app)
     outcome = Outcome(release.key, release.partition, release.attempt, succeeded,
                       None if error is None else error[:MAX_ERROR_LENGTH])
     try:
-        client.store.record_outcome(outcome.key, outcome.attempt, succeeded, outcome.error, now_ms())
-    except SchedulerError:
-        # The dispatcher re-releases the task when its lease ends: at least once, not lost.
-        logger.exception("could not record the outcome of %s; it will run again after its lease",
+        _reporter(get_client(task._get_app()).settings).send(outcome)
+    except Exception:  # the dispatcher releases the task again when its lease ends
+        logger.exception("could not report the outcome of %s; it will run again after its lease",
                          outcome.key)
-        return
-    url = redis_url(app, client.settings)
-    if url is None:
-        return
-    try:
-        _publish(url, notice_channel(client.settings), outcome.encode())
-    except Exception:  # the dispatcher polls the store as well; a lost notice only costs time
-        logger.warning("could not publish the outcome of %s on Redis", outcome.key, exc_info=True)
+
+
+def _redelivered(task: Any) -> bool:
+    delivery = getattr(task.request, "delivery_info", None) or {}
+    return bool(delivery.get("redelivered"))
 
 
 def is_current_release(task: Any) -> bool:
@@ -124,6 +182,12 @@ def is_current_release(task: Any) -> bool:
     release = parse_header(getattr(task.request, HEADER, None))
     if release is None:
         return True
+    if release.lease_until_ms and now_ms() > release.lease_until_ms - STALE_MARGIN_MS:
+        logger.warning("skipping a stale copy of %s (attempt %d): its lease has ended, so the key "
+                       "is released again (or finished)", release.key, release.attempt)
+        return False
+    if release.lease_until_ms and not _redelivered(task):
+        return True  # the copy the dispatcher sent, within its lease
     try:
         status = get_client(task._get_app()).store.status(release.key)
     except SchedulerError:
@@ -163,6 +227,10 @@ def _on_failure(sender: Any = None, exception: BaseException | None = None, **_:
         report(sender, False, f"{type(exception).__name__}: {exception}" if exception else "failed")
 
 
+def _on_process_shutdown(**_: Any) -> None:
+    flush_reports()
+
+
 def install_worker_hooks() -> None:
     """Connect the outcome reporters to Celery's signals (once per process)."""
     global _hooks_connected
@@ -171,38 +239,9 @@ def install_worker_hooks() -> None:
             return
         signals.task_success.connect(_on_success, weak=False, dispatch_uid="celery_scheduler.success")
         signals.task_failure.connect(_on_failure, weak=False, dispatch_uid="celery_scheduler.failure")
+        signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False,
+                                                dispatch_uid="celery_scheduler.flush")
+        signals.worker_shutdown.connect(_on_process_shutdown, weak=False,
+                                        dispatch_uid="celery_scheduler.flush_main")
+        atexit.register(flush_reports, 5.0)
         _hooks_connected = True
-
-
-def subscribe(url: str, channel: str, deliver: Callable[[Outcome], None],
-              stopped: threading.Event) -> threading.Thread:
-    """Deliver every notice on *channel* to *deliver*, reconnecting, until *stopped* is set."""
-    import redis
-
-    def listen() -> None:
-        delay = 0.1
-        while not stopped.is_set():
-            try:
-                client = redis.Redis.from_url(url, socket_timeout=None, health_check_interval=10)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                pubsub.subscribe(channel)
-                delay = 0.1
-                while not stopped.is_set():
-                    message = pubsub.get_message(timeout=0.5)
-                    if message is not None and message.get("type") == "message":
-                        outcome = Outcome.decode(message["data"])
-                        if outcome is not None:
-                            deliver(outcome)
-                pubsub.close()
-                client.close()
-            except redis.RedisError:
-                logger.warning("completion notices: Redis unavailable, retrying in %.1fs", delay)
-                stopped.wait(delay)
-                delay = min(delay * 2, 5.0)
-
-    thread = threading.Thread(target=listen, name="celery-scheduler-notices", daemon=True)
-    thread.start()
-    return thread
-
-
-__all__ += ["report"]

@@ -77,8 +77,10 @@ class Settings:
     partition_lease_seconds: float = 10.0  # dispatcher ownership of a partition
     max_loaded_per_partition: int = 5000  # tasks a dispatcher holds in memory per partition
     lookahead_seconds: float = 60.0  # how far ahead of now the schedule is loaded
+    # tasks a dispatcher has released and not seen finish, at most; 0 follows the rate at
+    # which outcomes come back (about two seconds of the workers' work waits in the broker)
+    max_in_flight: int = 0
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
-    redis_url: str | None = None  # completion notices; defaults to the broker when it is Redis
 
     # optional HMAC signing of records (see celery_scheduler.signing)
     signing_keys: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -96,7 +98,7 @@ class Settings:
                 raise ConfigurationError(
                     f"{PREFIX}{name} must be positive, got {getattr(self, name)!r}"
                 )
-        for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds",
+        for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds", "max_in_flight",
                      "partition_lease_seconds", "lookahead_seconds", "startup_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")

@@ -61,7 +61,8 @@ def drop_scheduler(topic: str, keyspace: str) -> None:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": KAFKA})
-    for future in admin.delete_topics([topic, f"{topic}.deadletter"], operation_timeout=30).values():
+    topics = [topic, f"{topic}.deadletter", f"{topic}.outcomes"]
+    for future in admin.delete_topics(topics, operation_timeout=30).values():
         with contextlib.suppress(Exception):  # never created, or already gone
             future.result(30)
     host, port = CASSANDRA.rsplit(":", 1)

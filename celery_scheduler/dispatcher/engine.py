@@ -10,9 +10,15 @@ ingest loop, outcomes reported by workers) on a queue, and in between:
    from it);
 2. loads each leased partition's schedule forward (bounded, see ``loader``);
 3. releases due tasks, at most one in flight per ordering id, to Celery;
-4. acts on outcomes: success finishes the key and frees its ordering id; failure retries
-   with jittered exponential backoff or, after the last attempt, fails (or blocks) it; a
-   task whose outcome does not arrive before its lease ends is released again.
+4. acts on outcomes, read from the outcomes topic: success finishes the key and frees its
+   ordering id; failure retries with jittered exponential backoff or, after the last
+   attempt, fails (or blocks) it; a task whose outcome does not arrive before its lease
+   ends is released again. Once an outcome's effect is stored, its offset may be committed.
+
+Flow control: at most a window of tasks is in flight (released and not finished) at once,
+so a backlog waits here, oldest first, rather than in the broker's queue, where a task
+could outlive its lease before a worker takes it. The window follows the rate at which
+outcomes come back (``max_in_flight`` fixes it instead).
 
 Owning all state in one thread keeps the ordering rules free of locks.
 """
@@ -32,6 +38,7 @@ from typing import Any
 from celery_scheduler.bridge import Release, publish_each
 from celery_scheduler.completion import Outcome
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
+from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey
@@ -58,6 +65,7 @@ class EngineSettings:
     page_size: int = 500
     outcome_poll_seconds: float = 2.0  # how often the store is asked about in-flight tasks
     release_batch: int = 500  # most tasks released per step, so leases are renewed in between
+    max_in_flight: int = 0  # tasks released and not finished at once; 0: follow the outcome rate
     tick_seconds: float = 0.05  # longest sleep between checks
     # The ingest loop of this process not back for this long: it hangs (a Kafka client call
     # that never returns), so its partitions' new tasks go unread; give their leases up.
@@ -107,6 +115,34 @@ class _Watch:
         self.started, self.spent, self.steps, self.failed = now, {}, 0, 0
 
 
+class _Window:
+    """How many tasks may be in flight at once: twice the outcomes of the last second or so.
+
+    At a steady rate that is about two seconds of the workers' work waiting in the broker,
+    enough to keep them busy between releases; a backlog beyond it waits in the timetable.
+    """
+
+    FLOOR = 100  # never fewer: a slow start, or a few long tasks, must not starve the rest
+
+    def __init__(self, fixed: int) -> None:
+        self.fixed = fixed
+        self.rate = 0.0
+        self._count = 0
+        self._mark = time.monotonic()
+
+    def finished(self) -> None:
+        self._count += 1
+
+    def size(self) -> int:
+        if self.fixed > 0:
+            return self.fixed
+        now = time.monotonic()
+        elapsed = now - self._mark
+        if elapsed >= 1.0:
+            self.rate, self._count, self._mark = self._count / elapsed, 0, now
+        return max(self.FLOOR, int(2 * self.rate))
+
+
 @dataclass
 class _Revoke:
     partitions: list[int]
@@ -144,6 +180,17 @@ class Engine:
         self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
         self._ingest_stalled = False
         self._watch = _Watch()
+        self._window = _Window(self.settings.max_in_flight)
+        # Outcomes read from the outcomes topic: the offset read up to, per partition; the
+        # outcomes whose effect could not be stored yet; and the offsets whose outcomes'
+        # effects are all stored, which the reader may commit (replaced whole, never
+        # changed in place: the reader's thread reads it).
+        self._outcomes_read: dict[int, int] = {}
+        self._outcome_retries: list[Outcome] = []
+        self._durable_offsets: dict[int, int] = {}
+        # Whether the outcome reader is keeping up; while it is not, a lease that ends is
+        # not taken to mean that the task's outcome is lost.
+        self.outcomes_current: Callable[[], bool] = lambda: True
 
     # --- called from other threads -------------------------------------------------------
 
@@ -166,7 +213,14 @@ class Engine:
         self.events.put(("cancelled", key))
 
     def outcome(self, outcome: Outcome) -> None:
-        self.events.put(("outcome", outcome))
+        self.outcomes(OutcomeBatch([outcome], {}))
+
+    def outcomes(self, batch: OutcomeBatch) -> None:
+        self.events.put(("outcomes", batch))
+
+    def durable_outcome_offsets(self) -> dict[int, int]:
+        """Per partition, the outcomes offset up to which every outcome's effect is stored."""
+        return self._durable_offsets
 
     def may_persist(self, partition: int) -> bool:
         """Whether this process may write *partition*'s new tasks: it holds the lease.
@@ -238,6 +292,7 @@ class Engine:
         watch.lap("outcomes")
         self._release_due()
         self._store_succeeded()
+        self._outcomes_stored()
         watch.lap("release")
         self.metrics.state(len(self.timetable), len(self.timetable.in_flight()),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
@@ -245,11 +300,14 @@ class Engine:
 
     def _wait_seconds(self) -> float:
         next_due = self.timetable.next_due_ms()
-        if next_due is None:
+        if next_due is None or self.timetable.in_flight_count() >= self._window.size():
             return self.settings.tick_seconds
         return max(0.0, min(self.settings.tick_seconds, (next_due - self.clock()) / 1000))
 
     def _drain_events(self, wait: float) -> None:
+        if self._outcome_retries:  # outcomes whose effect a failed write did not store
+            retries, self._outcome_retries = self._outcome_retries, []
+            self._on_outcomes(OutcomeBatch(retries, {}))
         try:
             event = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
         except queue.Empty:
@@ -269,6 +327,9 @@ class Engine:
                     self.partitions[number] = _Partition(PartitionLoader(
                         self.store, number, page_size=s.page_size, max_loaded=s.max_loaded,
                         lookahead_ms=int(s.lookahead_seconds * 1000)))
+            # the reader starts again from the committed offset
+            self._durable_offsets = {n: o for n, o in self._durable_offsets.items()
+                                     if n not in payload}
             logger.info("assigned partitions %s", sorted(payload))
         elif kind == "revoke":
             self._revoke(payload)
@@ -276,11 +337,49 @@ class Engine:
             self._on_persisted(payload)
         elif kind == "cancelled":
             self._on_cancelled(payload)
-        elif kind == "outcome":
-            task = self.timetable.get(payload.key)
-            # also for a task a previous owner released: its outcome frees the ordering id
-            if task is not None and task.awaiting_outcome and payload.attempt == task.attempts:
-                self._apply_outcome(task, payload.succeeded, payload.error)
+        elif kind == "outcomes":
+            self._on_outcomes(payload)
+
+    def _on_outcomes(self, batch: OutcomeBatch) -> None:
+        unknown: list[Outcome] = []
+        for outcome in batch.outcomes:
+            if outcome.partition not in self.partitions:
+                continue
+            task = self.timetable.get(outcome.key)
+            if task is None:
+                unknown.append(outcome)  # not loaded (yet): the store keeps it for the loader
+            elif task.awaiting_outcome and outcome.attempt == task.attempts:
+                # also for a task a previous owner released: its outcome frees the ordering id
+                try:
+                    self._apply_outcome(task, outcome.succeeded, outcome.error)
+                except SchedulerError:
+                    logger.warning("could not store the outcome of %s; trying again", outcome.key,
+                                   exc_info=True)
+                    self._outcome_retries.append(outcome)
+            # else an older attempt's outcome, or one of a task not released: nothing to do
+        if unknown:
+            try:
+                self.store.record_outcomes([(o.key, o.attempt, o.succeeded, o.error) for o in unknown],
+                                           self.clock())
+            except SchedulerError:
+                logger.warning("could not store %d outcome(s); trying again", len(unknown),
+                               exc_info=True)
+                self._outcome_retries += unknown
+        for number, offset in batch.offsets.items():
+            if number in self.partitions:
+                self._outcomes_read[number] = max(offset, self._outcomes_read.get(number, 0))
+
+    def _outcomes_stored(self) -> None:
+        """Mark the outcomes read so far durable, where all of a partition's are stored."""
+        if not self._outcomes_read:
+            return
+        held = {o.partition for o in self._outcome_retries}
+        held.update(task.partition for task in self._succeeded.values())
+        durable = dict(self._durable_offsets)
+        for number, offset in self._outcomes_read.items():
+            if number not in held:
+                durable[number] = offset
+        self._durable_offsets = durable
 
     def _on_persisted(self, row: StoredTask) -> None:
         partition = self.partitions.get(row.partition)
@@ -316,9 +415,13 @@ class Engine:
     def _revoke(self, request: _Revoke) -> None:
         try:
             self._store_succeeded()  # while the leases are still ours
+            self._outcomes_stored()  # so the reader commits them before it lets go
         except SchedulerError:
             logger.warning("could not record finished tasks before a revocation", exc_info=True)
+        gone = set(request.partitions)
+        self._outcome_retries = [o for o in self._outcome_retries if o.partition not in gone]
         for number in request.partitions:
+            self._outcomes_read.pop(number, None)
             self._writable.discard(number)
             partition = self.partitions.pop(number, None)
             if partition is not None and partition.lease is not None:
@@ -414,7 +517,10 @@ class Engine:
 
     def _release_due(self) -> None:
         now = self.clock()
-        taken = self.timetable.take_due(now, self.settings.release_batch)
+        room = self._window.size() - self.timetable.in_flight_count()
+        if room <= 0:
+            return
+        taken = self.timetable.take_due(now, min(room, self.settings.release_batch))
         if not taken:
             return
         # Every task taken is now in flight: whatever fails below, the ones not released,
@@ -454,7 +560,8 @@ class Engine:
             attempt = task.attempts + 1
             task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
             task.next_poll_ms = 0
-            sending.append((task, Release(task.key, task.partition, attempt, partition.lease.epoch)))
+            sending.append((task, Release(task.key, task.partition, attempt, partition.lease.epoch,
+                                          lease_until)))
         if not sending:
             return
         failed: list[tuple[Loaded, Exception]] = []
@@ -490,6 +597,12 @@ class Engine:
         earlier = [task for task in tasks if task.awaiting_outcome]
         if not earlier:
             return tasks
+        if not self.outcomes_current():  # their outcomes may be in the topic, unread
+            now = self.clock()
+            for task in earlier:
+                self.timetable.defer(task.key, now + 1000)
+                del open_[task.key]
+            return [task for task in tasks if not task.awaiting_outcome]
         statuses = self.store.statuses([task.key for task in earlier])
         settled = set()
         for task, status in zip(earlier, statuses, strict=True):
@@ -518,11 +631,13 @@ class Engine:
         return False
 
     def _poll_outcomes(self) -> None:
-        """Ask the store about released tasks whose notice has not come (it may be lost).
+        """Ask the store about released tasks whose outcome has not come.
 
-        Each task is asked about at growing intervals (2 s, 4 s, 8 s, ... up to 30 s after
-        its release), so long-running tasks cost few reads, and once more when its lease
-        ends, so a task whose worker died is released again then, not up to 30 s later.
+        Outcomes come from the outcomes topic, so a task this engine released is asked about
+        only when its lease ends (then released again if none was stored). A task a previous
+        owner released may have had its outcome stored by that owner, or read again here
+        before the task was loaded: it is asked about once soon after loading, and again when
+        its lease ends.
         """
         now = self.clock()
         if now - self._last_poll_ms < min(500, self.settings.outcome_poll_seconds * 1000):
@@ -534,13 +649,10 @@ class Engine:
             if task.key in self._succeeded:
                 continue
             if task.next_poll_ms == 0:
-                task.next_poll_ms = (task.released_ms or now) + first
+                task.next_poll_ms = task.lease_until_ms if task.released_ms else now + first
             if now < task.next_poll_ms:
                 continue
-            since = now - (task.released_ms or now)
-            task.next_poll_ms = now + min(30_000, max(first, since))
-            if now < task.lease_until_ms < task.next_poll_ms:
-                task.next_poll_ms = task.lease_until_ms
+            task.next_poll_ms = task.lease_until_ms if task.lease_until_ms > now else now + first
             asking.append(task)
         for start in range(0, len(asking), self.settings.release_batch):
             chunk = asking[start:start + self.settings.release_batch]
@@ -558,6 +670,9 @@ class Engine:
             self.timetable.remove(task.key)
             return
         if task.released_ms and now >= task.lease_until_ms:
+            if not self.outcomes_current():
+                task.next_poll_ms = now + 1000  # its outcome may be in the topic, unread
+                return
             logger.warning("no outcome for %s within its lease; releasing it again", task.key)
             self._apply_outcome(task, False, "lease expired without an outcome")
 
@@ -582,6 +697,7 @@ class Engine:
 
     def _apply_outcome(self, task: Loaded, succeeded: bool, error: str | None) -> None:
         now = self.clock()
+        self._window.finished()
         partition = self.partitions.get(task.partition)
         if partition is not None:
             partition.loader.room_freed()  # more may be loaded

@@ -1,7 +1,7 @@
 """A dispatcher process: one member of the Kafka consumer group on the scheduler topic.
 
 Wires the parts together: the ingest loop on the main thread, the release engine on its
-own thread, and a Redis subscriber for completion notices. Several dispatchers (on one or
+own thread, and the outcome reader on a third. Several dispatchers (on one or
 many hosts) share the partitions; Kafka's cooperative-sticky assignment moves only the
 partitions that change owner, and Cassandra partition leases make sure two dispatchers
 never release from one partition at the same time.
@@ -23,10 +23,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from celery_scheduler import bridge
 from celery_scheduler.api import registered
 from celery_scheduler.client import open_store
-from celery_scheduler.completion import notice_channel, redis_url, subscribe
+from celery_scheduler.completion import outcome_topic
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
+from celery_scheduler.dispatcher.outcomes import OutcomeReader
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.errors import (
     ConfigurationError,
@@ -45,6 +46,9 @@ T = TypeVar("T")
 
 # Consumer group of all dispatchers of one scheduler topic.
 DEFAULT_GROUP_SUFFIX = ".dispatchers"
+# The outcome reader is behind when it has not reached Kafka for this long (seconds): a
+# lease that ends meanwhile may have its outcome in the topic, unread.
+OUTCOMES_BEHIND_SECONDS = 5.0
 
 
 def engine_settings(settings: Settings) -> EngineSettings:
@@ -52,7 +56,8 @@ def engine_settings(settings: Settings) -> EngineSettings:
                           partition_lease_seconds=settings.partition_lease_seconds,
                           on_exhausted=settings.on_exhausted,
                           max_loaded=settings.max_loaded_per_partition,
-                          lookahead_seconds=settings.lookahead_seconds)
+                          lookahead_seconds=settings.lookahead_seconds,
+                          max_in_flight=settings.max_in_flight)
 
 
 def _log_commit_failure(error: KafkaError | None, partitions: list[Any]) -> None:
@@ -118,9 +123,20 @@ class Dispatcher:
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many)
         producer = Producer({**base, "acks": "all", "enable.idempotence": True})
-        when_available(  # Kafka may have gone away again while Cassandra was awaited
-            "Kafka", lambda: topic_partitions(producer, dead_letter_topic(s.kafka_topic),
-                                              s.kafka_produce_timeout), deadline, self.stopping)
+        def partitions_of(topic: str) -> Callable[[], int]:
+            return lambda: topic_partitions(producer, topic, s.kafka_produce_timeout)
+
+        counts = [when_available("Kafka", partitions_of(topic), deadline, self.stopping)
+                  for topic in (dead_letter_topic(s.kafka_topic), outcome_topic(s.kafka_topic))]
+        if counts[1] != self._partitions:
+            raise ConfigurationError(
+                f"Kafka topic {outcome_topic(s.kafka_topic)!r} has {counts[1]} partitions but "
+                f"{s.kafka_topic!r} has {self._partitions}: workers report a task's outcome to the "
+                "partition of the same number; run `celery -A <your app> scheduler init` to see "
+                "how to make them match")
+        self.outcomes = OutcomeReader(base, outcome_topic(s.kafka_topic), f"{self.group_id}.outcomes",
+                                      self.engine.outcomes, self.engine.durable_outcome_offsets)
+        self.engine.outcomes_current = self._outcomes_current
         self.consumer = Consumer({
             **base,
             "group.id": self.group_id,
@@ -143,15 +159,20 @@ class Dispatcher:
     def _publish_many(self, items: list[tuple[Loaded, bridge.Release]]) -> list[Exception | None]:
         return self.publisher.publish_many([(task.envelope, release) for task, release in items])
 
+    def _outcomes_current(self) -> bool:
+        return time.monotonic() - self.outcomes.last_read_mono < OUTCOMES_BEHIND_SECONDS
+
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
         self.ingest.assigned(partitions)
         self.engine.assign(p.partition for p in partitions)
+        self.outcomes.assign(p.partition for p in partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
         started = time.monotonic()
         self.ingest.revoked(partitions)
         if not self.engine.revoke(p.partition for p in partitions):
             logger.error("partitions %s were not handed over in time", [p.partition for p in partitions])
+        self.outcomes.revoke(p.partition for p in partitions)
         logger.info("handed over partitions %s in %.3fs", [p.partition for p in partitions],
                     time.monotonic() - started)
 
@@ -162,11 +183,7 @@ class Dispatcher:
         self.consumer.subscribe([s.kafka_topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         engine_thread = self.engine.start()
-        url = redis_url(self.app, s)
-        if url is not None:
-            subscribe(url, notice_channel(s), self.engine.outcome, self.stopping)
-        else:
-            logger.warning("no Redis for completion notices; outcomes are polled from Cassandra")
+        self.outcomes.start(self.stopping)
         try:
             while not self.stopping.is_set():
                 self.ingest.poll_once(0.2)
@@ -185,6 +202,10 @@ class Dispatcher:
         except KafkaException as exc:
             logger.warning("closing the consumer: %s", exc)
         self.engine.stop()
+        try:
+            self.outcomes.close()
+        except KafkaException as exc:
+            logger.warning("closing the outcome reader: %s", exc)
         self.publisher.close()
         self.ingest.close()
         self.store.close()
@@ -196,7 +217,8 @@ def check(app: Any) -> list[str]:
     problems: list[str] = []
     base = client_config(settings.kafka_bootstrap_servers, settings.kafka_options)
     producer = Producer(base)
-    for topic in (settings.kafka_topic, dead_letter_topic(settings.kafka_topic)):
+    for topic in (settings.kafka_topic, dead_letter_topic(settings.kafka_topic),
+                  outcome_topic(settings.kafka_topic)):
         try:
             topic_partitions(producer, topic, min(settings.kafka_produce_timeout, 5.0))
         except SchedulerError as exc:
@@ -208,12 +230,9 @@ def check(app: Any) -> list[str]:
             store.status(TaskKey("health-check", 0, "health-check"))
     except SchedulerError as exc:
         problems.append(f"cassandra: {exc}")
-    url = redis_url(app, settings)
-    if url is not None:
-        import redis
-
-        try:
-            redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3).ping()
-        except redis.RedisError as exc:
-            problems.append(f"redis: {exc}")
+    try:  # where releases go
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
+    except Exception as exc:  # any transport's errors: the check reports, never raises
+        problems.append(f"broker: {type(exc).__name__}: {exc}")
     return problems

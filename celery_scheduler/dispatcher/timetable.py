@@ -78,12 +78,17 @@ class Timetable:
         self._per_partition: dict[int, int] = {}
         self._heap: list[tuple[int, int, str]] = []  # (due_ms, tie, ordering id), lazily pruned
         self._tie = itertools.count()
+        self._in_flight = 0  # queues with a task in flight
 
     def __len__(self) -> int:
         return len(self._by_key)
 
     def __contains__(self, key: TaskKey) -> bool:
         return key in self._by_key
+
+    def in_flight_count(self) -> int:
+        """How many tasks are in flight (taken for release and not yet back or finished)."""
+        return self._in_flight
 
     def count(self, partition: int) -> int:
         """How many tasks of *partition* are loaded."""
@@ -115,14 +120,19 @@ class Timetable:
         if task is None:
             return None
         queue = self._queues[key.ordering_id]
-        if queue.in_flight is task:
-            queue.in_flight = None
+        self._land(queue, task)
         self._unlink(queue, task)
         if not queue.tasks and queue.in_flight is None:
             del self._queues[key.ordering_id]
         else:
             self._schedule(key.ordering_id, queue)
         return task
+
+    def _land(self, queue: _Queue, task: Loaded) -> None:
+        """*task* is no longer in flight (if it was)."""
+        if queue.in_flight is task:
+            queue.in_flight = None
+            self._in_flight -= 1
 
     def _unlink(self, queue: _Queue, task: Loaded) -> None:
         index = next(i for i, (_, t) in enumerate(queue.tasks) if t is task)
@@ -147,6 +157,7 @@ class Timetable:
             if head.due_ms != due_ms:  # stale entry; the current one is in the heap as well
                 continue
             queue.in_flight = head
+            self._in_flight += 1
             released.append(head)
             if limit is not None and len(released) >= limit:
                 break
@@ -171,8 +182,7 @@ class Timetable:
         """Put the in-flight *key* back unchanged, to be looked at again at *until_ms*."""
         task = self._by_key[key]
         queue = self._queues[key.ordering_id]
-        if queue.in_flight is task:
-            queue.in_flight = None
+        self._land(queue, task)
         task.not_before_ms = max(task.not_before_ms, until_ms)
         self._schedule(key.ordering_id, queue)
 
@@ -180,8 +190,7 @@ class Timetable:
         """Put the in-flight *key* back as the head of its ordering id, due at *not_before_ms*."""
         task = self._by_key[key]
         queue = self._queues[key.ordering_id]
-        if queue.in_flight is task:
-            queue.in_flight = None
+        self._land(queue, task)
         task.not_before_ms = not_before_ms
         task.lease_until_ms = 0
         self._schedule(key.ordering_id, queue)
@@ -190,9 +199,7 @@ class Timetable:
         """Hold *key*'s ordering id until the task is removed (an operator cancels it)."""
         task = self._by_key[key]
         task.blocked = True
-        queue = self._queues[key.ordering_id]
-        if queue.in_flight is task:
-            queue.in_flight = None
+        self._land(self._queues[key.ordering_id], task)
 
     def drop_partitions(self, partitions: Iterable[int]) -> int:
         """Forget everything of *partitions* (they were revoked); return how many tasks."""
@@ -200,6 +207,8 @@ class Timetable:
         dropped = 0
         for ordering_id in [o for o, q in self._queues.items() if q.partition in gone]:
             queue = self._queues.pop(ordering_id)
+            if queue.in_flight is not None:
+                self._in_flight -= 1
             for _, task in queue.tasks:
                 del self._by_key[task.key]
                 dropped += 1

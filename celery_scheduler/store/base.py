@@ -248,6 +248,13 @@ class ScheduleStore(abc.ABC):
                        now_ms: int) -> None:
         """The worker's report of one attempt (the dispatcher acts on it)."""
 
+    def record_outcomes(self, outcomes: Sequence[tuple[TaskKey, int, bool, str | None]],
+                        now_ms: int) -> None:
+        """:meth:`record_outcome` for each (key, attempt, succeeded, error), concurrently where
+        the store can. If it raises, any of them may or may not be recorded."""
+        for key, attempt, succeeded, error in outcomes:
+            self.record_outcome(key, attempt, succeeded, error, now_ms)
+
     # --- partition leases ------------------------------------------------------------------------
 
     @abc.abstractmethod

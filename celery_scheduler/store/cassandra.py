@@ -540,21 +540,29 @@ class CassandraScheduleStore(ScheduleStore):
                       [self._finished(task, state, None, current.get(task.key), now_ms, False)
                        for task in tasks])
 
+    def _outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
+                 now_ms: int) -> tuple[str, tuple[Any, ...]]:
+        if succeeded:
+            return ("UPDATE {ks}.task_status USING TTL ? SET state = ?, outcome = ?,"
+                    " outcome_attempt = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
+                    " AND unique_key = ?",
+                    (self.status_ttl, State.SUCCEEDED.value, "succeeded", attempt, _ts(now_ms),
+                     *self._pk(key)))
+        return ("UPDATE {ks}.task_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
+                " last_error = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
+                " AND unique_key = ?",
+                (self.status_ttl, "failed", attempt, error, _ts(now_ms), *self._pk(key)))
+
     def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
                        now_ms: int) -> None:
-        if succeeded:
-            self._execute(f"record the outcome of {key}",
-                          "UPDATE {ks}.task_status USING TTL ? SET state = ?, outcome = ?,"
-                          " outcome_attempt = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
-                          " AND unique_key = ?",
-                          (self.status_ttl, State.SUCCEEDED.value, "succeeded", attempt, _ts(now_ms),
-                           *self._pk(key)))
-        else:
-            self._execute(f"record the outcome of {key}",
-                          "UPDATE {ks}.task_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
-                          " last_error = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
-                          " AND unique_key = ?",
-                          (self.status_ttl, "failed", attempt, error, _ts(now_ms), *self._pk(key)))
+        self._execute(f"record the outcome of {key}",
+                      *self._outcome(key, attempt, succeeded, error, now_ms))
+
+    def record_outcomes(self, outcomes: Sequence[tuple[TaskKey, int, bool, str | None]],
+                        now_ms: int) -> None:
+        self._batches(f"record {len(outcomes)} outcome(s)",
+                      [[self._outcome(key, attempt, succeeded, error, now_ms)]
+                       for key, attempt, succeeded, error in outcomes])
 
     def _lwt(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:
         statement = self._prepare(cql)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import time
 from collections import defaultdict
 from collections.abc import Callable
 
 import pytest
+import redis
 
 from celery_scheduler.bridge import HEADER, Release
 from celery_scheduler.store.base import State
@@ -201,7 +203,10 @@ def test_cancelled_task_never_runs(scheduler: Scheduler, schedule) -> None:
 
 def test_a_stale_copy_of_a_release_never_runs(scheduler: Scheduler, schedule) -> None:
     """A killed worker's prefetched message comes back from the broker after its visibility
-    timeout, long after the key was released again: that copy must not run the key again."""
+    timeout, long after the key was released again: that copy must not run the key again.
+    A copy that ends its lease is stale by its own header; a copy the broker marks as
+    redelivered within its lease may be of a run that already happened, so the worker asks
+    the store about those."""
     scheduler.dispatcher()
     worker = scheduler.worker()
     at = time.time() + 2
@@ -209,16 +214,31 @@ def test_a_stale_copy_of_a_release_never_runs(scheduler: Scheduler, schedule) ->
     wait_for_states([handle], State.SUCCEEDED, timeout=60)
     assert handle.status().attempts == 1
 
-    # the message as the broker would give it back: attempt 1, then an attempt never released
-    for attempt in (1, 2):
-        release = Release(handle.key, 0, attempt, 1)
+    queue = scheduler.env["CELERY_SCHEDULER_TEST_QUEUE"]
+    broker = redis.Redis.from_url(schedule.app.conf.broker_url)
+    later = int(time.time() * 1000) + 60_000
+    copies = [  # (attempt, end of its lease, marked as redelivered by the broker)
+        (1, int(time.time() * 1000) - 1000, False),  # back after its lease: stale by its header
+        (1, later, True),  # given back within its lease, after it ran: the store says finished
+        (2, later, True),  # an attempt the dispatcher never released
+    ]
+    for attempt, lease_until, redelivered in copies:
+        release = Release(handle.key, 0, attempt, 1, lease_until)
         schedule.app.send_task("dispatching.record", args=["stale", 0], kwargs={"scheduled_for": at},
                                task_id=handle.key.task_id, headers={HEADER: release.header()},
-                               queue=scheduler.env["CELERY_SCHEDULER_TEST_QUEUE"])
-    # both copies handled: skipped (logged), or run (in the execution log)
-    wait_until(lambda: scheduler.log_of(worker).count("skipping a stale copy") + len(scheduler.starts()) >= 3,
+                               queue=f"{queue}.parked")
+        # as kombu's Redis transport gives back an unacknowledged message
+        payload = json.loads(broker.rpop(f"{queue}.parked"))
+        payload["headers"]["redelivered"] = redelivered
+        payload["properties"]["delivery_info"]["redelivered"] = redelivered
+        payload["properties"]["delivery_info"]["routing_key"] = queue
+        broker.lpush(queue, json.dumps(payload))
+    wait_until(lambda: scheduler.log_of(worker).count("skipping a stale copy") + len(scheduler.starts()) >= 4,
                30, lambda: scheduler.log_of(worker)[-3000:])
     assert [s["seq"] for s in scheduler.starts()] == [0], "a stale copy ran the key again"
+    log = scheduler.log_of(worker)
+    assert log.count("its lease has ended") == 1
+    assert log.count("the key is succeeded at attempt 1") == 2
     assert handle.status().state is State.SUCCEEDED
 
 

@@ -195,7 +195,7 @@ def test_a_redis_password_from_config_works_end_to_end(
         unique_name: str, tmp_path: Path) -> None:
     with pytest.raises(redis.AuthenticationError):  # the server really requires it
         redis.Redis(port=REDIS_PORT).ping()
-    # broker, result backend and completion notices all on the password-protected server
+    # broker and result backend on the password-protected server
     with own_scheduler(tmp_path, kafka_bootstrap, unique_name,
                        CELERY_SCHEDULER_TEST_REDIS=redis_with_password) as scheduler, \
             scheduling_client(scheduler.env) as app:
@@ -204,15 +204,12 @@ def test_a_redis_password_from_config_works_end_to_end(
         handles = [app.record.schedule(("pw", seq), {}, at=now_utc()) for seq in range(3)]
         wait_for_state(handles, State.SUCCEEDED)
 
-        channel = f"celery_scheduler:{unique_name}:outcomes"
-        subscribers = redis.Redis.from_url(redis_with_password).pubsub_numsub(channel)
-        assert subscribers == [(channel.encode(), 1)]  # the dispatcher listens for notices
         for process in (dispatcher, worker):
             assert REDIS_PASSWORD not in scheduler.log_of(process)
 
         scheduler.env["CELERY_SCHEDULER_TEST_REDIS"] = f"redis://:wrong-{REDIS_PASSWORD}@127.0.0.1:{REDIS_PORT}"
         check = scheduler.cli("dispatch", "--check")
-        assert check.returncode == 1 and "unhealthy: redis:" in check.stderr
+        assert check.returncode == 1 and "unhealthy: broker:" in check.stderr
         assert REDIS_PASSWORD not in check.stdout + check.stderr
 
 

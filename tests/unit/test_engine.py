@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from celery_scheduler.bridge import Release
 from celery_scheduler.completion import Outcome
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
+from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import StoreUnavailableError
@@ -115,14 +116,21 @@ def test_stale_outcomes_are_ignored(store: MemoryScheduleStore, clock: Clock) ->
     assert store.status(key).state is State.RELEASED
 
 
-def test_lost_notice_is_found_in_the_store(store: MemoryScheduleStore, clock: Clock) -> None:
-    h = Harness(store, clock)
+def test_an_outcome_stored_elsewhere_is_found_when_the_lease_ends(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    """An outcome that reached the store but not this engine (recorded by another reader)
+    is found when the task's lease ends: the task is finished, not released again."""
+    h = Harness(store, clock, lease_seconds=10.0)
     first, second = h.schedule("a", 0), h.schedule("a", 1)
     h.step()
-    store.record_outcome(first, 1, True, None, clock())  # the worker wrote, Redis lost it
-    h.step(1500)
-    h.step()
-    assert (second, 1) in h.released
+    store.record_outcome(first, 1, True, None, clock())
+    for _ in range(9):
+        h.step(1000)
+    assert h.released == [(first, 1)]  # no store reads for it before its lease ends
+    for _ in range(3):
+        h.step(1000)
+    assert h.released == [(first, 1), (second, 1)]
+    assert store.status(first).state is State.SUCCEEDED  # type: ignore[union-attr]
 
 
 def test_expired_lease_releases_again(store: MemoryScheduleStore, clock: Clock) -> None:
@@ -223,7 +231,7 @@ def test_a_released_task_settled_as_cancelled_is_not_released_again(
     assert h.released == [(first, 1)]
     assert store.read(0, Cursor(bucket_of(NOW, store.bucket_seconds)), 10)[0].key == second
     assert store.status(first).state is State.CANCELLED  # type: ignore[union-attr]
-    for _ in range(5):  # its poll finds the cancel: well within its 10 s lease
+    for _ in range(10):  # its poll when its lease ends finds the cancel
         h.step(1000)
     assert h.released == [(first, 1), (second, 1)]
     h.report(second, 1, True)
@@ -463,3 +471,126 @@ def test_a_broker_and_store_outage_at_once_does_not_block_the_ordering_id(clock:
     for _ in range(4):
         h.step(500)
     assert h.released == [(key, 1)]
+
+
+# --- outcomes from the outcomes topic, and flow control -------------------------------------
+
+
+def _batch(outcomes: list[Outcome], offset: int) -> OutcomeBatch:
+    return OutcomeBatch(outcomes, {0: offset})
+
+
+def test_an_outcome_offset_is_durable_only_once_its_effect_is_stored(clock: Clock) -> None:
+    """The reader may commit an outcome's offset only after the success it reports is
+    recorded in the store: a dispatcher dying before that leaves it to be read again."""
+    store = _FlakyFinishStore()
+    h = Harness(store, clock)
+    key = h.schedule("a", 0)
+    h.step()
+    store.failing = True
+    h.engine.outcomes(_batch([Outcome(key, 0, 1, True, None)], 41))
+    with pytest.raises(StoreUnavailableError):
+        h.step()
+    assert h.engine.durable_outcome_offsets() == {}
+    store.failing = False
+    h.step()
+    assert store.status(key).state is State.SUCCEEDED  # type: ignore[union-attr]
+    assert h.engine.durable_outcome_offsets() == {0: 41}
+
+
+def test_a_failed_outcome_whose_retry_could_not_be_stored_holds_its_offset(clock: Clock) -> None:
+    store = _DownStore()
+    h = Harness(store, clock)
+    key = h.schedule("a", 0)
+    h.step()
+    store.down = True
+    h.engine.outcomes(_batch([Outcome(key, 0, 1, False, "boom")], 7))
+    h.step()
+    assert h.engine.durable_outcome_offsets() == {}
+    store.down = False
+    h.step()
+    assert store.status(key).attempts == 1  # type: ignore[union-attr]
+    assert store.status(key).last_error == "boom"  # type: ignore[union-attr]
+    assert h.engine.durable_outcome_offsets() == {0: 7}
+
+
+def test_an_outcome_of_a_task_not_loaded_is_kept_in_the_store(store: MemoryScheduleStore,
+                                                               clock: Clock) -> None:
+    """A new owner may read an outcome before it loads its task: the store keeps it, and the
+    task, loaded later as released by the previous owner, is finished from it."""
+    h = Harness(store, clock)
+    envelope = ScheduleEnvelope(TaskKey("elsewhere", NOW, "u"), "t")
+    stored = store.put(0, envelope, clock())  # released twice by the previous owner
+    assert stored is not None
+    store.mark_released(stored, 2, NOW + 60_000, clock())
+    key = envelope.key
+    h.engine.outcomes(_batch([Outcome(key, 0, 2, True, None)], 3))
+    h.step()
+    status = store.status(key)
+    assert status is not None and status.outcome == "succeeded" and status.outcome_attempt == 2
+    assert h.engine.durable_outcome_offsets() == {0: 3}
+
+
+def test_outcomes_of_unowned_partitions_are_neither_applied_nor_committed(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    key = TaskKey("elsewhere", NOW, "u")
+    h.engine.outcomes(OutcomeBatch([Outcome(key, 5, 1, True, None)], {5: 9}))
+    h.step()
+    assert store.status(key) is None
+    assert h.engine.durable_outcome_offsets() == {}
+
+
+def test_a_lease_end_while_the_outcome_reader_is_behind_does_not_release_again(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock, lease_seconds=10.0)
+    key = h.schedule("a", 0)
+    h.step()
+    current = [False]
+    h.engine.outcomes_current = lambda: current[0]
+    for _ in range(20):
+        h.step(1000)
+    assert h.released == [(key, 1)]
+    current[0] = True
+    for _ in range(3):
+        h.step(1000)
+    assert h.released == [(key, 1), (key, 2)]
+
+
+def test_no_more_than_the_window_is_in_flight(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock, max_in_flight=2)
+    keys = [h.schedule(f"id-{n}", n) for n in range(5)]
+    h.step(10)
+    assert [k for k, _ in h.released] == keys[:2]  # oldest first
+    h.report(keys[0], 1, True)
+    h.step()
+    assert [k for k, _ in h.released] == keys[:3]
+
+
+def test_the_window_follows_the_outcome_rate(store: MemoryScheduleStore, clock: Clock) -> None:
+    """With no fixed size, the window is at least its floor, and grows with the rate at which
+    outcomes come back, so a fast pool of workers is never starved."""
+    h = Harness(store, clock)
+    for n in range(1000):
+        h.schedule(f"id-{n}", 0)
+    h.step()
+    assert len(h.released) == 100  # the floor
+    for key, attempt in h.released:
+        h.report(key, attempt, True)
+    h.step()
+    assert len(h.released) == 200  # as many as came back
+    h.engine._window._mark -= 1.0  # a second has passed since the window last measured
+    for key, attempt in h.released[100:]:
+        h.report(key, attempt, True)
+    h.step()
+    # 200 came back in about a second: the window is twice that rate, 100 of it in flight
+    assert 380 <= len(h.released) <= 400
+
+
+class _FlakyFinishStore(MemoryScheduleStore):
+    failing = False
+
+    def finish_many(self, tasks, state, now_ms):  # type: ignore[no-untyped-def]
+        if self.failing:
+            raise StoreUnavailableError("Cassandra could not mark tasks: down")
+        super().finish_many(tasks, state, now_ms)

@@ -1,0 +1,165 @@
+"""The dispatcher's outcome reader: workers' reports, from the outcomes topic to the engine.
+
+Workers produce each outcome to the partition of ``<topic>.outcomes`` numbered like the
+task's schedule partition (see :mod:`celery_scheduler.completion`). The dispatcher that
+owns schedule partition *p* reads outcomes partition *p*, from the offset committed for it,
+and hands each batch to its engine. The engine applies the outcomes (the next task of an
+ordering id goes at once) and writes them to Cassandra; only once those writes are
+acknowledged does it mark the batch's offsets durable, and only durable offsets are
+committed. A new owner therefore reads again every outcome whose effect may not be stored,
+and a crash between a worker's report and its write loses nothing.
+
+The offsets are committed under a group of their own (``<group>.outcomes``). Its consumer
+never subscribes: partitions are assigned by hand, following the schedule topic's
+assignment, so Kafka's group protocol only keeps the offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from celery_scheduler.completion import Outcome
+
+__all__ = ["OutcomeBatch", "OutcomeReader"]
+
+logger = logging.getLogger(__name__)
+
+# Most records read in one go.
+BATCH = 2000
+# How long a read waits for the first record; bounds how soon an assignment takes effect.
+POLL_SECONDS = 0.05
+
+
+class OutcomeBatch:
+    """Outcomes read together, and the offsets to commit once their effect is stored."""
+
+    __slots__ = ("offsets", "outcomes")
+
+    def __init__(self, outcomes: list[Outcome], offsets: dict[int, int]) -> None:
+        self.outcomes = outcomes
+        self.offsets = offsets  # partition -> offset of the next record to read
+
+
+class OutcomeReader:
+    """Reads the outcomes partitions this dispatcher owns and commits what is stored.
+
+    *deliver* gets each batch (on the reader's thread); *durable* returns the offsets whose
+    outcomes' effects are stored (called on the reader's thread, and on revocation).
+    """
+
+    def __init__(self, config: dict[str, Any], topic: str, group_id: str,
+                 deliver: Callable[[OutcomeBatch], None],
+                 durable: Callable[[], dict[int, int]]) -> None:
+        self.topic = topic
+        self._deliver = deliver
+        self._durable = durable
+        self._consumer = Consumer({
+            **config,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+        })
+        self._lock = threading.Lock()  # the consumer: assignments come from another thread
+        self._assigned: set[int] = set()
+        self._committed: dict[int, int] = {}
+        self.last_read_mono = time.monotonic()  # the last read that reached Kafka
+        self._thread: threading.Thread | None = None
+
+    def assign(self, partitions: Iterable[int]) -> None:
+        """Start reading *partitions* from their committed offsets."""
+        new = [TopicPartition(self.topic, number) for number in partitions
+               if number not in self._assigned]
+        if not new:
+            return
+        with self._lock:
+            self._consumer.incremental_assign(new)
+            self._assigned.update(tp.partition for tp in new)
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Commit what is stored of *partitions*, then stop reading them."""
+        gone = [number for number in partitions if number in self._assigned]
+        if not gone:
+            return
+        with self._lock:
+            self._commit(set(gone), asynchronous=False)
+            self._consumer.incremental_unassign([TopicPartition(self.topic, n) for n in gone])
+            self._assigned.difference_update(gone)
+            for number in gone:
+                self._committed.pop(number, None)
+
+    def start(self, stopped: threading.Event) -> threading.Thread:
+        self._thread = threading.Thread(target=self._run, args=(stopped,), daemon=True,
+                                        name="celery-scheduler-outcomes")
+        self._thread.start()
+        return self._thread
+
+    def _run(self, stopped: threading.Event) -> None:
+        next_commit = 0.0
+        while not stopped.is_set():
+            try:
+                self.read_once()
+                now = time.monotonic()
+                if now >= next_commit:
+                    next_commit = now + 0.5
+                    with self._lock:
+                        self._commit(set(self._assigned), asynchronous=True)
+            except Exception:  # a Kafka outage: outcomes wait in the topic
+                logger.exception("reading outcomes failed; retrying in 1s")
+                stopped.wait(1.0)
+
+    def read_once(self) -> int:
+        """Read one batch and deliver it; return how many outcomes it held."""
+        with self._lock:
+            if not self._assigned:
+                messages: list[Any] = []
+            else:
+                messages = self._consumer.consume(BATCH, POLL_SECONDS)
+        if not self._assigned:
+            time.sleep(POLL_SECONDS)
+        outcomes: list[Outcome] = []
+        offsets: dict[int, int] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    logger.warning("reading outcomes: %s", error)
+                continue
+            offsets[message.partition()] = message.offset() + 1
+            outcome = Outcome.decode(message.value())
+            if outcome is None:
+                logger.warning("ignoring an outcome record that is not one: %r", message.value()[:200])
+                continue
+            outcomes.append(outcome)
+        self.last_read_mono = time.monotonic()
+        if offsets:
+            self._deliver(OutcomeBatch(outcomes, offsets))
+        return len(outcomes)
+
+    def _commit(self, partitions: set[int], asynchronous: bool) -> None:
+        durable = self._durable()
+        due = [TopicPartition(self.topic, number, offset) for number, offset in durable.items()
+               if number in partitions and self._committed.get(number, -1) < offset]
+        if not due:
+            return
+        try:
+            if asynchronous:
+                self._consumer.commit(offsets=due, asynchronous=True)
+            else:
+                self._consumer.commit(offsets=due, asynchronous=False)
+        except KafkaException as exc:  # read again by the next owner: harmless
+            logger.info("Kafka did not take an outcome offset commit (%s)", exc)
+            return
+        for tp in due:
+            self._committed[tp.partition] = tp.offset
+
+    def close(self) -> None:
+        with self._lock:
+            self._commit(set(self._assigned), asynchronous=False)
+            self._consumer.close()
