@@ -116,13 +116,17 @@ class _Watch:
 
 
 class _Window:
-    """How many tasks may be in flight at once: twice the outcomes of the last second or so.
+    """How many tasks may be in flight at once: two seconds' worth of outcomes.
 
     At a steady rate that is about two seconds of the workers' work waiting in the broker,
     enough to keep them busy between releases; a backlog beyond it waits in the timetable.
+    The rate is measured every quarter second, so a window that holds back fast workers
+    opens within one measurement (while it is full, the rate is the window divided by the
+    time a task takes to come back).
     """
 
     FLOOR = 100  # never fewer: a slow start, or a few long tasks, must not starve the rest
+    PERIOD = 0.25  # seconds between measurements of the rate
 
     def __init__(self, fixed: int) -> None:
         self.fixed = fixed
@@ -138,7 +142,7 @@ class _Window:
             return self.fixed
         now = time.monotonic()
         elapsed = now - self._mark
-        if elapsed >= 1.0:
+        if elapsed >= self.PERIOD:
             self.rate, self._count, self._mark = self._count / elapsed, 0, now
         return max(self.FLOOR, int(2 * self.rate))
 
