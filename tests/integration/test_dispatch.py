@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import redis
 from celery_scheduler.bridge import HEADER, Release
 from celery_scheduler.store.base import State
 from tests.integration.dispatch_fixtures import Scheduler
+from tests.services import REPO
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
@@ -383,6 +385,14 @@ def test_dispatcher_metrics_on_prometheus(scheduler: Scheduler, schedule) -> Non
     assert samples['celery_scheduler_finished_total{outcome="succeeded"}'] == 3
     assert samples["celery_scheduler_release_lateness_seconds_count"] == 3
     assert samples["celery_scheduler_owned_partitions"] == 6
+
+    # every metric the Grafana dashboard in docs/ queries is one the dispatcher serves
+    dashboard = json.loads((REPO / "docs" / "grafana" / "celery-scheduler.json").read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"celery_scheduler_[a-z_]+", target["expr"])}
+    served = {name.split("{")[0] for name in samples}
+    assert len(queried) >= 9
+    assert queried <= served, f"the dashboard queries metrics no dispatcher serves: {queried - served}"
 
 
 def test_hung_task_is_killed_before_its_lease_ends_and_released_again(
