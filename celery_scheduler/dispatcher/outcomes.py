@@ -77,7 +77,7 @@ class OutcomeReader:
         self._lock = threading.Lock()  # the consumer: assignments come from another thread
         self._assigned: set[int] = set()
         self._committed: dict[int, int] = {}
-        self.last_read_mono = time.monotonic()  # the last read that reached Kafka
+        self.last_read_mono = time.monotonic()  # when the last read came back
         self._thread: threading.Thread | None = None
 
     def assign(self, partitions: Iterable[int]) -> None:

@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 # Consumer group of all dispatchers of one scheduler topic.
 DEFAULT_GROUP_SUFFIX = ".dispatchers"
-# The outcome reader is behind when it has not reached Kafka for this long (seconds): a
+# The outcome reader is behind when its reads have not come back for this long (seconds): a
 # lease that ends meanwhile may have its outcome in the topic, unread.
 OUTCOMES_BEHIND_SECONDS = 5.0
 
