@@ -1,16 +1,20 @@
 """Readiness probes for the local services: exit 0 when the service really answers.
 
-Usage: python scripts/probe.py kafka|cassandra|redis [host:port]
+Usage: python scripts/probe.py kafka|cassandra|redis|rabbitmq|postgres [host:port]
 
 Each probe does what a client would do first: a Kafka metadata request, a CQL query
-against ``system.local``, a Redis PING. It prints one line saying what answered.
+against ``system.local``, a Redis PING, an AMQP connection, a PostgreSQL query. It prints
+one line saying what answered.
 """
 
 from __future__ import annotations
 
+import socket
+import struct
 import sys
 
-DEFAULTS = {"kafka": "127.0.0.1:9092", "cassandra": "127.0.0.1:9042", "redis": "127.0.0.1:6379"}
+DEFAULTS = {"kafka": "127.0.0.1:9092", "cassandra": "127.0.0.1:9042", "redis": "127.0.0.1:6379",
+            "rabbitmq": "127.0.0.1:5672", "postgres": "127.0.0.1:5432"}
 
 
 def probe_kafka(address: str) -> str:
@@ -47,7 +51,59 @@ def probe_redis(address: str) -> str:
     return f"redis {address}: PONG, version {client.info('server')['redis_version']}"
 
 
-PROBES = {"kafka": probe_kafka, "cassandra": probe_cassandra, "redis": probe_redis}
+def probe_rabbitmq(address: str) -> str:
+    import amqp
+
+    connection = amqp.Connection(address, connect_timeout=3)
+    connection.connect()
+    try:
+        version = connection.server_properties.get("version", b"?")
+        return f"rabbitmq {address}: AMQP open, version {version!s}"
+    finally:
+        connection.close()
+
+
+def _pg_messages(sock: socket.socket) -> dict[bytes, list[bytes]]:
+    """Backend messages by type until ReadyForQuery ("Z"); an ErrorResponse raises, and so does
+    a request for a password (the server then waits for it)."""
+    seen: dict[bytes, list[bytes]] = {}
+    buffer = b""
+    while True:
+        while len(buffer) < 5 or len(buffer) < 1 + struct.unpack("!I", buffer[1:5])[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            buffer += chunk
+        size = struct.unpack("!I", buffer[1:5])[0]
+        kind, body, buffer = buffer[:1], buffer[5:1 + size], buffer[1 + size:]
+        if kind == b"E":  # fields: a type byte, then text, NUL-terminated; "M" is the message
+            fields = {f[:1]: f[1:].decode(errors="replace") for f in body.split(b"\0") if f}
+            raise RuntimeError(fields.get(b"M", "error"))
+        if kind == b"R" and body[:4] != struct.pack("!I", 0):
+            raise RuntimeError("the server asks for a password; the local cluster should trust loopback")
+        seen.setdefault(kind, []).append(body)
+        if kind == b"Z":
+            return seen
+
+
+def probe_postgres(address: str) -> str:
+    # The wire protocol by hand (startup as "postgres", one simple query), so the probe needs
+    # no driver: the services' own probe environment has none.
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=3) as sock:
+        params = b"user\0postgres\0database\0postgres\0\0"
+        sock.sendall(struct.pack("!II", 8 + len(params), 196608) + params)  # protocol 3.0
+        _pg_messages(sock)
+        sql = b"SELECT version()\0"
+        sock.sendall(b"Q" + struct.pack("!I", 4 + len(sql)) + sql)
+        row = _pg_messages(sock)[b"D"][0]  # DataRow: column count, then length and text
+        version = row[6:6 + struct.unpack("!i", row[2:6])[0]].decode()
+        sock.sendall(b"X" + struct.pack("!I", 4))  # Terminate
+    return f"postgres {address}: {' '.join(version.split()[:2])}"
+
+
+PROBES = {"kafka": probe_kafka, "cassandra": probe_cassandra, "redis": probe_redis,
+          "rabbitmq": probe_rabbitmq, "postgres": probe_postgres}
 
 
 def main(argv: list[str]) -> int:

@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 KAFKA = os.environ.get("CELERY_SCHEDULER_TEST_KAFKA", "127.0.0.1:9092")
 CASSANDRA = os.environ.get("CELERY_SCHEDULER_TEST_CASSANDRA", "127.0.0.1:9042")
 REDIS = os.environ.get("CELERY_SCHEDULER_TEST_REDIS", "redis://127.0.0.1:6379")
-ADDRESSES = {"kafka": KAFKA, "cassandra": CASSANDRA, "redis": REDIS.split("://", 1)[-1]}
+RABBITMQ = os.environ.get("CELERY_SCHEDULER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+ADDRESSES = {"kafka": KAFKA, "cassandra": CASSANDRA, "redis": REDIS.split("://", 1)[-1],
+             "rabbitmq": RABBITMQ.split("@", 1)[-1].rstrip("/")}
 
 
 def _load_probe() -> ModuleType:

@@ -10,25 +10,13 @@ redis_dir() { echo "$STATE_DIR/redis"; }
 
 redis_logfile() { echo "$(redis_dir)/redis.log"; }
 
-redis_install() {
-    command -v redis-server >/dev/null && return 0
-    log "installing redis-server from Debian"
-    if [[ $(id -u) -eq 0 ]]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-    elif command -v sudo >/dev/null; then
-        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-    fi
-    command -v redis-server >/dev/null || die "redis-server is not installed and could not be installed (apt-get install redis-server)"
-}
+redis_install() { debian_install redis-server redis-server; }
 
 redis_start() {
     local dir pidfile
     dir=$(redis_dir)
     pidfile=$dir/redis.pid
-    if is_pid_alive "$pidfile" && "$PY" "$SCRIPT_DIR/probe.py" redis "$(redis_address)" >/dev/null 2>&1; then
-        log "redis already running (pid $(<"$pidfile"))"
-        return 0
-    fi
+    already_up redis "$pidfile" && return 0
     redis_install
     mkdir -p "$dir"
     # `--save ''` and `--appendonly no`: test data need not survive a restart.
@@ -44,15 +32,6 @@ redis_start() {
 
 redis_stop() { stop_pid redis "$(redis_dir)/redis.pid" 10; }
 
-redis_status() {
-    local pidfile out
-    pidfile=$(redis_dir)/redis.pid
-    if is_pid_alive "$pidfile" && out=$("$PY" "$SCRIPT_DIR/probe.py" redis "$(redis_address)" 2>&1); then
-        echo "redis: running (pid $(<"$pidfile")) — $out"
-        return 0
-    fi
-    echo "redis: stopped"
-    return 1
-}
+redis_status() { pid_status redis "$(redis_dir)/redis.pid" "$(redis_address)"; }
 
 redis_wipe() { rm -rf "$(redis_dir)"; }
