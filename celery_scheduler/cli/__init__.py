@@ -5,8 +5,14 @@
     celery -A proj scheduler init                  # create the Kafka topic and Cassandra schema
     celery -A proj scheduler dispatch              # run a dispatcher (run several for more)
     celery -A proj scheduler dispatch --check      # exit 0 if a dispatcher could run here
+    celery -A proj scheduler status                # partitions: owner, lease, backlog, lag
     celery -A proj scheduler status ORDERING_ID AT UNIQUENESS_KEY
+    celery -A proj scheduler inspect ORDERING_ID AT UNIQUENESS_KEY
     celery -A proj scheduler cancel ORDERING_ID AT UNIQUENESS_KEY
+    celery -A proj scheduler dead-letters list [--reason TEXT]
+    celery -A proj scheduler dead-letters replay [--reason TEXT]
+    celery -A proj scheduler serve                 # the web console and HTTP API
+    celery -A proj scheduler spark schedule PATH --task NAME --at COLUMN ...
 """
 
 from __future__ import annotations
@@ -22,7 +28,11 @@ import click
 from celery_scheduler.client import get_client, now_ms, open_store
 from celery_scheduler.config import get_settings
 from celery_scheduler.envelope import CancelEnvelope
-from celery_scheduler.errors import ConfigurationError, SchedulerError, TopicMissingError
+from celery_scheduler.errors import (
+    ConfigurationError,
+    SchedulerError,
+    TopicMissingError,
+)
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
 
 __all__ = ["scheduler"]
@@ -80,16 +90,19 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
             partitions or settings.kafka_partitions,
             replication_factor or settings.kafka_replication_factor)
         admin = AdminClient(client_config(settings.kafka_bootstrap_servers, settings.kafka_options))
-        # another broker than the one that saw the topic created may not know it yet
-        deadline = time.monotonic() + settings.kafka_produce_timeout
-        while True:
-            try:
-                count = topic_partitions(admin, settings.kafka_topic, settings.kafka_produce_timeout)
-                break
-            except TopicMissingError:
-                if not created or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+
+        def partitions_of(topic: str, created: bool) -> int:
+            # another broker than the one that saw the topic created may not know it yet
+            deadline = time.monotonic() + settings.kafka_produce_timeout
+            while True:
+                try:
+                    return topic_partitions(admin, topic, settings.kafka_produce_timeout)
+                except TopicMissingError:
+                    if not created or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+
+        count = partitions_of(settings.kafka_topic, created)
         click.echo(f"kafka topic {settings.kafka_topic}: "
                    f"{'created' if created else 'exists'}, {count} partitions")
         dead = dead_letter_topic(settings.kafka_topic)
@@ -100,7 +113,7 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
         outcomes = outcome_topic(settings.kafka_topic)
         created = create_topic(settings.kafka_bootstrap_servers, settings.kafka_options, outcomes,
                                count, replication_factor or settings.kafka_replication_factor)
-        outcome_count = topic_partitions(admin, outcomes, settings.kafka_produce_timeout)
+        outcome_count = partitions_of(outcomes, created)
         if outcome_count != count:
             raise ConfigurationError(
                 f"Kafka topic {outcomes!r} has {outcome_count} partitions but {settings.kafka_topic!r} "
@@ -130,21 +143,6 @@ def _key_command(function: Callable[[click.Context, TaskKey], None]) -> click.Co
 
 
 @_key_command
-def status(ctx: click.Context, key: TaskKey) -> None:
-    """Show the status of the task key (AT is ISO 8601, UTC if no offset is given)."""
-    try:
-        found = get_client(_app(ctx)).store.status(key)
-    except SchedulerError as exc:
-        _fail(exc)
-    if found is None:
-        click.echo(f"{key}: unknown (never stored, or its status expired)")
-        sys.exit(3)
-    click.echo(f"{key}: {found.state.value}, task {found.task}, partition {found.partition}, "
-               f"attempts {found.attempts}"
-               + (f", last error: {found.last_error}" if found.last_error else ""))
-
-
-@_key_command
 def cancel(ctx: click.Context, key: TaskKey) -> None:
     """Cancel the pending task key (AT is ISO 8601, UTC if no offset is given)."""
     try:
@@ -159,10 +157,13 @@ def cancel(ctx: click.Context, key: TaskKey) -> None:
 @click.option("--check", is_flag=True,
               help="only check that Kafka, Cassandra and Redis are usable; exit 0 if so, 1 if not")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object a line, with task_key, ordering_id, task_id and partition "
+                   "on every line about a task")
 @click.option("--metrics-port", type=int, default=None,
               help="serve Prometheus metrics on this port (needs the [monitoring] extra)")
 @click.pass_context
-def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str,
+def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str, log_format: str,
              metrics_port: int | None) -> None:
     """Run a dispatcher: persist scheduled tasks and release them to Celery when due."""
     import logging
@@ -180,13 +181,22 @@ def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str,
         if not problems:
             click.echo("ok")
         sys.exit(1 if problems else 0)
-    logging.basicConfig(level=loglevel.upper(),
-                        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
+    known: dict[str, int] = {}  # the topic's partition count, once the dispatcher read it
+    if log_format == "json":
+        from celery_scheduler.logs import JsonFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter(lambda: known.get("partitions")))
+        logging.basicConfig(level=loglevel.upper(), handlers=[handler])
+    else:
+        logging.basicConfig(level=loglevel.upper(),
+                            format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     try:
         from celery_scheduler.metrics import Metrics, serve
 
         metrics = serve(metrics_port) if metrics_port is not None else Metrics()
         dispatcher = Dispatcher(app, group_id=group, metrics=metrics)
+        known["partitions"] = dispatcher.partition_count
     except SchedulerError as exc:
         _fail(exc)
 
@@ -200,3 +210,7 @@ def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str,
         dispatcher.run()
     except SchedulerError as exc:
         _fail(exc)
+
+
+# the operator's and the batch commands register themselves on the group
+from celery_scheduler.cli import jobs, operate  # noqa: E402, F401

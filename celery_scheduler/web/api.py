@@ -1,0 +1,305 @@
+"""The HTTP API, ``/api/v1``: schedule a registered task, cancel, status, an ordering id's
+tasks, partitions, what falls due next, dead letters.
+
+For producers that are not Python, and for tools. Every request carries a bearer token from
+``scheduler_api_tokens``: a ``read`` token may look, a ``write`` token may also schedule and
+cancel. Every error is a documented status with a JSON body ``{"error": ..., "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from celery_scheduler.api import registered
+from celery_scheduler.client import SchedulerClient
+from celery_scheduler.envelope import CELERY_OPTIONS, CancelEnvelope
+from celery_scheduler.errors import ScheduleError, ScheduleTimeError
+from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
+from celery_scheduler.operations import (
+    LISTED_STATES,
+    describe_key,
+    due_soon,
+    ordering_id_tasks,
+    partitions,
+    read_dead_letters,
+    tasks_in_state,
+)
+from celery_scheduler.partitioner import partition_for
+
+__all__ = ["ERRORS", "router"]
+
+_bearer = HTTPBearer(auto_error=False, description="a token of scheduler_api_tokens")
+
+
+class Problem(BaseModel):
+    """What every error answers."""
+
+    error: str = Field(description="the error's type")
+    message: str = Field(description="what was wrong, with the offending value, and what to do")
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "no token, or one that is not in scheduler_api_tokens"},
+    403: {"model": Problem, "description": "a read token where a write token is needed"},
+    404: {"model": Problem, "description": "no such task, key or path"},
+    422: {"model": Problem, "description": "the request is not a valid call"},
+    503: {"model": Problem, "description": "Kafka or Cassandra could not be reached"},
+}
+
+
+def client(request: Request) -> SchedulerClient:
+    scheduler: SchedulerClient = request.app.state.client
+    return scheduler
+
+
+def _scope(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str:
+    tokens = client(request).settings.api_tokens
+    scope = tokens.get(credentials.credentials) if credentials is not None else None
+    if scope is None:
+        raise HTTPException(401, "a bearer token of scheduler_api_tokens is needed",
+                            headers={"WWW-Authenticate": "Bearer"})
+    return str(scope)
+
+
+def reader(request: Request,
+           credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    _scope(request, credentials)
+
+
+def writer(request: Request,
+           credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    if _scope(request, credentials) != "write":
+        raise HTTPException(403, "this token may only read: scheduling and cancelling need a "
+                                 "write token")
+
+
+router = APIRouter(prefix="/api/v1", responses=ERRORS)
+
+OrderingId = Annotated[str, Path(min_length=1, max_length=512, description="the ordering id")]
+At = Annotated[str, Path(description="the scheduled time, ISO 8601 (UTC if no offset)")]
+Unique = Annotated[str, Path(min_length=1, max_length=512, description="the uniqueness key")]
+
+
+def task_key(ordering_id: str, at: str, unique: str) -> TaskKey:
+    """The task key of a path, or a 422 saying which part is wrong."""
+    try:
+        when = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except ValueError:
+        raise ScheduleTimeError(f"{at!r} is not an ISO 8601 time") from None
+    return TaskKey(check_key_part(ordering_id, "ordering id"), to_epoch_ms(when, dt.timezone.utc),
+                   check_key_part(unique, "uniqueness key"))
+
+
+class ScheduleRequest(BaseModel):
+    """A schedule call, as ``task.schedule(args, kwargs, at=... | countdown=..., ...)``."""
+
+    task: str = Field(description="the Celery name of a task decorated with @scheduled_task",
+                      min_length=1, max_length=512)
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    at: dt.datetime | None = Field(default=None, description="when to run, ISO 8601")
+    countdown: float | None = Field(default=None, description="or: in how many seconds")
+    ordering_id: str | None = None
+    uniqueness_key: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="Celery options: queue, priority, time_limit, ...")
+
+
+class Scheduled(BaseModel):
+    ordering_id: str
+    at: str
+    uniqueness_key: str
+    task_id: str = Field(description="the Celery task id the task runs with")
+    partition: int
+
+
+@router.post("/tasks", status_code=201, response_model=Scheduled,
+             dependencies=[Depends(writer)])
+def schedule(call: ScheduleRequest, request: Request) -> Scheduled:
+    """Schedule a task the server's app registered; returns once Kafka acknowledged it."""
+    task = registered().get(call.task)
+    if task is None:
+        raise HTTPException(404, f"task {call.task!r} is not a scheduled task of this app; "
+                                 f"known: {sorted(registered())}")
+    unknown = sorted(set(call.options) - set(CELERY_OPTIONS))
+    if unknown:  # not keyword arguments of schedule() either
+        raise ScheduleError(f"unsupported Celery option(s) {unknown}; scheduled tasks accept "
+                            + ", ".join(sorted(CELERY_OPTIONS)))
+    handle = task.schedule(call.args, call.kwargs, at=call.at, countdown=call.countdown,
+                           ordering_id=call.ordering_id, uniqueness_key=call.uniqueness_key,
+                           **call.options)
+    key = handle.key
+    return Scheduled(ordering_id=key.ordering_id, at=key.scheduled_at.isoformat(),
+                     uniqueness_key=key.uniqueness_key, task_id=handle.task_id,
+                     partition=partition_for(key.ordering_id, client(request).task_log.partitions()))
+
+
+class TaskView(BaseModel):
+    key: dict[str, str]
+    task_id: str
+    state: str
+    task: str | None
+    partition: int | None
+    attempts: int
+    last_error: str | None = None
+    updated: str | None = None
+    outcome: str | None = None
+    outcome_attempt: int | None = None
+    args: str | None = None
+    kwargs: str | None = None
+    options: dict[str, Any] | None = None
+    retry: dict[str, Any] | None = None
+    enqueued: str | None = None
+    not_before: str | None = None
+    lease_until: str | None = None
+    blocked: bool | None = None
+
+
+@router.get("/tasks/{ordering_id}/{at}/{unique}", response_model=TaskView,
+            dependencies=[Depends(reader)])
+def status(ordering_id: OrderingId, at: At, unique: Unique, request: Request) -> TaskView:
+    """Everything the store knows of a task key."""
+    key = task_key(ordering_id, at, unique)
+    described = describe_key(client(request).store, key)
+    if described is None:
+        raise HTTPException(404, f"{key} is unknown (never stored, or its status expired)")
+    return TaskView(**described)
+
+
+class CancelRequested(BaseModel):
+    key: str
+    cancel: str = "requested"
+
+
+@router.delete("/tasks/{ordering_id}/{at}/{unique}", status_code=202,
+               response_model=CancelRequested, dependencies=[Depends(writer)])
+def cancel(ordering_id: OrderingId, at: At, unique: Unique, request: Request) -> CancelRequested:
+    """Ask for a pending task not to run (it still runs if it was already released)."""
+    key = task_key(ordering_id, at, unique)
+    scheduler = client(request)
+    scheduler.publish(CancelEnvelope(key, scheduler.clock()))
+    return CancelRequested(key=str(key))
+
+
+class PartitionOut(BaseModel):
+    partition: int
+    owner: str | None
+    epoch: int
+    lease_expires: str | None
+    leased: bool
+    pending: int
+    oldest: str | None
+    overdue_seconds: float
+    lag: int | None
+
+
+@router.get("/partitions", response_model=list[PartitionOut], dependencies=[Depends(reader)])
+def list_partitions(request: Request, lag: Annotated[bool, Query(
+        description="also ask Kafka for the dispatchers' consumer lag")] = False,
+                    ) -> list[PartitionOut]:
+    """Every partition: lease owner and expiry, backlog, oldest task, and optionally lag."""
+    from celery_scheduler.operations import consumer_lag
+
+    scheduler = client(request)
+    lags = consumer_lag(scheduler.settings) if lag else None
+    return [PartitionOut(**asdict(view))
+            for view in partitions(scheduler.task_log.partitions(), scheduler.store, scheduler.clock(), lags)]
+
+
+class OrderingTaskOut(BaseModel):
+    at: str = Field(description="the scheduled time, ISO 8601")
+    unique: str = Field(description="the uniqueness key")
+    task_id: str
+    task: str
+    state: str = Field(description="pending, released, succeeded, failed or cancelled; ? if unknown")
+    attempts: int
+    not_before: str | None = Field(description="a retry waits until then")
+    lease_until: str | None = Field(description="released: runs again then if no outcome came")
+    blocked: bool = Field(description="out of attempts, holding its ordering id (on_exhausted=block)")
+    last_error: str | None
+
+
+@router.get("/ordering-ids/{ordering_id}/tasks", response_model=list[OrderingTaskOut],
+            dependencies=[Depends(reader)])
+def list_ordering_id(ordering_id: OrderingId, request: Request,
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[OrderingTaskOut]:
+    """The tasks of an ordering id still in the schedule, in the order they will run."""
+    scheduler = client(request)
+    found = ordering_id_tasks(scheduler.store, scheduler.task_log.partitions(),
+                              check_key_part(ordering_id, "ordering id"), limit)
+    return [OrderingTaskOut(**task) for task in found]
+
+
+class ListedTaskOut(BaseModel):
+    ordering_id: str
+    at: str = Field(description="the scheduled time, ISO 8601")
+    unique: str = Field(description="the uniqueness key")
+    task: str
+    state: str = Field(description="failed, blocked or released")
+    attempts: int
+    last_error: str | None
+    note: str = Field(description="blocked, when it failed, or until when it is leased")
+
+
+State = Annotated[str, Query(pattern="^(" + "|".join(LISTED_STATES) + ")$",
+                             description="failed (a scan of the status table), blocked or "
+                                         "released (a walk of the schedule)")]
+
+
+@router.get("/tasks", response_model=list[ListedTaskOut], dependencies=[Depends(reader)])
+def list_in_state(state: State, request: Request,
+                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[ListedTaskOut]:
+    """The tasks that failed, are blocked after their last attempt, or are released."""
+    scheduler = client(request)
+    return [ListedTaskOut(**task) for task in
+            tasks_in_state(scheduler.store, scheduler.task_log.partitions(), state, limit)]
+
+
+class DueBucket(BaseModel):
+    start: str = Field(description="when the bucket starts, ISO 8601")
+    tasks: int = Field(description="tasks due in it")
+
+
+class DueSoonOut(BaseModel):
+    bucket_seconds: int = Field(description="how much time each bucket covers")
+    overdue: int = Field(description="tasks in buckets that ended before now, not yet finished")
+    buckets: list[DueBucket] = Field(description="from the bucket of now on")
+
+
+@router.get("/due-soon", response_model=DueSoonOut, dependencies=[Depends(reader)])
+def list_due_soon(request: Request,
+                  buckets: Annotated[int, Query(ge=1, le=1440)] = 30) -> DueSoonOut:
+    """How many tasks fall due in each of the next buckets of the schedule, over all partitions."""
+    scheduler = client(request)
+    coming = due_soon(scheduler.task_log.partitions(), scheduler.store, scheduler.clock(), buckets)
+    return DueSoonOut(bucket_seconds=coming.bucket_seconds, overdue=coming.overdue,
+                      buckets=[DueBucket(start=start, tasks=count) for start, count in coming.buckets])
+
+
+class DeadLetterOut(BaseModel):
+    offset: int
+    reason: str
+    source: str
+    key: str | None
+    value: str | None
+    task: str | None
+
+
+@router.get("/dead-letters", response_model=list[DeadLetterOut], dependencies=[Depends(reader)])
+def dead_letters(request: Request,
+                 reason: Annotated[str | None, Query(max_length=200)] = None,
+                 limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[DeadLetterOut]:
+    """Records the dispatchers refused, oldest first, with the reason."""
+    found = []
+    for letter in read_dead_letters(client(request).settings, reason):
+        found.append(DeadLetterOut(**letter.as_json()))
+        if len(found) == limit:
+            break
+    return found
+

@@ -1,0 +1,126 @@
+"""The operator's commands against the real Kafka, Cassandra, a dispatcher and a worker:
+``status`` (every partition), ``inspect`` (one key), ``dead-letters list`` and ``replay``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from celery_scheduler.envelope import ScheduleEnvelope, encode
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.store.base import State
+from tests.integration.dispatch_fixtures import Scheduler
+
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+UTC = dt.timezone.utc
+PARTITIONS = 6  # tests.apps.dispatching's default
+
+
+def _at(key: TaskKey) -> str:
+    return key.scheduled_at.isoformat()
+
+
+def test_status_shows_every_partition_and_inspect_one_key(scheduler: Scheduler,
+                                                          schedule: Callable[..., Any]) -> None:
+    scheduler.dispatcher()
+    later = dt.datetime.now(UTC).replace(microsecond=0) + dt.timedelta(hours=1)
+    handle = schedule.record.schedule_at(later, "customer-7", 3, scheduled_for=later.timestamp())
+    partition = partition_for("customer-7", PARTITIONS)
+    deadline = time.monotonic() + 30
+    while True:  # until the dispatcher has stored it
+        shown = scheduler.cli("status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        views = {view["partition"]: view for view in json.loads(shown.stdout)}
+        settled = views[partition]["pending"] == 1 and all(v["lag"] == 0 for v in views.values())
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(views) == list(range(PARTITIONS))
+    assert views[partition]["pending"] == 1 and views[partition]["oldest"] == later.isoformat()
+    assert all(view["leased"] and view["owner"] for view in views.values())  # one dispatcher
+    assert all(view["lag"] == 0 for view in views.values())  # it read everything
+    table = scheduler.cli("status")
+    assert table.returncode == 0 and "partition  owner" in table.stdout
+    assert "1 task(s) in the schedule, 6 of 6 partitions leased" in table.stdout
+
+    inspected = scheduler.cli("inspect", "customer-7", _at(handle.key), "seq-3", "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    described = json.loads(inspected.stdout)
+    assert (described["state"], described["task"], described["partition"]) == (
+        "pending", "dispatching.record", partition)
+    assert described["args"] == '["customer-7", 3]' and described["task_id"] == handle.task_id
+    missing = scheduler.cli("inspect", "nobody", _at(handle.key), "seq-3")
+    assert missing.returncode == 3 and "unknown" in missing.stdout
+
+    listed = scheduler.cli("list", "--ordering-id", "customer-7", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [task] = json.loads(listed.stdout)
+    assert (task["unique"], task["state"], task["at"]) == ("seq-3", "pending", later.isoformat())
+
+
+def test_list_finds_failed_and_released_tasks(scheduler: Scheduler,
+                                              schedule: Callable[..., Any]) -> None:
+    from tests.integration.test_dispatch import wait_for_states
+
+    scheduler.dispatcher()
+    scheduler.worker()
+    soon = dt.datetime.now(UTC) + dt.timedelta(seconds=1)
+    doomed = schedule.flaky.schedule_at(soon, "listed-1", 1, 10)  # fails all 3 attempts
+    wait_for_states([doomed], State.FAILED, timeout=60)
+    failed = scheduler.cli("list", "--state", "failed", "--json")
+    assert failed.returncode == 0, failed.stderr
+    [task] = json.loads(failed.stdout)
+    assert (task["ordering_id"], task["unique"], task["attempts"]) == ("listed-1", "seq-1", 3)
+    assert task["last_error"] == "RuntimeError: planned failure 3 of 10"
+    table = scheduler.cli("list", "--state", "released")
+    assert table.returncode == 0 and "0 released task(s)" in table.stdout
+    both = scheduler.cli("list", "--state", "failed", "--ordering-id", "x")
+    assert both.returncode == 2 and "one of --ordering-id and --state" in both.stderr
+
+
+def test_dead_letters_are_listed_and_replayed_into_the_right_partition(
+        scheduler: Scheduler, kafka_bootstrap: str) -> None:
+    dispatcher = scheduler.dispatcher("--log-format", "json")
+    scheduler.worker()
+    topic = scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"]
+    due = int(time.time() * 1000) + 2000
+    envelope = ScheduleEnvelope(TaskKey("stray", due, "seq-1"), "dispatching.record",
+                                args=["stray", 1], kwargs={"scheduled_for": due / 1000})
+    right = partition_for("stray", PARTITIONS)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    # a producer that does not use Kafka's Java partitioner: the dispatcher refuses it
+    producer.produce(topic, encode(envelope), key=b"stray", partition=(right + 1) % PARTITIONS)
+    producer.flush(30)
+
+    deadline = time.monotonic() + 30
+    while True:
+        listed = scheduler.cli("dead-letters", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        letters = [json.loads(line) for line in listed.stdout.splitlines() if line]
+        if letters or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    [letter] = letters
+    assert letter["task"] == "dispatching.record" and letter["key"] == "stray"
+    assert f"belongs in partition {right}" in letter["reason"]
+    assert scheduler.cli("dead-letters", "list", "--reason", "not registered").stdout.startswith(
+        "0 dead letter(s)")
+
+    replayed = scheduler.cli("dead-letters", "replay", "--reason", "belongs in partition", "--yes")
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replayed 1, skipped 0" in replayed.stdout
+    scheduler.wait_for_starts(1, timeout=60)
+    [run] = scheduler.starts()
+    assert (run["o"], run["seq"]) == ("stray", 1)
+    # the dispatcher logged JSON lines, the dead letter's among them
+    lines = [json.loads(line) for line in scheduler.log_of(dispatcher).splitlines()
+             if line.startswith("{")]
+    assert any(line["message"].startswith("leased partition") for line in lines)
+    assert any("dead-lettering record" in line["message"] for line in lines)
