@@ -1,0 +1,69 @@
+"""The drop-in eta mode against the real services: Celery's two known eta failures avoided.
+
+A task written for plain Celery calls ``apply_async(countdown=...)``; with
+``DurableEtaTask`` the call goes through the scheduler instead of a worker's memory, so:
+
+- a worker SIGKILLed while the tasks wait (Celery: they come back only after the broker's
+  visibility timeout, an hour on Redis) loses nothing, and the tasks run on time;
+- an eta beyond the broker's visibility timeout (Celery: Redis hands the waiting message to
+  a worker again, and it runs twice) runs once.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests.integration.dispatch_fixtures import Scheduler
+
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+
+COUNT = 20
+
+
+def check_ran_once_on_time(scheduler: Scheduler, results: list[Any], due: float) -> None:
+    scheduler.wait_for_starts(COUNT, timeout=90)
+    time.sleep(3)  # a second run, if any, would show by now
+    starts = scheduler.starts()
+    assert sorted(s["seq"] for s in starts) == list(range(COUNT))  # each once
+    for start in starts:
+        assert start["t"] >= due - 0.001, "ran before it was due"
+        assert start["t"] - due < 5.0, f"ran {start['t'] - due:.1f}s late"
+
+
+def test_a_worker_killed_while_tasks_wait_loses_none_of_them(
+        scheduler: Scheduler, schedule: Any) -> None:
+    scheduler.dispatcher()
+    worker = scheduler.worker()
+    due = time.time() + 8
+    results = [schedule.eta_record.apply_async(("eta", n), {"scheduled_for": due}, countdown=8)
+               for n in range(COUNT)]
+    assert len({r.id for r in results}) == COUNT
+    time.sleep(2)
+    worker.send_signal(signal.SIGKILL)  # Celery's own eta tasks would be in its memory now
+    worker.wait(timeout=10)
+    scheduler.worker()
+    check_ran_once_on_time(scheduler, results, due)
+    # the runs used the task ids apply_async returned: their results are there
+    assert sorted(r.get(timeout=30) for r in results) == list(range(COUNT))
+
+
+@pytest.fixture
+def short_visibility(scheduler: Scheduler) -> Scheduler:
+    scheduler.env["CELERY_SCHEDULER_TEST_VISIBILITY_TIMEOUT"] = "2"
+    return scheduler
+
+
+def test_an_eta_beyond_the_visibility_timeout_runs_once(
+        short_visibility: Scheduler, schedule: Any) -> None:
+    scheduler = short_visibility
+    scheduler.dispatcher()
+    scheduler.worker()
+    scheduler.worker()
+    due = time.time() + 10  # five visibility timeouts ahead
+    results = [schedule.eta_record.apply_async(("eta", n), {"scheduled_for": due}, countdown=10)
+               for n in range(COUNT)]
+    check_ran_once_on_time(scheduler, results, due)
