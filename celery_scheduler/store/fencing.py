@@ -1,0 +1,64 @@
+"""Write timestamps that fence a paused dispatcher's late writes out.
+
+Cassandra keeps, for every cell, the write with the highest timestamp, whatever order the
+writes arrive in. A dispatcher paused between deciding a write and sending it (SIGSTOP, a
+long garbage collection, a frozen VM) may send it after another dispatcher took its
+partitions over and wrote since: a put that brings back a task the new owner cancelled or
+finished, to run once more after later tasks of its ordering id.
+
+The lease protocol already says when a dispatcher stops owning a partition: at the end of
+its lease by its own clock, which the next owner waits out, or when it gives the lease up.
+So a dispatcher stamps each write no later than that moment for the partition the write
+belongs to, and every write of that partition's next owner, made after it, carries a
+higher timestamp and wins.
+
+The fence is per partition. Held at the earliest end over all of a process's leases, a
+dispatcher that lost a partition and took it back later would stamp its writes earlier
+than the owner in between, and its completions would lose to that owner's older puts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+__all__ = ["FencedTimestamps"]
+
+
+class FencedTimestamps:
+    """A Cassandra driver ``timestamp_generator``: now, but never past the partition's fence.
+
+    The driver calls it, without arguments, on the thread that sends a request; the store
+    names the partition a request writes with :meth:`writing` around sending it.
+    ``fence(partition)`` returns the wall-clock time (seconds) that the partition's writes
+    must not be stamped after, or None for no limit. Each partition's timestamps also rise
+    by at least a microsecond per write, so one process's writes keep their order even once
+    they are held at the fence.
+    """
+
+    def __init__(self) -> None:
+        self.fence: Callable[[int], float | None] = lambda partition: None
+        self._lock = threading.Lock()
+        self._last: dict[int | None, int] = {}
+        self._local = threading.local()
+
+    @contextmanager
+    def writing(self, partition: int | None) -> Iterator[None]:
+        """Stamp the requests this thread sends within the block as *partition*'s writes."""
+        self._local.partition = partition
+        try:
+            yield
+        finally:
+            self._local.partition = None
+
+    def __call__(self) -> int:
+        partition: int | None = getattr(self._local, "partition", None)
+        stamp = int(time.time() * 1_000_000)
+        limit = None if partition is None else self.fence(partition)
+        if limit is not None:
+            stamp = min(stamp, int(limit * 1_000_000))
+        with self._lock:
+            stamp = self._last[partition] = max(stamp, self._last.get(partition, 0) + 1)
+        return stamp

@@ -1,0 +1,89 @@
+"""Write timestamps held, partition by partition, at the end of a dispatcher's leases."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_scheduler.dispatcher import engine as engine_module
+from celery_scheduler.dispatcher.engine import Engine, EngineSettings
+from celery_scheduler.store.fencing import FencedTimestamps
+from celery_scheduler.store.memory import MemoryScheduleStore
+
+
+def _now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+def test_timestamps_are_now_until_the_fence_then_held_there_in_order() -> None:
+    stamps = FencedTimestamps()
+    fence = time.time() + 0.05
+    stamps.fence = lambda partition: fence
+    before = _now_us()
+    with stamps.writing(0):
+        assert before <= stamps() <= int(fence * 1_000_000)  # within the lease: now
+        time.sleep(0.1)
+        held = [stamps() for _ in range(3)]
+    limit = int(fence * 1_000_000)
+    assert limit <= held[0] < held[1] < held[2] < limit + 1000  # past it: held, in order
+    stamps.fence = lambda partition: None
+    with stamps.writing(0):
+        assert stamps() >= _now_us() - 1000  # no lease: now again
+
+
+def test_each_partition_is_held_at_its_own_fence() -> None:
+    stamps = FencedTimestamps()
+    past = time.time() - 20
+    stamps.fence = {0: None, 1: past}.get
+    with stamps.writing(1):
+        held = stamps()
+    with stamps.writing(0):
+        fresh = stamps()  # a partition held now is not held back by one given up long ago
+    assert held < int(past * 1_000_000) + 1000
+    assert fresh >= _now_us() - 1000
+    with stamps.writing(1):
+        assert held < stamps() < int(past * 1_000_000) + 1000  # nor does it push 1 forward
+    assert stamps() >= _now_us() - 1000  # a request of no partition (a read): now
+
+
+def test_the_partition_named_is_the_sending_threads_own() -> None:
+    stamps = FencedTimestamps()
+    past = time.time() - 20
+    stamps.fence = {1: past}.get
+    seen: list[int] = []
+    with stamps.writing(1):
+        other = threading.Thread(target=lambda: seen.append(stamps()))
+        other.start()
+        other.join()
+    assert seen[0] >= _now_us() - 1_000_000  # the other thread named no partition
+
+
+def test_the_engine_fences_each_partition_at_its_lease_end_and_at_giving_it_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(MemoryScheduleStore(), lambda task, release: None, "d1",
+                    EngineSettings(partition_lease_seconds=10.0, tick_seconds=0))
+    assert engine.write_fence(0) is None  # no lease yet: nothing to fence
+    engine.assign([0, 1])
+    started = time.time()
+    engine.step()  # takes both leases
+    fence = engine.write_fence(0)
+    assert fence is not None and started + 7.0 < fence <= time.time() + 8.0  # 10 s less margin
+    engine.revoke([1])  # given up: a write decided before it may still be on its way
+    given_up = time.time()
+    revoked = engine.write_fence(1)
+    assert revoked is not None and abs(revoked - given_up) < 0.05  # held at that moment
+    still = engine.write_fence(0)
+    assert still is not None and abs(still - fence) < 0.01  # the other keeps its lease end
+    assert engine.write_fence(2) is None  # never held
+    later = time.monotonic() + 3600  # an hour later (a long pause): still fenced there
+    monkeypatch.setattr(engine_module.time, "monotonic", lambda: later)
+    monkeypatch.setattr(engine_module.time, "time", lambda: given_up + 3600)
+    held = engine.write_fence(1)
+    assert held is not None and abs(held - given_up) < 0.05
+    monkeypatch.undo()
+    engine.assign([1])
+    engine.step()  # taken back: fenced at the new lease's end
+    again = engine.write_fence(1)
+    assert again is not None and again > time.time() + 7.0
