@@ -20,17 +20,21 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import importlib
 import inspect
 import json
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from celery_scheduler.client import SchedulerClient, get_client, now_ms
+from celery_scheduler.arguments import Binder
+from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.envelope import (
     CELERY_OPTIONS,
+    MAX_TASK_NAME,
     CancelEnvelope,
     RetryPolicy,
     ScheduleEnvelope,
@@ -42,7 +46,7 @@ from celery_scheduler.errors import (
     ScheduleError,
     ScheduleTimeError,
 )
-from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
+from celery_scheduler.keys import MAX_MS, TaskKey, check_key_part, to_epoch_ms
 from celery_scheduler.store.base import TaskStatus
 from celery_scheduler.tasklog.base import Position
 
@@ -63,28 +67,44 @@ KeySpec = str | Callable[..., Any] | constant
 _REGISTRY: dict[str, ScheduledTask] = {}
 
 
+def _registered_task(name: str, module: str) -> ScheduledTask:
+    if name not in _REGISTRY:
+        importlib.import_module(module)
+    return _REGISTRY[name]
+
+
 def registered() -> Mapping[str, ScheduledTask]:
     """Return the scheduled tasks defined in this process, by Celery task name."""
     return dict(_REGISTRY)
 
 
-def _resolver(spec: KeySpec | None, what: str, parameters: Sequence[str], task: str
-              ) -> Callable[[inspect.BoundArguments], Any] | None:
+def _resolver(spec: KeySpec | None, what: str, binder: Binder, task: str
+              ) -> Callable[[dict[str, Any]], Any] | None:
+    """How to find *what* in a call's arguments (by name, with defaults applied)."""
     if spec is None:
         return None
     if isinstance(spec, constant):
         value = check_key_part(spec.value, what)
-        return lambda bound: value
+        return lambda arguments: value
     if isinstance(spec, str):
+        parameters = list(binder.signature.parameters)
         if spec not in parameters:
             raise InvalidKeyError(
                 f"{what} {spec!r} of task {task} is not one of its parameters "
-                f"{list(parameters)}; name a parameter, pass a callable of the task's "
+                f"{parameters}; name a parameter, pass a callable of the task's "
                 f"arguments, or use constant({spec!r}) for a fixed value"
             )
-        return lambda bound: bound.arguments.get(spec)
+        return lambda arguments: arguments.get(spec)
     if callable(spec):
-        return lambda bound: spec(*bound.args, **bound.kwargs)
+        def call(arguments: dict[str, Any]) -> Any:
+            try:
+                return binder.call_with(spec, arguments)
+            except Exception as exc:
+                raise InvalidKeyError(
+                    f"the {what} callable {getattr(spec, '__name__', spec)!r} of task {task} "
+                    f"raised {type(exc).__name__}: {exc}"
+                ) from exc
+        return call
     raise InvalidKeyError(
         f"{what} of task {task} must be a parameter name, a callable or constant(...), "
         f"got {spec!r}"
@@ -95,10 +115,11 @@ class ScheduleHandle:
     """What a schedule call returns: the task key, and status/cancel for it."""
 
     def __init__(self, client: SchedulerClient, envelope: ScheduleEnvelope,
-                 result: Position | Future[Position]) -> None:
+                 result: Position | Future[Position], app: Any = None) -> None:
         self._client = client
         self.envelope = envelope
         self._result = result
+        self._app = app  # the task's Celery app, for result(); None: Celery's current app
 
     @property
     def key(self) -> TaskKey:
@@ -107,7 +128,7 @@ class ScheduleHandle:
     @property
     def task_id(self) -> str:
         """The Celery task id the task will run with (shows in Flower and result backends)."""
-        return self.key.task_id
+        return self.envelope.task_id
 
     def wait(self, timeout: float | None = None) -> Position:
         """Block until Kafka acknowledged the record (immediate for synchronous calls)."""
@@ -124,7 +145,19 @@ class ScheduleHandle:
 
     def cancel(self) -> None:
         """Ask for the task not to run; takes effect unless it was already released."""
-        self._client.publish(CancelEnvelope(self.key, now_ms()))
+        self._client.publish(CancelEnvelope(self.key, self._client.clock()))
+
+    def result(self) -> Any:
+        """The Celery ``AsyncResult`` of the task's run, for apps with a result backend.
+
+        The task id is derived from the task key, so this works in any process that knows
+        the key, before or after the task was released: ``handle.result().get(timeout=60)``
+        waits for the return value, ``.state`` is ``PENDING`` until a worker starts it. A
+        run the scheduler retries keeps the same id, so the result is the last attempt's.
+        """
+        from celery.result import AsyncResult
+
+        return AsyncResult(self.task_id, app=self._app)
 
     def __repr__(self) -> str:
         return f"<ScheduleHandle {self.envelope.task} {self.key}>"
@@ -137,6 +170,10 @@ class ScheduledTask:
                  retry: RetryPolicy | None) -> None:
         self.task = task
         self.name: str = task.name
+        if not isinstance(self.name, str) or not self.name or len(self.name) > MAX_TASK_NAME:
+            raise NotAScheduledTaskError(
+                f"task name {self.name!r:.80} cannot be scheduled: it must be a non-empty string "
+                f"of at most {MAX_TASK_NAME} characters; give the task a shorter name=")
         try:
             signature = inspect.signature(task.run)
         except (TypeError, ValueError):  # some callables have no signature; bind loosely
@@ -144,9 +181,9 @@ class ScheduledTask:
                 inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
                 inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
         self.signature = signature
-        parameters = list(signature.parameters)
-        self._ordering_id = _resolver(ordering_id, "ordering id", parameters, self.name)
-        self._uniqueness_key = _resolver(uniqueness_key, "uniqueness key", parameters, self.name)
+        self._binder = Binder(signature, getattr(task.run, "__name__", "task"))
+        self._ordering_id = _resolver(ordering_id, "ordering id", self._binder, self.name)
+        self._uniqueness_key = _resolver(uniqueness_key, "uniqueness key", self._binder, self.name)
         self._retry = retry
 
     # --- Celery behaviour is unchanged ---------------------------------------------------
@@ -159,6 +196,10 @@ class ScheduledTask:
 
     def __repr__(self) -> str:
         return f"<@scheduled_task {self.name}>"
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # Another process (a Spark executor) finds the same task by importing its module.
+        return (_registered_task, (self.name, self.task.run.__module__))
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -200,7 +241,8 @@ class ScheduledTask:
         envelope = self.build(args or (), kwargs or {}, at=at, countdown=countdown,
                               ordering_id=ordering_id, uniqueness_key=uniqueness_key,
                               retry=retry, options=options, client=client)
-        return ScheduleHandle(client, envelope, client.publish(envelope, wait=wait))
+        return ScheduleHandle(client, envelope, client.publish(envelope, wait=wait),
+                              app=self.task._get_app())
 
     def build(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
               at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
@@ -210,7 +252,7 @@ class ScheduledTask:
         """Validate a call and return its envelope without publishing it."""
         client = client or self.client
         settings = client.settings
-        current = now_ms()
+        current = client.clock()
         scheduled_ms = self._scheduled_ms(at, countdown, current)
         if scheduled_ms < current - settings.grace_seconds * 1000:
             raise ScheduleTimeError(
@@ -219,14 +261,21 @@ class ScheduledTask:
                 f"of {settings.grace_seconds}s (scheduler_grace_seconds); check the clock or "
                 "the timezone of a naive datetime"
             )
+        if not isinstance(args, (list, tuple)):
+            raise ScheduleError(f"args of task {self.name} must be a list or tuple, got "
+                                f"{type(args).__name__} {args!r:.200}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
+        if not isinstance(kwargs, Mapping) or any(type(name) is not str for name in kwargs):
+            raise ScheduleError(f"kwargs of task {self.name} must be a mapping with string keys, "
+                                f"got {kwargs!r:.200}")
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            arguments = self._binder.arguments(args, kwargs)
         except TypeError as exc:
             raise ScheduleError(f"arguments do not match task {self.name}: {exc}") from None
-        bound.apply_defaults()
         encoded_args, encoded_kwargs = encode_arguments(args, kwargs)
         ordering = ordering_id if ordering_id is not None else (
-            self._ordering_id(bound) if self._ordering_id else None)
+            self._ordering_id(arguments) if self._ordering_id else None)
         if ordering is None:
             raise InvalidKeyError(
                 f"task {self.name} was scheduled without an ordering id; pass ordering_id= "
@@ -236,9 +285,10 @@ class ScheduledTask:
         if uniqueness_key is not None:
             unique = check_key_part(uniqueness_key, "uniqueness key")
         elif self._uniqueness_key is not None:
-            unique = check_key_part(self._uniqueness_key(bound), "uniqueness key")
+            unique = check_key_part(self._uniqueness_key(arguments), "uniqueness key")
         else:
             # digest the bound form, so f(7, 100) and f(7, amount=100) are the same call
+            bound = self._binder.bound(arguments)
             unique = _call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
         return ScheduleEnvelope(
             key=TaskKey(ordering, scheduled_ms, unique), task=self.name, args=encoded_args,
@@ -251,15 +301,22 @@ class ScheduledTask:
         if at is not None:
             return to_epoch_ms(at, self.task._get_app().timezone)
         seconds = countdown.total_seconds() if isinstance(countdown, dt.timedelta) else countdown
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             raise ScheduleTimeError(
                 f"delay must be seconds or a timedelta, got {type(countdown).__name__} {countdown!r}"
+            )
+        latest = (MAX_MS - current) / 1000
+        if not (math.isfinite(seconds) and -current / 1000 <= seconds <= latest):
+            raise ScheduleTimeError(
+                f"delay {countdown!r} is not a usable number of seconds; the latest time a task "
+                f"key holds is 9999-12-31, {latest:.0f}s from now"
             )
         return current + int(seconds * 1000)
 
     def cancel(self, key: TaskKey) -> None:
         """Cancel the pending task with *key* (from ``handle.key`` or a status listing)."""
-        self.client.publish(CancelEnvelope(key, now_ms()))
+        client = self.client
+        client.publish(CancelEnvelope(key, client.clock()))
 
 
 def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -270,12 +327,15 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
                 f"unsupported Celery option {name!r}; scheduled tasks accept "
                 + ", ".join(sorted(CELERY_OPTIONS))
             )
-        if isinstance(value, bool) or not isinstance(value, kinds):
+        if isinstance(value, bool) or not isinstance(value, kinds) or (
+                isinstance(value, float) and not math.isfinite(value)):
             raise ScheduleError(
                 f"Celery option {name}={value!r} should be "
-                + " or ".join(kind.__name__ for kind in kinds)
+                + " or ".join(("finite " if kind is float else "") + kind.__name__ for kind in kinds)
             )
     checked = dict(options)
+    if "task_id" in checked:
+        check_key_part(checked["task_id"], "task id")
     if "headers" in checked:
         checked["headers"] = encode_arguments((), checked["headers"])[1]
     return checked

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from kombu.utils.json import loads as _kombu_loads
 
 from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
 
 __all__ = ["HEADER", "Publisher", "Release", "parse_header", "publish", "publish_each"]
@@ -108,6 +109,7 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
     message, a fifth of the CPU of a release.
     """
     options = dict(envelope.options)
+    options.pop("task_id", None)  # sent as the task id below
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
     expires = options.pop("expires", None)
@@ -128,25 +130,41 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
             declared.add(route)
     # JSON whatever the app's task_serializer says: the scheduler promises that nothing it
     # carries is ever pickled, from the schedule call to the worker.
-    app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=release.key.task_id,
+    app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=envelope.task_id,
                   headers=headers, retries=CELERY_RETRIES_EXHAUSTED, producer=producer,
                   serializer="json", argsrepr=_shown(args), kwargsrepr=_shown(kwargs), **options)
 
 
 def publish_each(publish: Callable[[T, Release], None], items: list[tuple[T, Release]]
                  ) -> list[Exception | None]:
-    """Publish *items* one at a time: None for each sent, else the error.
+    """Publish *items* one at a time: None for each sent, else why it was not (or may not be).
 
-    After a failure the rest are not tried (the broker is down) and get the same error.
+    The one that failed may have reached the broker (``ReleaseUncertainError``) unless it
+    raised ``ReleaseNotSentError``; the rest are not tried, since the broker is down
+    (``ReleaseNotSentError``).
     """
     results: list[Exception | None] = []
     for index, (item, release) in enumerate(items):
         try:
             publish(item, release)
         except Exception as exc:
-            return results + [exc] * (len(items) - index)
+            rest = len(items) - index - 1
+            failed = exc if isinstance(exc, ReleaseNotSentError) else _uncertain(exc)
+            return results + [failed] + [_not_sent(exc)] * rest
         results.append(None)
     return results
+
+
+def _uncertain(exc: Exception) -> ReleaseUncertainError:
+    error = ReleaseUncertainError(f"the broker connection failed while sending: {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
+def _not_sent(exc: Exception) -> ReleaseNotSentError:
+    error = ReleaseNotSentError(f"no connection to the broker: {exc!r}")
+    error.__cause__ = exc
+    return error
 
 
 class Publisher:
@@ -174,12 +192,19 @@ class Publisher:
     def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]]) -> list[Exception | None]:
         """Publish *items* in order, in one round trip where the broker allows it.
 
-        With kombu's publish batches (Redis), the messages are sent together when the batch
-        ends, instead of one round trip each. If the batch fails, kombu cannot say which of
-        them Redis took, so none counts as sent. Brokers without batches (or a Redis
-        transport set to retry commands, which kombu does not batch) get them one at a time.
+        Each result is None (sent), ``ReleaseNotSentError`` (certainly not sent: there was
+        no connection) or ``ReleaseUncertainError`` (the connection failed while sending,
+        so the broker may have taken it). With kombu's publish batches (Redis), the
+        messages are sent together when the batch ends, instead of one round trip each; a
+        batch that fails is uncertain as a whole, since kombu cannot say which of them Redis
+        took. Brokers without batches (or a Redis transport set to retry commands, which
+        kombu does not batch) get them one at a time.
         """
-        producer = self._in_use()
+        try:
+            producer = self._connected()
+        except Exception as exc:
+            self.close()
+            return [_not_sent(exc)] * len(items)
         if not getattr(producer, "supports_batch_publish", False):
             return publish_each(self.publish, items)
         try:
@@ -190,8 +215,25 @@ class Publisher:
                             declared=self._declared)
         except Exception as exc:
             self.close()
-            return [exc] * len(items)
+            return [_uncertain(exc)] * len(items)
         return [None] * len(items)
+
+    def _connected(self) -> Any:
+        """The producer in use; a new one's connection is proven by a round trip first.
+
+        After a failure the next producer may not reach the broker either: finding that out
+        before sending anything makes those releases certainly unsent (sent again a second
+        later) rather than uncertain (waiting for their lease).
+        """
+        fresh = self._producer is None
+        producer = self._in_use()
+        if fresh:
+            client = getattr(producer.channel, "client", None)  # Redis: a PING
+            if client is not None and hasattr(client, "ping"):
+                client.ping()
+            else:
+                producer.connection.ensure_connection(max_retries=1)
+        return producer
 
     def close(self) -> None:
         # a new connection may reach a broker that lost non-durable queues: declare again

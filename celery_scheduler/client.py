@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery_scheduler.config import Settings, get_settings
@@ -33,8 +34,9 @@ class SchedulerClient:
     """Publishes envelopes for one Celery app and answers status queries."""
 
     def __init__(self, settings: Settings, *, task_log: TaskLog | None = None,
-                 store: ScheduleStore | None = None) -> None:
+                 store: ScheduleStore | None = None, clock: Callable[[], int] = now_ms) -> None:
         self.settings = settings
+        self.clock = clock  # epoch ms that delays count from (the testing helper's is fake)
         self._task_log = task_log
         self._store = store
         self._signer = settings.signer
@@ -68,8 +70,10 @@ class SchedulerClient:
 
     def publish(self, envelope: Envelope, wait: bool = True) -> Any:
         """Publish *envelope* keyed by its ordering id; a Position, or a future if not *wait*."""
-        data = self.encode(envelope)
-        key = envelope.key.ordering_id
+        return self.publish_record(envelope.key.ordering_id, self.encode(envelope), wait)
+
+    def publish_record(self, key: str, data: bytes, wait: bool = True) -> Any:
+        """Publish an encoded envelope (signed, if the app signs), keyed by ordering id *key*."""
         headers = None
         if self._signer is not None:
             headers = {SIGNATURE_HEADER: self._signer.sign(key.encode("utf-8"), data)}

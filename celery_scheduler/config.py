@@ -67,6 +67,9 @@ class Settings:
     # the schedule call
     grace_seconds: float = 60.0  # how far in the past a scheduled time may be
     max_envelope_bytes: int = 256 * 1024
+    # drop-in eta mode (DurableEtaTask): an eta/countdown less than this far ahead goes to
+    # Celery as usual, the rest through the scheduler
+    eta_threshold_seconds: float = 0.0
 
     # retries, leases and release
     max_attempts: int = 5
@@ -86,6 +89,9 @@ class Settings:
     signing_keys: Mapping[str, Any] = field(default_factory=dict, repr=False)
     signing_key_id: str | None = None
 
+    # the web console and HTTP API (`scheduler serve`): bearer token -> "read" or "write"
+    api_tokens: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
     def __post_init__(self) -> None:
         if self.on_exhausted not in ("skip", "block"):
             raise ConfigurationError(
@@ -99,11 +105,17 @@ class Settings:
                     f"{PREFIX}{name} must be positive, got {getattr(self, name)!r}"
                 )
         for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds", "max_in_flight",
+                     "eta_threshold_seconds",
                      "partition_lease_seconds", "lookahead_seconds", "startup_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")
         if self.signing_keys:
             Signer(self.signing_keys, self.signing_key_id)  # validates keys and the active id
+        for token, scope in self.api_tokens.items():
+            if not isinstance(token, str) or len(token) < 16 or scope not in ("read", "write"):
+                raise ConfigurationError(
+                    f"{PREFIX}api_tokens maps tokens of at least 16 characters to 'read' or "
+                    f"'write'; got a token of {len(str(token))} characters with scope {scope!r}")
         try:
             self.retry_policy  # noqa: B018 - validates the three retry settings together
         except ValueError as exc:

@@ -11,6 +11,9 @@
     │   ├── NotSerializableError     an argument or option cannot be encoded as JSON
     │   └── EnvelopeTooLargeError    the encoded task is over the size limit
     ├── EnvelopeDecodeError          bytes from the topic are not a valid envelope
+    ├── BrokerError                  the Celery broker did not take a release
+    │   ├── ReleaseNotSentError      certainly not sent (no connection): sent again soon
+    │   └── ReleaseUncertainError    the connection failed while sending: it may have been sent
     ├── TaskLogError                 the Kafka side failed
     │   ├── TaskLogUnavailableError  Kafka did not acknowledge within the timeout
     │   └── TopicMissingError        the scheduler topic does not exist (run ``init``)
@@ -25,12 +28,15 @@ of these ``from`` the driver's exception.
 from __future__ import annotations
 
 __all__ = [
+    "BrokerError",
     "ConfigurationError",
     "EnvelopeDecodeError",
     "EnvelopeTooLargeError",
     "InvalidKeyError",
     "NotAScheduledTaskError",
     "NotSerializableError",
+    "ReleaseNotSentError",
+    "ReleaseUncertainError",
     "ScheduleError",
     "ScheduleStoreError",
     "ScheduleTimeError",
@@ -81,6 +87,22 @@ class EnvelopeDecodeError(SchedulerError, ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class BrokerError(SchedulerError):
+    """Publishing a released task to the Celery broker failed."""
+
+
+class ReleaseNotSentError(BrokerError):
+    """The release certainly did not reach the broker: no connection could be made."""
+
+
+class ReleaseUncertainError(BrokerError):
+    """The connection failed while the release was being sent: the broker may have it.
+
+    The dispatcher treats such a release as sent: it waits for its outcome, or for its
+    lease to end, before releasing the key again, so two copies of it never run at once.
+    """
 
 
 class TaskLogError(SchedulerError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from celery_scheduler.errors import InvalidKeyError, ScheduleTimeError
 
-__all__ = ["MAX_KEY_LENGTH", "TaskKey", "check_key_part", "from_epoch_ms", "to_epoch_ms"]
+__all__ = ["MAX_KEY_LENGTH", "MAX_MS", "TaskKey", "check_key_part", "from_epoch_ms", "to_epoch_ms"]
 
 # Longest ordering id or uniqueness key, in characters; keys are Kafka record keys and
 # Cassandra clustering columns, so they should stay short.
@@ -24,7 +24,7 @@ MAX_KEY_LENGTH = 512
 TASK_ID_NAMESPACE = uuid.UUID("9b6f0c1e-6a53-4cf4-9e3c-2f0a7d3b8e51")
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
+MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z: the latest time a key holds
 
 
 def check_key_part(value: object, what: str) -> str:
@@ -68,12 +68,15 @@ def to_epoch_ms(when: object, default_tz: dt.tzinfo) -> int:
             f"scheduled time must be a datetime, got {type(when).__name__} {when!r}; "
             "use schedule_in() for a delay in seconds or a timedelta"
         )
-    aware = when if when.tzinfo is not None and when.utcoffset() is not None else (
-        _localize(when, default_tz)
-    )
-    delta = aware - _EPOCH
+    try:
+        aware = when if when.tzinfo is not None and when.utcoffset() is not None else (
+            _localize(when, default_tz)
+        )
+        delta = aware - _EPOCH
+    except (ArithmeticError, ValueError, TypeError) as exc:  # a tzinfo that fails, year 1
+        raise ScheduleTimeError(f"scheduled time {when!r} cannot be read as UTC: {exc}") from None
     ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-    if not 0 <= ms <= _MAX_MS:
+    if not 0 <= ms <= MAX_MS:
         raise ScheduleTimeError(f"scheduled time {when.isoformat()} is before 1970 or unusable")
     return ms
 

@@ -37,10 +37,11 @@ from typing import Any
 
 from celery_scheduler.bridge import Release, publish_each
 from celery_scheduler.completion import Outcome
+from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
-from celery_scheduler.errors import SchedulerError
+from celery_scheduler.errors import ReleaseNotSentError, SchedulerError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import Lease, ScheduleStore, State, StoredTask, TaskStatus
@@ -50,7 +51,8 @@ __all__ = ["Engine", "EngineSettings"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[Loaded, Release], None]
-# Publishes a step's releases in order; for each, None (sent) or why it may not have been.
+# Publishes a step's releases in order; for each, None (sent), ReleaseNotSentError (certainly
+# not sent: released again soon) or another error (it may have been sent: it stays released).
 PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
 
 
@@ -168,6 +170,8 @@ class Engine:
         self.settings = settings or EngineSettings()
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.timetable = Timetable()
+        # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
+        self.claims = Claims()
         self.metrics = metrics or Metrics()
         self.partitions: dict[int, _Partition] = {}
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -181,6 +185,10 @@ class Engine:
         # Read by the ingest thread: the partitions whose lease this engine holds (or held
         # last, while the store could not be asked). Only the engine thread changes it.
         self._writable: set[int] = set()
+        # Per partition ever leased: the time its writes are fenced at (monotonic): its
+        # lease's end while held, the moment it was given up after; read by the store's
+        # threads (see write_fence), replaced whole.
+        self._fences: dict[int, float] = {}
         self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
         self._ingest_stalled = False
         self._watch = _Watch()
@@ -363,7 +371,8 @@ class Engine:
             # else an older attempt's outcome, or one of a task not released: nothing to do
         if unknown:
             try:
-                self.store.record_outcomes([(o.key, o.attempt, o.succeeded, o.error) for o in unknown],
+                self.store.record_outcomes([(o.partition, o.key, o.attempt, o.succeeded, o.error)
+                                            for o in unknown],
                                            self.clock())
             except SchedulerError:
                 logger.warning("could not store %d outcome(s); trying again", len(unknown),
@@ -396,19 +405,28 @@ class Engine:
             if self.timetable.count(row.partition) < self.settings.max_loaded:
                 self.timetable.add(loaded_from(row))
             else:
-                partition.loader.rewind(row.position)
+                # No room: the cursor goes back to read it again. Later tasks of its ordering
+                # id already here would be released before it: they leave memory too, to be
+                # read again after it.
+                task = loaded_from(row)
+                later = self.timetable.waiting_after(task)
+                for evicted in later:
+                    self.timetable.remove(evicted.key)
+                for position in [row.position] + [t.stored.position for t in later]:
+                    partition.loader.rewind(position)
                 partition.loader.dirty = True
         else:
             partition.loader.dirty = True  # ahead of the cursor: the next fill reads it
 
     def _on_cancelled(self, key: TaskKey) -> None:
+        self.claims.cancel_noted(key)
         if key not in self.timetable or self.timetable.is_in_flight(key):
             return
-        # The cancel may have landed between this engine marking the task released and
-        # publishing it (a release put off because the marking took long): the marking then
-        # overwrote the cancel, and the task must still run. Only a status that is still
-        # cancelled drops it; if the store cannot say, it stays (a late run is allowed, a
-        # lost one is not).
+        # This engine does not mark a task released while its cancel is read and written,
+        # nor until it gets here (see claims.py); but a marking by the partition's previous
+        # owner may have overwritten the cancel, and then the task must still run. Only a
+        # status that is still cancelled drops it; if the store cannot say, it stays (a late
+        # run is allowed, a lost one is not).
         try:
             status = self.store.status(key)
         except SchedulerError:
@@ -427,6 +445,7 @@ class Engine:
         for number in request.partitions:
             self._outcomes_read.pop(number, None)
             self._writable.discard(number)
+            self._forget_fence(number)
             partition = self.partitions.pop(number, None)
             if partition is not None and partition.lease is not None:
                 try:
@@ -434,24 +453,50 @@ class Engine:
                 except SchedulerError:
                     logger.warning("could not give up the lease of partition %d", number)
         dropped = self.timetable.drop_partitions(request.partitions)
+        self.claims.forget_partitions(request.partitions)
         logger.info("revoked partitions %s (%d tasks dropped from memory)",
                     sorted(request.partitions), dropped)
         request.done.set()
 
     # --- leases (fencing) ------------------------------------------------------------------
 
+    def _lease_end(self, lease_mono: float) -> float:
+        """When a lease requested at *lease_mono* ends by our own clock, with a margin."""
+        margin = min(2.0, self.settings.partition_lease_seconds / 4)
+        return lease_mono + self.settings.partition_lease_seconds - margin
+
     def _may_release(self, partition: _Partition) -> bool:
         if partition.lease is None:
             return False
-        # Valid by our own clock, counted from when the request was sent, with a margin.
-        margin = min(2.0, self.settings.partition_lease_seconds / 4)
-        return time.monotonic() < partition.lease_mono + self.settings.partition_lease_seconds - margin
+        # Valid by our own clock, counted from when the request was sent.
+        return time.monotonic() < self._lease_end(partition.lease_mono)
+
+    def write_fence(self, partition: int) -> float | None:
+        """The wall-clock time this process's writes of *partition* must not be stamped after.
+
+        The end of its lease while held; once given up, the moment it was given up (or its
+        end, if that came first), for good: no write of a partition this process no longer
+        holds is legitimate, and one decided before may still be on its way, however long
+        the process was paused. None for a partition never held. See
+        :mod:`celery_scheduler.store.fencing`. Called from the store's threads.
+        """
+        fence = self._fences.get(partition)
+        if fence is None:
+            return None
+        return time.time() + fence - time.monotonic()
 
     def _hold(self, number: int, partition: _Partition, lease: Lease, mono: float) -> None:
         partition.lease, partition.lease_mono = lease, mono
         self._writable.add(number)
+        self._fences = {**self._fences, number: self._lease_end(mono)}
+
+    def _forget_fence(self, number: int) -> None:
+        """*number*'s lease is given up: writes decided before meet its fence from now on."""
+        if number in self._fences:
+            self._fences = {**self._fences, number: min(self._fences[number], time.monotonic())}
 
     def _drop_lease(self, number: int, partition: _Partition) -> None:
+        self._forget_fence(number)
         self._writable.discard(number)
         self.timetable.drop_partitions([number])
         partition.lease, partition.loader.cursor = None, None
@@ -549,10 +594,28 @@ class Engine:
         ready = self._unsettled(ready, open_)
         if not ready:
             return
-        # Mark them all released (one round trip for the lot), and only then publish: a task
-        # another dispatcher could see as not released must not be running.
+        # Keys the ingest loop is putting or cancelling right now are decided once it is done.
+        free = self.claims.take_for_release(task.key for task in ready)
+        for task in ready:
+            if task.key not in free:
+                self.timetable.defer(task.key, now + 200)
+                del open_[task.key]
+        ready = [task for task in ready if task.key in free]
         lease_until = now + int(self.settings.lease_seconds * 1000)
-        self.store.mark_released_many([(t.stored, t.attempts + 1, lease_until) for t in ready], now)
+        try:
+            if ready:
+                # Mark them all released (one round trip for the lot), and only then publish:
+                # a task another dispatcher could see as not released must not be running.
+                self.store.mark_released_many([(t.stored, t.attempts + 1, lease_until) for t in ready],
+                                              now)
+        finally:
+            self.claims.marked(free)
+        if ready:
+            self._send_marked(ready, open_, lease_until, now)
+
+    def _send_marked(self, ready: list[Loaded], open_: dict[TaskKey, Loaded], lease_until: int,
+                     now: int) -> None:
+        """Publish *ready*, just marked released until *lease_until*."""
         sending: list[tuple[Loaded, Release]] = []
         for task in ready:
             del open_[task.key]
@@ -569,20 +632,29 @@ class Engine:
         if not sending:
             return
         failed: list[tuple[Loaded, Exception]] = []
+        uncertain: list[tuple[Loaded, Exception]] = []
         for (task, release), error in zip(sending, self.publish_many(sending), strict=True):
-            if error is not None:
+            if isinstance(error, ReleaseNotSentError):
                 failed.append((task, error))
                 continue
+            if error is not None:
+                uncertain.append((task, error))
             self.released_count += 1
             self.metrics.released((now - task.due_ms) / 1000 if release.attempt == 1 else 0.0)
+        if uncertain:
+            # Sending it again now could make two copies of one release that run at once,
+            # or run beside the next task of the ordering id once the first copy reports: it
+            # stays released, and its outcome or the end of its lease decides, as for any.
+            logger.warning("%d release(s) may have reached the broker, first %s (%s); waiting "
+                           "for their outcome or the end of their lease", len(uncertain),
+                           uncertain[0][0].key, uncertain[0][1])
         if failed:
             self._unpublished(failed, now)
 
     def _unpublished(self, failed: list[tuple[Loaded, Exception]], now: int) -> None:
-        """The broker did not take *failed* (or may not have): undo, and try again in a second.
+        """The broker certainly did not take *failed*: undo, and try again in a second.
 
-        The attempt is not spent. A message the broker took after all runs, and so may its
-        copy released again: at least once.
+        The attempt is not spent: no message of it exists.
         """
         logger.warning("could not publish %d task(s) to Celery, first %s (%s); retrying in 1s",
                        len(failed), failed[0][0].key, failed[0][1])
@@ -709,6 +781,7 @@ class Engine:
             # Stored with the others of this step, in one round trip (_store_succeeded); its
             # ordering id stays blocked until then.
             self._succeeded[task.key] = task
+            self.timetable.hold(task.key)
             return
         policy = task.envelope.retry
         if task.attempts < policy.max_attempts:

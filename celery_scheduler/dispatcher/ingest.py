@@ -26,9 +26,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.envelope import CancelEnvelope, Envelope, ScheduleEnvelope, decode
@@ -38,8 +38,10 @@ from celery_scheduler.partitioner import partition_for
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.signing import Signer
 from celery_scheduler.store.base import Cancel, Put, ScheduleStore, StoredTask
+from celery_scheduler.tasklog.base import TaskLogReader
 
-__all__ = ["DeadLetters", "Ingest", "dead_letter_topic"]
+__all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record",
+           "dead_letter_topic"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,27 @@ def dead_letter_topic(topic: str) -> str:
     return f"{topic}.deadletter"
 
 
+class DeadLetterSink(Protocol):
+    """Where records that cannot be scheduled go, with the reason."""
+
+    def send(self, record: Record, reason: str) -> None: ...
+
+    def flush(self, timeout: float = 30.0) -> None: ...
+
+
+class MemoryDeadLetters:
+    """Keeps what would be dead-lettered, for the testing helper and unit tests."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Record, str]] = []
+
+    def send(self, record: Record, reason: str) -> None:
+        self.sent.append((record, reason))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        pass
+
+
 class DeadLetters:
     """Copies rejected records to the dead-letter topic; flush() waits for Kafka's ack."""
 
@@ -110,8 +133,8 @@ class DeadLetters:
 class Ingest:
     """Polls the scheduler topic and persists what it reads."""
 
-    def __init__(self, consumer: Consumer, store: ScheduleStore, engine: Engine,
-                 dead_letters: DeadLetters, partitions: Callable[[], int], *,
+    def __init__(self, consumer: TaskLogReader, store: ScheduleStore, engine: Engine,
+                 dead_letters: DeadLetterSink, partitions: Callable[[], int], *,
                  allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
                  max_bytes: int | None = None, batch_size: int = 1000,
                  clock: Callable[[], int] | None = None) -> None:
@@ -261,7 +284,10 @@ class Ingest:
         return envelope
 
     def _apply(self, operations: list[Put | Cancel]) -> None:
-        results = self.store.apply(operations, self.clock())
+        # Each key's status is read, then written from what was read: the engine must not
+        # mark any of them released in between (see claims.py).
+        with self.engine.claims.ingesting(operations):
+            results = self.store.apply(operations, self.clock())
         for operation, result in zip(operations, results, strict=True):
             if isinstance(operation, Cancel):
                 if result:

@@ -98,6 +98,7 @@ class Dispatcher:
     def __init__(self, app: Any, *, group_id: str | None = None, owner: str | None = None,
                  settings: Settings | None = None, metrics: Metrics | None = None) -> None:
         self.app = app
+        app.tasks  # noqa: B018 - finalizes the app: DurableEtaTask tasks register when bound
         names = set(registered())
         if not names:
             raise ConfigurationError(
@@ -122,6 +123,7 @@ class Dispatcher:
         self.publisher = bridge.Publisher(app, s.lease_seconds)  # the engine thread's only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many)
+        self.store.fence_writes(self.engine.write_fence)
         producer = Producer({**base, "acks": "all", "enable.idempotence": True})
         def partitions_of(topic: str) -> Callable[[], int]:
             return lambda: topic_partitions(producer, topic, s.kafka_produce_timeout)
@@ -152,6 +154,11 @@ class Dispatcher:
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
                              lambda: self._partitions, allowed=names.__contains__,
                              signer=s.signer, max_bytes=s.max_envelope_bytes)
+
+    @property
+    def partition_count(self) -> int:
+        """How many partitions the scheduler topic has."""
+        return self._partitions
 
     def _publish(self, task: Loaded, release: bridge.Release) -> None:
         self.publisher.publish(task.envelope, release)

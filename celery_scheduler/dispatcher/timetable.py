@@ -195,6 +195,18 @@ class Timetable:
         task.lease_until_ms = 0
         self._schedule(key.ordering_id, queue)
 
+    def hold(self, key: TaskKey) -> None:
+        """Count *key* in flight until it is removed, so nothing of its ordering id is released.
+
+        For a task whose success is known but not yet stored: one released by a previous
+        owner is not in flight here, and would otherwise be released again at its lease's end.
+        """
+        task = self._by_key[key]
+        queue = self._queues[key.ordering_id]
+        if queue.in_flight is None:
+            queue.in_flight = task
+            self._in_flight += 1
+
     def block(self, key: TaskKey) -> None:
         """Hold *key*'s ordering id until the task is removed (an operator cancels it)."""
         task = self._by_key[key]
@@ -215,6 +227,13 @@ class Timetable:
         for partition in gone:
             self._per_partition.pop(partition, None)
         return dropped
+
+    def waiting_after(self, task: Loaded) -> list[Loaded]:
+        """The loaded tasks of *task*'s ordering id that come after it and are not in flight."""
+        queue = self._queues.get(task.key.ordering_id)
+        if queue is None:
+            return []
+        return [t for order, t in queue.tasks if order > task.order and t is not queue.in_flight]
 
     def partition_tasks(self, partition: int) -> list[Loaded]:
         return [t for t in self._by_key.values() if t.partition == partition]

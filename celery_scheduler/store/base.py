@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from celery_scheduler.envelope import ScheduleEnvelope
@@ -196,6 +196,32 @@ class ScheduleStore(abc.ABC):
         """The statuses of *keys*, in order (a store may read them concurrently)."""
         return [self.status(key) for key in keys]
 
+    # --- what operators look at (read only) ---------------------------------------------------
+
+    @abc.abstractmethod
+    def task(self, key: TaskKey) -> StoredTask | None:
+        """The stored row of *key* (its task and dispatch state), or None if it has none."""
+
+    @abc.abstractmethod
+    def leases(self) -> list[Lease]:
+        """The lease of every partition that was ever leased, by partition."""
+
+    @abc.abstractmethod
+    def backlog(self, partition: int) -> tuple[int, int | None]:
+        """How many rows *partition* holds, and the earliest scheduled time among them."""
+
+    @abc.abstractmethod
+    def statuses_in_state(self, state: State, limit: int) -> list[TaskStatus]:
+        """Up to *limit* statuses in *state*, in no particular order (a scan: for operators)."""
+
+    @abc.abstractmethod
+    def bucket_sizes(self, partition: int, first: int, last: int) -> dict[int, int]:
+        """Rows per indexed bucket of *partition* between *first* and *last* (inclusive)."""
+
+    @abc.abstractmethod
+    def rows_of(self, partition: int, ordering_id: str, limit: int = 1000) -> list[StoredTask]:
+        """The rows of *ordering_id* (in *partition*) still in the schedule, in schedule order."""
+
     # --- loading ------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -244,16 +270,18 @@ class ScheduleStore(abc.ABC):
             self.finish(task, state, None, now_ms)
 
     @abc.abstractmethod
-    def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
-                       now_ms: int) -> None:
-        """The worker's report of one attempt (the dispatcher acts on it)."""
+    def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
+                       error: str | None, now_ms: int) -> None:
+        """The worker's report of one attempt of a task of *partition* (the dispatcher acts
+        on it)."""
 
-    def record_outcomes(self, outcomes: Sequence[tuple[TaskKey, int, bool, str | None]],
+    def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None]],
                         now_ms: int) -> None:
-        """:meth:`record_outcome` for each (key, attempt, succeeded, error), concurrently where
-        the store can. If it raises, any of them may or may not be recorded."""
-        for key, attempt, succeeded, error in outcomes:
-            self.record_outcome(key, attempt, succeeded, error, now_ms)
+        """:meth:`record_outcome` for each (partition, key, attempt, succeeded, error),
+        concurrently where the store can. If it raises, any of them may or may not be
+        recorded."""
+        for partition, key, attempt, succeeded, error in outcomes:
+            self.record_outcome(partition, key, attempt, succeeded, error, now_ms)
 
     # --- partition leases ------------------------------------------------------------------------
 
@@ -268,6 +296,15 @@ class ScheduleStore(abc.ABC):
     @abc.abstractmethod
     def release_lease(self, lease: Lease) -> None:
         """Give *lease* up so the next owner need not wait for it to expire."""
+
+    def fence_writes(self, fence: Callable[[int], float | None]) -> None:
+        """Stamp each write of a partition no later than *fence(partition)* (wall-clock
+        seconds; None: no limit).
+
+        A dispatcher passes the end of its lease of the partition, so that a write it sends
+        late (after a pause) loses to the writes of the partition's next owner. A store
+        whose writes apply in the order they are made (the memory store) has nothing to do.
+        """
 
     def close(self) -> None:
         """Release connections."""

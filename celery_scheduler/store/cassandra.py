@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 import ssl
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from cassandra import (
@@ -27,8 +27,15 @@ from cassandra import (
     WriteTimeout,
 )
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
-from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    ResponseFuture,
+    Session,
+)
+from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.policies import (
     DCAwareRoundRobinPolicy,
     ExponentialReconnectionPolicy,
@@ -57,6 +64,7 @@ from celery_scheduler.store.base import (
     settled_state,
     write_bucket,
 )
+from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.schema import check_identifier, keyspace_statements
 
 __all__ = ["CassandraScheduleStore", "translate_errors"]
@@ -116,6 +124,7 @@ _SELECT_STATUS = ("SELECT state, task, partition, bucket, attempts, last_error, 
                   " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?")
 # Requests in flight at once for bulk reads and writes.
 CONCURRENCY = 64
+_Statements = list[tuple[str, tuple[Any, ...]]]
 # Seconds between attempts to reach a node marked down: the driver's default grows to
 # 10 minutes, so after a Cassandra restart a dispatcher stayed idle for about as long
 # again as the outage lasted; a few seconds cost nothing while it is down.
@@ -194,8 +203,10 @@ class CassandraScheduleStore(ScheduleStore):
                                        consistency_level=self._consistency,
                                        serial_consistency_level=self._serial,
                                        request_timeout=request_timeout)
+        self._timestamps = FencedTimestamps()
         self._cluster = Cluster(list(contact_points), port=port, auth_provider=auth,
                                 ssl_context=ssl_context, connect_timeout=request_timeout,
+                                timestamp_generator=self._timestamps,
                                 execution_profiles={EXEC_PROFILE_DEFAULT: profile, _LWT_PROFILE: lwt_profile},
                                 reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS))
         with translate_errors("connect"):
@@ -203,6 +214,9 @@ class CassandraScheduleStore(ScheduleStore):
         self._prepared: dict[str, Any] = {}
         # buckets this process indexed already: one index write per bucket, not per task
         self._indexed: set[tuple[int, int]] = set()
+
+    def fence_writes(self, fence: Callable[[int], float | None]) -> None:
+        self._timestamps.fence = fence
 
     def _prepare(self, cql: str) -> Any:
         statement = self._prepared.get(cql)
@@ -219,11 +233,13 @@ class CassandraScheduleStore(ScheduleStore):
                 self._session.execute(statement, timeout=60)
             self._cluster.control_connection.wait_for_schema_agreement()
 
-    def _execute(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:
-        with translate_errors(what):
+    def _execute(self, what: str, cql: str, params: tuple[Any, ...],
+                 partition: int | None = None) -> Any:
+        """Run one statement; a write names the *partition* it belongs to (for its fence)."""
+        with translate_errors(what), self._timestamps.writing(partition):
             return self._session.execute(self._prepare(cql), params)
 
-    def _batch_statement(self, statements: list[tuple[str, tuple[Any, ...]]]) -> BatchStatement:
+    def _batch_statement(self, statements: _Statements) -> BatchStatement:
         # Unlogged: every caller retries the whole set until it is acknowledged (ingest does
         # not commit, the engine re-reads), and all writes are idempotent, so the batch log's
         # extra round of writes would buy nothing.
@@ -232,7 +248,7 @@ class CassandraScheduleStore(ScheduleStore):
             batch.add(self._prepare(cql), params)
         return batch
 
-    def _grouped(self, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    def _grouped(self, statements: _Statements) -> list[Any]:
         """One batch, or, for a set carrying a large envelope, its statements one by one.
 
         Cassandra refuses batches over its ``batch_size_fail_threshold`` (50 KiB by default)
@@ -246,26 +262,39 @@ class CassandraScheduleStore(ScheduleStore):
             return [self._batch_statement(statements)]
         return [self._prepare(cql).bind(params) for cql, params in statements]
 
-    def _batch(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        self._batches(what, [statements])
+    def _batch(self, what: str, partition: int, statements: _Statements) -> None:
+        self._batches(what, [(partition, statements)])
 
-    def _batches(self, what: str, statement_sets: list[list[tuple[str, tuple[Any, ...]]]]) -> None:
-        """Write the sets with CONCURRENCY requests in flight: one round trip's latency for all.
+    def _batches(self, what: str, statement_sets: Sequence[tuple[int, _Statements]]) -> None:
+        """Write each (partition, statements) set, all of them concurrently.
 
-        Small sets share unlogged batches, each set whole in one batch, up to PACK_STATEMENTS
-        statements (so at most that many Cassandra partitions, within the server's warning
-        threshold of 10) and PACK_BYTES of values (it warns above 5 KiB). Each request has a
-        fixed cost in the Python driver and in the server, so fewer, fuller requests write
-        the same rows faster.
+        A set shares a request only with sets of the same partition: a request carries one
+        timestamp, and each partition's writes are fenced on their own (see
+        :mod:`celery_scheduler.store.fencing`).
+        """
+        by_partition: dict[int, list[_Statements]] = {}
+        for partition, statements in statement_sets:
+            if statements:
+                by_partition.setdefault(partition, []).append(statements)
+        self._send(what, [(partition, request) for partition, sets in by_partition.items()
+                          for request in self._packed(sets)])
+
+    def _packed(self, statement_sets: list[_Statements]) -> list[Any]:
+        """The sets as few requests: small sets share unlogged batches.
+
+        Each set goes whole into one batch, up to PACK_STATEMENTS statements (so at most
+        that many Cassandra partitions, within the server's warning threshold of 10) and
+        PACK_BYTES of values (it warns above 5 KiB). Each request has a fixed cost in the
+        Python driver and in the server, so fewer, fuller requests write the same rows faster.
         """
         requests: list[Any] = []
-        pending: list[tuple[str, tuple[Any, ...]]] = []
+        pending: _Statements = []
         size = 0
         for statements in statement_sets:
             weight = sum(len(value) for _, params in statements for value in params
                          if isinstance(value, (bytes, str)))
-            if not statements or weight >= PACK_BYTES:
-                requests += self._grouped(statements) if statements else []
+            if weight >= PACK_BYTES:
+                requests += self._grouped(statements)
                 continue
             if pending and (len(pending) + len(statements) > PACK_STATEMENTS
                             or size + weight > PACK_BYTES):
@@ -275,10 +304,23 @@ class CassandraScheduleStore(ScheduleStore):
             size += weight
         if pending:
             requests.append(self._batch_statement(pending))
-        batches = [(request, None) for request in requests]
+        return requests
+
+    def _send(self, what: str, requests: list[tuple[int, Any]]) -> None:
+        """Send the requests with up to CONCURRENCY in flight: one round trip's latency for all.
+
+        Every request is sent from this thread, in the block that names its partition: the
+        driver takes a request's timestamp on the thread that sends it.
+        """
+        in_flight: collections.deque[ResponseFuture] = collections.deque()
         with translate_errors(what):
-            execute_concurrent(self._session, batches, concurrency=CONCURRENCY,
-                               raise_on_first_error=True)
+            for partition, request in requests:
+                if len(in_flight) >= CONCURRENCY:
+                    in_flight.popleft().result()
+                with self._timestamps.writing(partition):
+                    in_flight.append(self._session.execute_async(request))
+            while in_flight:
+                in_flight.popleft().result()
 
     @staticmethod
     def _pk(key: TaskKey) -> tuple[str, dt.datetime, str]:
@@ -286,7 +328,7 @@ class CassandraScheduleStore(ScheduleStore):
 
     def _plan_put(self, partition: int, envelope: ScheduleEnvelope, current: TaskStatus | None,
                   now_ms: int, data: bytes | None = None
-                  ) -> tuple[list[tuple[str, tuple[Any, ...]]], StoredTask | None]:
+                  ) -> tuple[_Statements, StoredTask | None]:
         key = envelope.key
         if current is not None and current.state.finished:
             logger.info("not scheduling %s again: it already %s", key, current.state.value)
@@ -303,7 +345,7 @@ class CassandraScheduleStore(ScheduleStore):
             logger.info("not rescheduling %s: it waits for attempt %d", key, current.attempts + 1)
             return [], None
         bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
-        statements: list[tuple[str, tuple[Any, ...]]] = []
+        statements: _Statements = []
         if current is not None and current.state is State.PENDING and current.bucket is not None:
             if current.partition == partition:
                 bucket = current.bucket  # in place: see ScheduleStore.put
@@ -327,7 +369,7 @@ class CassandraScheduleStore(ScheduleStore):
         return statements, StoredTask(partition, bucket, envelope)
 
     def _plan_cancel(self, key: TaskKey, current: TaskStatus | None, now_ms: int
-                     ) -> list[tuple[str, tuple[Any, ...]]]:
+                     ) -> _Statements:
         if current is None or current.bucket is None or current.state not in (State.PENDING,
                                                                                 State.FAILED):
             return []
@@ -354,14 +396,14 @@ class CassandraScheduleStore(ScheduleStore):
     def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
         statements, stored = self._plan_put(partition, envelope, self.status(envelope.key), now_ms)
         if statements:
-            self._batch(f"store task {envelope.key}", statements)
+            self._batch(f"store task {envelope.key}", partition, statements)
             self._indexed_now([stored])
         return stored
 
     def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
         statements = self._plan_cancel(key, self.status(key), now_ms)
         if statements:
-            self._batch(f"cancel task {key}", statements)
+            self._batch(f"cancel task {key}", partition, statements)
         return bool(statements)
 
     def apply(self, operations: list[Put | Cancel], now_ms: int) -> list[StoredTask | bool | None]:
@@ -370,7 +412,7 @@ class CassandraScheduleStore(ScheduleStore):
             raise ValueError("apply() takes at most one operation per task key")
         statuses = self.statuses([op.key for op in operations])
         results: list[StoredTask | bool | None] = []
-        statement_sets: list[list[tuple[str, tuple[Any, ...]]]] = []
+        statement_sets: list[tuple[int, _Statements]] = []
         for op, current in zip(operations, statuses, strict=True):
             if isinstance(op, Put):
                 statements, stored = self._plan_put(op.partition, op.envelope, current, now_ms, op.data)
@@ -378,7 +420,7 @@ class CassandraScheduleStore(ScheduleStore):
             else:
                 statements = self._plan_cancel(op.key, current, now_ms)
                 results.append(bool(statements))
-            statement_sets.append(statements)
+            statement_sets.append((op.partition, statements))
         self._batches(f"store {len(operations)} task(s)", statement_sets)
         self._indexed_now([r for r in results if isinstance(r, StoredTask)])
         return results
@@ -396,6 +438,95 @@ class CassandraScheduleStore(ScheduleStore):
     def status(self, key: TaskKey) -> TaskStatus | None:
         return _status(key, self._execute(f"read the status of {key}", _SELECT_STATUS,
                                           self._pk(key)).one())
+
+    def task(self, key: TaskKey) -> StoredTask | None:
+        current = self.status(key)
+        if current is None or current.bucket is None:
+            return None
+        row = self._execute(f"read the row of {key}",
+                            "SELECT envelope, attempts, not_before, lease_until, blocked"
+                            " FROM {ks}.schedule WHERE partition = ? AND bucket = ? AND at = ?"
+                            " AND ordering_id = ? AND unique_key = ?",
+                            (current.partition, current.bucket, _ts(key.scheduled_ms),
+                             key.ordering_id, key.uniqueness_key)).one()
+        if row is None or row.envelope is None:
+            return None
+        try:
+            envelope = decode(row.envelope)
+        except EnvelopeDecodeError:
+            return None
+        if not isinstance(envelope, ScheduleEnvelope):
+            return None
+        return StoredTask(current.partition, current.bucket, envelope, row.attempts or 0,
+                          _ms(row.not_before), _ms(row.lease_until), bool(row.blocked))
+
+    def leases(self) -> list[Lease]:
+        rows = self._execute("read the partition leases",
+                             "SELECT partition, owner, epoch, expires_at FROM {ks}.partition_lease", ())
+        return sorted((Lease(row.partition, row.owner or "", row.epoch or 0, _ms(row.expires_at))
+                       for row in rows), key=lambda lease: lease.partition)
+
+    def backlog(self, partition: int) -> tuple[int, int | None]:
+        # an operator's query: one count per indexed bucket of the partition
+        count, earliest = 0, None
+        for bucket in self.buckets(partition, 0, 2**62, limit=1_000_000):
+            row = self._execute(f"count bucket {bucket} of partition {partition}",
+                                "SELECT count(*) AS n, min(at) AS first FROM {ks}.schedule"
+                                " WHERE partition = ? AND bucket = ?", (partition, bucket)).one()
+            if row is not None and row.n:
+                count += row.n
+                if row.first is not None:  # an overdue row sits in a later bucket than its time
+                    first = _ms(row.first)
+                    earliest = first if earliest is None else min(earliest, first)
+        return count, earliest
+
+    def statuses_in_state(self, state: State, limit: int) -> list[TaskStatus]:
+        # an operator's query: state is no key of the table, so Cassandra scans it (paged)
+        # until it found *limit*
+        rows = self._execute(
+            f"find {state.value} tasks",
+            "SELECT ordering_id, at, unique_key, state, task, partition, bucket, attempts,"
+            " last_error, outcome, outcome_attempt, updated_at FROM {ks}.task_status"
+            " WHERE state = ? LIMIT ? ALLOW FILTERING", (state.value, limit))
+        found = []
+        for row in rows:
+            status = _status(TaskKey(row.ordering_id, _ms(row.at), row.unique_key), row)
+            if status is not None:
+                found.append(status)
+        return found
+
+    def bucket_sizes(self, partition: int, first: int, last: int) -> dict[int, int]:
+        # an operator's query: one count per indexed bucket in the range
+        sizes = {}
+        for bucket in self.buckets(partition, first, last, limit=1_000_000):
+            row = self._execute(f"count bucket {bucket} of partition {partition}",
+                                "SELECT count(*) AS n FROM {ks}.schedule"
+                                " WHERE partition = ? AND bucket = ?", (partition, bucket)).one()
+            if row is not None and row.n:
+                sizes[bucket] = int(row.n)
+        return sizes
+
+    def rows_of(self, partition: int, ordering_id: str, limit: int = 1000) -> list[StoredTask]:
+        # an operator's query: each indexed bucket of the partition, filtered in Cassandra
+        found: list[StoredTask] = []
+        for bucket in self.buckets(partition, 0, 2**62, limit=1_000_000):
+            rows = self._execute(
+                f"read the rows of {ordering_id!r} in bucket {bucket} of partition {partition}",
+                "SELECT at, unique_key, envelope, attempts, not_before, lease_until, blocked"
+                " FROM {ks}.schedule WHERE partition = ? AND bucket = ? AND ordering_id = ?"
+                " ALLOW FILTERING", (partition, bucket, ordering_id))
+            for row in rows:
+                try:
+                    envelope = decode(row.envelope) if row.envelope is not None else None
+                except EnvelopeDecodeError:
+                    continue
+                if isinstance(envelope, ScheduleEnvelope):
+                    found.append(StoredTask(partition, bucket, envelope, row.attempts or 0,
+                                            _ms(row.not_before), _ms(row.lease_until),
+                                            bool(row.blocked)))
+            if len(found) >= limit:
+                break
+        return sorted(found, key=lambda row: row.position)[:limit]
 
     def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]:
         rows = self._execute(
@@ -449,7 +580,7 @@ class CassandraScheduleStore(ScheduleStore):
         """
         keys = [TaskKey(row.ordering_id, _ms(row.at), row.unique_key) for row, _ in remnants]
         now_ms = int(time.time() * 1000)
-        statement_sets: list[list[tuple[str, tuple[Any, ...]]]] = []
+        statement_sets: list[tuple[int, _Statements]] = []
         for (row, error), key, status in zip(remnants, keys, self.statuses(keys), strict=True):
             state = settled_state(status, partition, bucket)
             if error is not None and state is not None:
@@ -457,27 +588,27 @@ class CassandraScheduleStore(ScheduleStore):
             logger.warning("removing a schedule row without a runnable task: %s (%s); its status: %s",
                            key, error or "its task was removed by a cancel or a completion",
                            status.state.value if status else "unknown")
-            statements: list[tuple[str, tuple[Any, ...]]] = [
+            statements: _Statements = [
                 (_DELETE_ROW, (partition, bucket, row.at, row.ordering_id, row.unique_key))]
             if state is not None and status is not None:
                 statements.append((_FINAL_STATUS, (
                     *self._pk(key), state.value, status.task, partition, bucket, status.attempts,
                     error or status.last_error, _ts(now_ms), self.status_ttl)))
-            statement_sets.append(statements)
+            statement_sets.append((partition, statements))
         self._batches(f"remove {len(remnants)} schedule row(s) without a task", statement_sets)
 
     def drop_bucket(self, partition: int, bucket: int) -> None:
         self._indexed.discard((partition, bucket))
         self._execute(f"drop bucket {bucket} of partition {partition}",
                       "DELETE FROM {ks}.schedule_buckets WHERE partition = ? AND bucket = ?",
-                      (partition, bucket))
+                      (partition, bucket), partition)
 
     def _row_pk(self, task: StoredTask) -> tuple[Any, ...]:
         key = task.key
         return (task.partition, task.bucket, _ts(key.scheduled_ms), key.ordering_id, key.uniqueness_key)
 
     def _released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int
-                  ) -> list[tuple[str, tuple[Any, ...]]]:
+                  ) -> _Statements:
         return [
             ("UPDATE {ks}.schedule SET attempts = ?, lease_until = ? WHERE partition = ? AND bucket = ?"
              " AND at = ? AND ordering_id = ? AND unique_key = ?",
@@ -488,16 +619,17 @@ class CassandraScheduleStore(ScheduleStore):
         ]
 
     def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
-        self._batch(f"mark {task.key} released", self._released(task, attempt, lease_until_ms, now_ms))
+        self._batch(f"mark {task.key} released", task.partition,
+                    self._released(task, attempt, lease_until_ms, now_ms))
 
     def mark_released_many(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int) -> None:
         self._batches(f"mark {len(releases)} task(s) released",
-                      [self._released(task, attempt, lease_until_ms, now_ms)
+                      [(task.partition, self._released(task, attempt, lease_until_ms, now_ms))
                        for task, attempt, lease_until_ms in releases])
 
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
-        self._batch(f"schedule a retry of {task.key}", [
+        self._batch(f"schedule a retry of {task.key}", task.partition, [
             ("UPDATE {ks}.schedule SET attempts = ?, not_before = ?, lease_until = null"
              " WHERE partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
              (attempts, _ts(not_before_ms), *self._row_pk(task))),
@@ -513,7 +645,7 @@ class CassandraScheduleStore(ScheduleStore):
         return task.attempts > 1 or task.not_before_ms > 0
 
     def _finished(self, task: StoredTask, state: State, error: str | None, current: TaskStatus | None,
-                  now_ms: int, keep_row: bool) -> list[tuple[str, tuple[Any, ...]]]:
+                  now_ms: int, keep_row: bool) -> _Statements:
         row: tuple[str, tuple[Any, ...]] = (
             ("UPDATE {ks}.schedule SET blocked = true, lease_until = null WHERE partition = ?"
              " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?", self._row_pk(task))
@@ -530,14 +662,15 @@ class CassandraScheduleStore(ScheduleStore):
                keep_row: bool = False) -> None:
         # the whole status row is written again (see _FINAL_STATUS): keep its last error
         current = self.status(task.key) if error is None and self._may_have_error(task) else None
-        self._batch(f"mark {task.key} {state.value}",
+        self._batch(f"mark {task.key} {state.value}", task.partition,
                     self._finished(task, state, error, current, now_ms, keep_row))
 
     def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int) -> None:
         reading = [task.key for task in tasks if self._may_have_error(task)]
         current = dict(zip(reading, self.statuses(reading), strict=True)) if reading else {}
         self._batches(f"mark {len(tasks)} task(s) {state.value}",
-                      [self._finished(task, state, None, current.get(task.key), now_ms, False)
+                      [(task.partition,
+                        self._finished(task, state, None, current.get(task.key), now_ms, False))
                        for task in tasks])
 
     def _outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
@@ -553,16 +686,16 @@ class CassandraScheduleStore(ScheduleStore):
                 " AND unique_key = ?",
                 (self.status_ttl, "failed", attempt, error, _ts(now_ms), *self._pk(key)))
 
-    def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
-                       now_ms: int) -> None:
+    def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
+                       error: str | None, now_ms: int) -> None:
         self._execute(f"record the outcome of {key}",
-                      *self._outcome(key, attempt, succeeded, error, now_ms))
+                      *self._outcome(key, attempt, succeeded, error, now_ms), partition)
 
-    def record_outcomes(self, outcomes: Sequence[tuple[TaskKey, int, bool, str | None]],
+    def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None]],
                         now_ms: int) -> None:
         self._batches(f"record {len(outcomes)} outcome(s)",
-                      [[self._outcome(key, attempt, succeeded, error, now_ms)]
-                       for key, attempt, succeeded, error in outcomes])
+                      [(partition, [self._outcome(key, attempt, succeeded, error, now_ms)])
+                       for partition, key, attempt, succeeded, error in outcomes])
 
     def _lwt(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:
         statement = self._prepare(cql)

@@ -97,6 +97,38 @@ class MemoryScheduleStore(ScheduleStore):
         with self._lock:
             return self._status.get(key)
 
+    def task(self, key: TaskKey) -> StoredTask | None:
+        with self._lock:
+            current = self._status.get(key)
+            if current is None or current.bucket is None:
+                return None
+            return self._rows.get((current.partition, current.bucket), {}).get(key)
+
+    def leases(self) -> list[Lease]:
+        with self._lock:
+            return [self._leases[n] for n in sorted(self._leases)]
+
+    def backlog(self, partition: int) -> tuple[int, int | None]:
+        with self._lock:
+            times = [key.scheduled_ms for (number, _), rows in self._rows.items()
+                     if number == partition for key in rows]
+        return len(times), min(times, default=None)
+
+    def statuses_in_state(self, state: State, limit: int) -> list[TaskStatus]:
+        with self._lock:
+            return [status for status in self._status.values() if status.state is state][:limit]
+
+    def bucket_sizes(self, partition: int, first: int, last: int) -> dict[int, int]:
+        with self._lock:
+            return {bucket: len(rows) for (number, bucket), rows in self._rows.items()
+                    if number == partition and first <= bucket <= last and rows}
+
+    def rows_of(self, partition: int, ordering_id: str, limit: int = 1000) -> list[StoredTask]:
+        with self._lock:
+            rows = [row for (number, _), bucket in self._rows.items() if number == partition
+                    for key, row in bucket.items() if key.ordering_id == ordering_id]
+        return sorted(rows, key=lambda row: row.position)[:limit]
+
     def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]:
         with self._lock:
             found = sorted(b for b in self._index.get(partition, ()) if first <= b <= last)
@@ -154,8 +186,8 @@ class MemoryScheduleStore(ScheduleStore):
                 changes["last_error"] = error
             self._update_status(task.key, **changes)
 
-    def record_outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
-                       now_ms: int) -> None:
+    def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
+                       error: str | None, now_ms: int) -> None:
         with self._lock:
             changes: dict[str, object] = {
                 "outcome": "succeeded" if succeeded else "failed", "outcome_attempt": attempt,

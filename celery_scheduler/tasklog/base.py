@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import abc
 from concurrent.futures import Future
-from typing import NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
-__all__ = ["Position", "TaskLog"]
+from confluent_kafka import Message, TopicPartition
+
+__all__ = ["UNACKNOWLEDGED", "Position", "TaskLog", "TaskLogReader"]
+
+# Said by every error for a record that was sent but not acknowledged: the caller must not
+# read it as "the task will not run".
+UNACKNOWLEDGED = (
+    "the record may still have reached Kafka, so the task may still run; to be sure it is "
+    "scheduled, make the same call again with the same time (schedule_at, not schedule_in) "
+    "and arguments: the same task key runs once"
+)
 
 
 class Position(NamedTuple):
@@ -38,7 +48,7 @@ class TaskLog(abc.ABC):
         except TimeoutError:
             raise TaskLogUnavailableError(
                 f"the task log did not acknowledge the record for {key!r} within {timeout}s; "
-                "it may still arrive, and scheduling the same task key again is safe"
+                + UNACKNOWLEDGED
             ) from None
 
     @abc.abstractmethod
@@ -58,3 +68,26 @@ class TaskLog(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class TaskLogReader(Protocol):
+    """What a dispatcher's ingest loop reads the task log with: Kafka's consumer calls.
+
+    The Kafka consumer of a consumer group is one; :class:`MemoryTaskLogReader` reads a
+    :class:`MemoryTaskLog` the same way. Messages and positions are Kafka's own types.
+    """
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        """Up to *num_messages* records after each partition's position, in order."""
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Read *partition.partition* from *partition.offset* on."""
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Return nothing of *partitions* until they are resumed."""
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        """Undo :meth:`pause`."""
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...) -> None:
+        """Record that everything before each offset is done (the group resumes there)."""

@@ -26,11 +26,15 @@ from celery_scheduler.errors import (
     TaskLogUnavailableError,
     TopicMissingError,
 )
-from celery_scheduler.tasklog.base import Position, TaskLog
+from celery_scheduler.tasklog.base import UNACKNOWLEDGED, Position, TaskLog
 
 __all__ = ["KafkaTaskLog", "create_topic", "topic_partitions"]
 
 logger = logging.getLogger(__name__)
+# librdkafka's own messages (a refused connection, a broker going away, ...) of every Kafka
+# client of the package, producers, consumers and admin clients alike, so that an
+# application silences or routes them by this one name.
+librdkafka_logger = logging.getLogger("celery_scheduler.kafka")
 
 # How long the background thread blocks in each poll for delivery reports.
 POLL_INTERVAL = 0.05
@@ -40,8 +44,19 @@ STUCK_GRACE = 10.0
 
 
 def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The librdkafka settings every client of ours shares (security options included)."""
-    return {"bootstrap.servers": bootstrap_servers, "logger": logger, **options}
+    """The librdkafka settings every client of ours shares (security options included).
+
+    With ``logger`` set, librdkafka's messages go to Python logging instead of stderr, but
+    confluent-kafka hands them over only when the client is polled: a client that is not
+    polled otherwise (an admin client, a producer used for metadata) must call
+    :func:`forward_logs` after its requests.
+    """
+    return {"bootstrap.servers": bootstrap_servers, "logger": librdkafka_logger, **options}
+
+
+def forward_logs(client: AdminClient | Producer) -> None:
+    """Hand the log lines librdkafka queued for *client* to Python logging now."""
+    client.poll(0)
 
 
 def _missing_topic(topic: str) -> TopicMissingError:
@@ -56,6 +71,7 @@ def topic_partitions(admin: AdminClient | Producer, topic: str, timeout: float) 
     try:
         metadata = admin.list_topics(topic, timeout=timeout)
     except KafkaException as exc:
+        forward_logs(admin)  # why it failed ("Connection refused", ...), logged
         raise TaskLogUnavailableError(
             f"Kafka did not answer a metadata request within {timeout}s ({exc.args[0]}); "
             "check scheduler_kafka_bootstrap_servers and that the brokers are up"
@@ -84,6 +100,7 @@ def create_topic(bootstrap_servers: str, options: Mapping[str, Any], topic: str,
     try:
         admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout)
     except KafkaException as exc:
+        forward_logs(admin)
         error = exc.args[0]
         if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
@@ -198,8 +215,7 @@ class KafkaTaskLog(TaskLog):
             if not future.done():
                 future.set_exception(TaskLogUnavailableError(
                     f"Kafka did not acknowledge the record for {key!r}: its producer was replaced "
-                    f"({reason}); the record may or may not have been written, and scheduling "
-                    "the same task key again is safe"))
+                    f"({reason}); " + UNACKNOWLEDGED))
         try:
             old.purge()  # drop what it still holds; their reports find nobody waiting
             old.poll(0)
@@ -273,7 +289,7 @@ class KafkaTaskLog(TaskLog):
                     KafkaError._ALL_BROKERS_DOWN, KafkaError.NOT_ENOUGH_REPLICAS,
                     KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.REQUEST_TIMED_OUT):
             return TaskLogUnavailableError(
-                f"Kafka did not acknowledge the record for {key!r}: {error.str()}"
+                f"Kafka did not acknowledge the record for {key!r} ({error.str()}); " + UNACKNOWLEDGED
             )
         return TaskLogError(f"Kafka refused the record for {key!r}: {error.str()}")
 

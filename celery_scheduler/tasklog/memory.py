@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
+from typing import Literal
+
+from confluent_kafka import Message, TopicPartition
 
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.tasklog.base import Position, TaskLog
 
-__all__ = ["MemoryTaskLog"]
+__all__ = ["MemoryTaskLog", "MemoryTaskLogReader"]
 
 
 class MemoryTaskLog(TaskLog):
@@ -42,3 +46,71 @@ class MemoryTaskLog(TaskLog):
             if partition is not None:
                 return list(self._records[partition])
             return [record for records in self._records for record in records]
+
+
+class MemoryTaskLogReader:
+    """Reads a :class:`MemoryTaskLog` as a member of a consumer group would.
+
+    It reads the partitions assigned to it (all of them unless told), from the group's
+    committed offsets: readers that share *committed* are members of one group, and a
+    partition assigned to another member is read from where the group committed it. See
+    :class:`~celery_scheduler.tasklog.base.TaskLogReader`.
+    """
+
+    def __init__(self, log: MemoryTaskLog, topic: str, committed: list[int] | None = None,
+                 assigned: Iterable[int] | None = None) -> None:
+        self.log = log
+        self.topic = topic
+        self.committed = committed if committed is not None else [0] * log.partitions()
+        self._positions: dict[int, int] = {}
+        self._paused: set[int] = set()
+        self.assign(range(log.partitions()) if assigned is None else assigned)
+
+    def assign(self, partitions: Iterable[int]) -> None:
+        """The group gave this member *partitions*: read them from the committed offsets."""
+        for partition in partitions:
+            self._positions[partition] = self.committed[partition]
+            self._paused.discard(partition)
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        for partition in partitions:
+            self._positions.pop(partition, None)
+            self._paused.discard(partition)
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        messages: list[Message] = []
+        for partition, position in sorted(self._positions.items()):
+            if partition in self._paused:
+                continue
+            with self.log._lock:
+                records = self.log._records[partition][position:]
+                headers = self.log.headers[partition][position:]
+            for offset, ((key, value), header) in enumerate(zip(records, headers, strict=True),
+                                                            start=position):
+                if len(messages) >= num_messages:
+                    return messages
+                messages.append(Message(topic=self.topic, partition=partition, offset=offset,
+                                        key=key.encode("utf-8"), value=value,
+                                        headers=list(header.items()) or None))
+                self._positions[partition] = offset + 1
+        return messages
+
+    def seek(self, partition: TopicPartition) -> None:
+        if partition.partition in self._positions:  # Kafka refuses it for another's partition
+            self._positions[partition.partition] = partition.offset
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self._paused.update(tp.partition for tp in partitions if tp.partition in self._positions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self._paused.difference_update(tp.partition for tp in partitions)
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = True) -> None:
+        for tp in offsets:
+            self.committed[tp.partition] = max(self.committed[tp.partition], tp.offset)
+
+    def lag(self) -> int:
+        """Records of the assigned partitions not read yet (paused ones included)."""
+        with self.log._lock:
+            return sum(len(self.log._records[partition]) - position
+                       for partition, position in self._positions.items())

@@ -102,6 +102,18 @@ def test_non_blocking_calls_resolve_after_flush(recorder: SchedulerRecorder) -> 
     assert len(recorder.pending()) == 20
 
 
+def test_result_is_the_async_result_of_the_task_id(recorder: SchedulerRecorder) -> None:
+    when = in_an_hour()
+    handle = remind.schedule_at(when, "customer-42", kind="welcome")
+    result = handle.result()
+    assert result.id == handle.task_id and result.app is app
+    assert result.state == "PENDING"  # not released yet
+    # a worker stores the outcome under the id derived from the key: any process finds it
+    app.backend.store_result(TaskKey("customer-42", int(when.timestamp() * 1000), "welcome").task_id,
+                             "customer-42:welcome", "SUCCESS")
+    assert handle.result().get(timeout=1) == "customer-42:welcome"
+
+
 def test_run_due_runs_tasks_eagerly_in_time_order(recorder: SchedulerRecorder) -> None:
     now = dt.datetime.now(UTC)
     remind.schedule_at(now + dt.timedelta(seconds=2), "c", kind="second")
@@ -112,7 +124,7 @@ def test_run_due_runs_tasks_eagerly_in_time_order(recorder: SchedulerRecorder) -
 
 
 def test_naive_datetime_follows_the_app_timezone(recorder: SchedulerRecorder) -> None:
-    naive = dt.datetime.utcnow().replace(microsecond=0) + dt.timedelta(hours=2)
+    naive = dt.datetime.now(UTC).replace(microsecond=0, tzinfo=None) + dt.timedelta(hours=2)
     handle = remind.schedule_at(naive, "c")
     assert handle.key.scheduled_at == naive.replace(tzinfo=UTC)  # app.timezone is UTC
 

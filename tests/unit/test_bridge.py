@@ -41,6 +41,12 @@ def test_release_carries_key_attempt_and_deterministic_id() -> None:
     assert (sent["args"], sent["kwargs"]) == (["customer-42"], {"kind": "welcome"})
 
 
+def test_a_chosen_task_id_is_the_runs_id() -> None:
+    sent = released({"task_id": "my-own-id", "queue": "mail"})
+    assert sent["task_id"] == "my-own-id" and "task_id" not in sent["headers"]
+    assert parse_header(sent["headers"][HEADER]) == Release(KEY, 3, 2, 7)  # the key still rules
+
+
 def test_release_is_json_even_when_the_app_pickles() -> None:
     # the app's task_serializer (pickle, say) never applies to a released task
     assert released({})["serializer"] == "json"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import types
 from collections.abc import Callable
 
 import pytest
@@ -9,11 +11,12 @@ from prometheus_client import CollectorRegistry
 
 from celery_scheduler.bridge import Release
 from celery_scheduler.completion import Outcome
+from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
-from celery_scheduler.errors import StoreUnavailableError
+from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import Cursor, State, bucket_of
@@ -70,7 +73,7 @@ class Harness:
         self.engine.step()
 
     def report(self, key: TaskKey, attempt: int, ok: bool) -> None:
-        self.store.record_outcome(key, attempt, ok, None if ok else "boom", self.clock())
+        self.store.record_outcome(0, key, attempt, ok, None if ok else "boom", self.clock())
         self.engine.outcome(Outcome(key, 0, attempt, ok, None if ok else "boom"))
 
 
@@ -123,7 +126,7 @@ def test_an_outcome_stored_elsewhere_is_found_when_the_lease_ends(
     h = Harness(store, clock, lease_seconds=10.0)
     first, second = h.schedule("a", 0), h.schedule("a", 1)
     h.step()
-    store.record_outcome(first, 1, True, None, clock())
+    store.record_outcome(0, first, 1, True, None, clock())
     for _ in range(9):
         h.step(1000)
     assert h.released == [(first, 1)]  # no store reads for it before its lease ends
@@ -258,7 +261,7 @@ def test_memory_is_bounded_per_partition(store: MemoryScheduleStore, clock: Cloc
 def test_broker_outage_at_release_is_retried_without_spending_an_attempt(
         store: MemoryScheduleStore, clock: Clock) -> None:
     h = Harness(store, clock)
-    failures = [RuntimeError("broker down")]
+    failures = [ReleaseNotSentError("broker down")]
 
     def flaky_publish(task: Loaded, release: Release) -> None:
         if failures:
@@ -273,19 +276,22 @@ def test_broker_outage_at_release_is_retried_without_spending_an_attempt(
     assert h.released == [(key, 1)]  # first real release is attempt 1
 
 
-def test_a_batch_the_broker_may_not_have_taken_is_released_again_whole(
-        store: MemoryScheduleStore, clock: Clock) -> None:
-    h = Harness(store, clock)
+def _failing_batches(h: Harness, error: Exception) -> list[list[tuple[TaskKey, int]]]:
+    """Make the first batch *h*'s engine publishes fail with *error*; return every batch."""
     batches: list[list[tuple[TaskKey, int]]] = []
-    failing = [True]
 
     def publish_many(items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
         batches.append([(task.key, release.attempt) for task, release in items])
-        if failing.pop() if failing else False:
-            return [RuntimeError("pipeline failed")] * len(items)
-        return [None] * len(items)
+        return [error if len(batches) == 1 else None] * len(items)
 
     h.engine.publish_many = publish_many
+    return batches
+
+
+def test_a_batch_the_broker_certainly_did_not_take_is_released_again_whole(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    batches = _failing_batches(h, ReleaseNotSentError("connection refused"))
     keys = [h.schedule(f"o{i}", 0) for i in range(3)] + [h.schedule("o0", 10, "later")]
     h.step()
     assert batches == [[(k, 1) for k in keys[:3]]]  # one batch per step, a key per ordering id
@@ -300,6 +306,27 @@ def test_a_batch_the_broker_may_not_have_taken_is_released_again_whole(
     h.report(keys[0], 1, True)
     h.step()
     assert batches[2] == [(keys[3], 1)]  # the ordering id goes on once its head succeeded
+
+
+def test_a_batch_the_broker_may_have_taken_stays_released_until_its_outcome_or_lease_end(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    # Sent again at once, it could run twice side by side, and the first copy's outcome
+    # would free the ordering id while the second still ran.
+    h = Harness(store, clock, lease_seconds=10.0)
+    batches = _failing_batches(h, ReleaseUncertainError("connection lost while sending"))
+    first, later = h.schedule("a", 0), h.schedule("a", 10, "later")
+    other = h.schedule("b", 0)
+    h.step()
+    assert batches == [[(first, 1), (other, 1)]]
+    assert [store.status(k).state for k in (first, other)] == [State.RELEASED] * 2
+    h.step(5000)
+    assert len(batches) == 1  # no second copy while the first may still run
+    h.report(first, 1, True)  # the broker had it after all
+    h.step()
+    assert batches[1] == [(later, 1)]
+    h.step(5100)  # the other's lease ended without an outcome: the broker lost it
+    h.step(1000)  # and its retry's backoff has passed
+    assert batches[2] == [(other, 2)]
 
 
 def test_after_a_failed_publish_the_rest_of_the_step_is_not_tried(
@@ -317,9 +344,10 @@ def test_after_a_failed_publish_the_rest_of_the_step_is_not_tried(
     keys = [h.schedule(f"o{i}", 0) for i in range(3)]
     h.step()
     assert tried == keys[:2] and h.released == [(keys[0], 1)]
-    assert [store.status(k).state for k in keys] == [State.RELEASED, State.PENDING, State.PENDING]
+    # the one that failed may have been sent: it stays released; the rest were not tried
+    assert [store.status(k).state for k in keys] == [State.RELEASED, State.RELEASED, State.PENDING]
     h.step(1000)
-    assert sorted(h.released) == sorted([(keys[0], 1), (keys[1], 1), (keys[2], 1)])
+    assert sorted(h.released) == sorted([(keys[0], 1), (keys[2], 1)])
 
 
 class _RecordingStore(MemoryScheduleStore):
@@ -458,7 +486,7 @@ def test_a_broker_and_store_outage_at_once_does_not_block_the_ordering_id(clock:
 
     def publish(task: Loaded, release: Release) -> None:
         if broker_down[0]:
-            raise RuntimeError("broker down")
+            raise ReleaseNotSentError("broker down")
         h.released.append((task.key, release.attempt))
 
     h.engine.publish = publish
@@ -567,9 +595,13 @@ def test_no_more_than_the_window_is_in_flight(store: MemoryScheduleStore, clock:
     assert [k for k, _ in h.released] == keys[:3]
 
 
-def test_the_window_follows_the_outcome_rate(store: MemoryScheduleStore, clock: Clock) -> None:
+def test_the_window_follows_the_outcome_rate(store: MemoryScheduleStore, clock: Clock,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """With no fixed size, the window is at least its floor, and grows with the rate at which
     outcomes come back, so a fast pool of workers is never starved."""
+    seconds = [1000.0]  # the engine's monotonic clock: the rate is measured over exactly 1 s
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(
+        monotonic=lambda: seconds[0], time_ns=time.time_ns))
     h = Harness(store, clock)
     for n in range(1000):
         h.schedule(f"id-{n}", 0)
@@ -579,7 +611,7 @@ def test_the_window_follows_the_outcome_rate(store: MemoryScheduleStore, clock: 
         h.report(key, attempt, True)
     h.step()
     assert len(h.released) == 200  # as many as came back
-    h.engine._window._mark -= 1.0  # a second has passed since the window last measured
+    seconds[0] += 1.0  # a second has passed since the window last measured
     for key, attempt in h.released[100:]:
         h.report(key, attempt, True)
     h.step()
@@ -594,3 +626,39 @@ class _FlakyFinishStore(MemoryScheduleStore):
         if self.failing:
             raise StoreUnavailableError("Cassandra could not mark tasks: down")
         super().finish_many(tasks, state, now_ms)
+
+
+def test_an_earlier_task_that_finds_no_room_is_not_overtaken_by_a_later_one_loaded(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock, max_loaded=2)
+    h.schedule("x", 50)
+    later = h.schedule("y", 300, "3")
+    h.step()  # both loaded: the partition is full, the cursor past them
+    earlier = h.schedule("y", 100, "2")  # behind the cursor, and no room for it
+    h.step(400)
+    h.step()
+    assert (later, 1) not in h.released and (earlier, 1) in h.released
+    h.report(earlier, 1, True)
+    h.step()
+    h.step()
+    assert h.released.index((earlier, 1)) < h.released.index((later, 1))
+
+
+def test_a_previous_owners_release_that_succeeds_as_its_lease_ends_is_not_released_again(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    # Its success is applied at the start of the step and stored at the end of it: in
+    # between, a head that is not in flight here would be taken again, and the store write
+    # would then free its ordering id under the second copy.
+    envelope = ScheduleEnvelope(TaskKey("a", NOW, "1"), "t", retry=RetryPolicy(5, 1.0, 10.0))
+    stored = store.put(0, envelope, NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 1000, NOW)  # a previous owner's release
+    h = Harness(store, clock)
+    after = h.schedule("a", 10, "2")
+    h.step()  # loaded, waiting for the outcome
+    clock.ms = NOW + 1000  # the lease ends, and the outcome comes at last
+    h.engine.outcome(Outcome(envelope.key, 0, 1, True, None))
+    h.step()
+    h.step()
+    assert h.released == [(after, 1)]
+    assert store.status(envelope.key).state is State.SUCCEEDED

@@ -1,6 +1,8 @@
 """The Django and Flask examples' schedule, cancel and run paths, with the testing helper.
 
-No services: ``scheduler_testing`` sends each schedule and cancel call to memory.
+No services: ``scheduler_testing`` sends each schedule and cancel call to memory. The Flask
+tests get it as a user's project would: the ``celery_scheduler`` fixture of the package's
+pytest plugin, given the app by a ``celery_app`` fixture.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from celery_scheduler.testing import scheduler_testing
+from celery_scheduler.testing import SchedulerTesting, scheduler_testing
 from tests.examples_web import django_project, flask_app
 
 
@@ -122,10 +124,18 @@ def test_django_bad_request_schedules_nothing(django_scheduler: Any) -> None:
 
 
 @pytest.fixture
-def flask_reminders(tmp_path: Path) -> Iterator[tuple[Any, Any]]:
-    app = flask_app(tmp_path / "reminders.sqlite")
-    with scheduler_testing(app.extensions["celery"]) as scheduler:
-        yield app, scheduler
+def flask_application(tmp_path: Path) -> Any:
+    return flask_app(tmp_path / "reminders.sqlite")
+
+
+@pytest.fixture
+def celery_app(flask_application: Any) -> Any:
+    return flask_application.extensions["celery"]
+
+
+@pytest.fixture
+def flask_reminders(flask_application: Any, celery_scheduler: SchedulerTesting) -> tuple[Any, Any]:
+    return flask_application, celery_scheduler
 
 
 def post_flask(app: Any, user: str, in_seconds: float = 60) -> dict[str, Any]:
@@ -159,11 +169,14 @@ def test_flask_view_schedules_the_reminder_for_its_time(flask_reminders: tuple[A
 
 def test_flask_reminder_runs_when_due_in_an_app_context(flask_reminders: tuple[Any, Any]) -> None:
     app, scheduler = flask_reminders
-    created = post_flask(app, new_user())
+    created = post_flask(app, new_user(), in_seconds=60)
 
-    [result] = scheduler.run_due()  # FlaskTask gives the task the app's database
-    assert result.get() is True
+    assert scheduler.advance(59) == []
+    [run] = scheduler.advance(2)  # FlaskTask gives the task the app's database
+    assert run.result.get() is True
     assert flask_row(app, created["id"])["sent_at"] is not None
+    response = app.test_client().get(f"/reminders/{created['id']}")
+    assert response.json["status"] == "succeeded"
 
 
 def test_flask_status_view_before_a_dispatcher_stored_the_task(flask_reminders: tuple[Any, Any]) -> None:
