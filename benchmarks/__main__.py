@@ -21,13 +21,17 @@ from benchmarks.report import Report, Section, render
 # scenario numbers → module with run(ctx) -> list[Section]; run in this order
 SCENARIOS: dict[str, str] = {
     "1": "benchmarks.schedule",
+    "1c": "benchmarks.spark_bulk",
     "2": "benchmarks.ingest",
     "3": "benchmarks.lateness",
     "4": "benchmarks.memory",
     "5": "benchmarks.failover",
     "6": "benchmarks.backlog",
+    "8": "benchmarks.ceiling",
+    "9": "benchmarks.duplicates",
 }
-PACKAGES = ("celery", "kombu", "confluent-kafka", "cassandra-driver", "redis", "rq")
+PACKAGES = ("celery", "kombu", "confluent-kafka", "cassandra-driver", "redis", "rq", "procrastinate",
+            "psycopg", "celery-longterm-scheduler")
 
 
 def _versions() -> dict[str, str]:

@@ -1,7 +1,9 @@
 """The Celery app the benchmarks run in dispatchers and workers, configured from the environment.
 
 ``bench.record`` is a scheduled task; ``bench.plain`` is the same body as an ordinary Celery
-task, for Celery's own ``eta=``. Both log when their body started (``benchmarks.execlog``);
+task, for Celery's own ``eta=``; ``bench.longterm`` is it again on celery-longterm-scheduler's
+task class, whose ``eta=`` stores the call in Redis until its ``longterm_scheduler`` command
+sends it. Both log when their body started (``benchmarks.execlog``);
 a released task also logs when the dispatcher published it (a message header this app adds),
 so lateness splits into the dispatcher's part and the broker's and worker's part.
 """
@@ -14,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery, current_task, signals
+from celery_longterm_scheduler import Task as LongtermTask
 
 from benchmarks.execlog import write_start
 from celery_scheduler import scheduled_task
 from celery_scheduler.bridge import HEADER
 
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
+# celery-longterm-scheduler wants a Redis database of its own (one sorted set for all tasks)
+LONGTERM_REDIS = os.environ.get("BENCH_LONGTERM_REDIS", "redis://127.0.0.1:6379/10")
 EXECLOG = os.environ.get("BENCH_EXECLOG", "")
 
 app = Celery("bench", broker=REDIS)
@@ -34,6 +39,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     worker_enable_remote_control=False,
+    longterm_scheduler_backend=LONGTERM_REDIS,
 )
 if os.environ.get("BENCH_VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["BENCH_VISIBILITY_TIMEOUT"])}
@@ -69,6 +75,11 @@ def record(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
 
 @app.task(name="bench.plain")
 def plain(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
+    body(ordering_id, seq, at, sleep)
+
+
+@app.task(name="bench.longterm", base=LongtermTask)
+def longterm(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
     body(ordering_id, seq, at, sleep)
 
 

@@ -5,24 +5,34 @@ no dispatcher runs, all due within a few seconds; once every task is overdue, tw
 and then one dispatcher start. "Drained" means executed: a task counts when its body
 started (execution log), which is later than its release. The drain rate is tasks started
 / time from the first start to the last, over a bounded window.
+
+The peers get the same backlog through their own APIs: procrastinate's jobs (locked by
+ordering id) inserted in batches while no worker runs, celery-longterm-scheduler's stored
+calls while its command does not run.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
+from benchmarks import peers_longterm
 from benchmarks.context import Context
 from benchmarks.cpu import CpuMeter, CpuUse, add_rows, local_services
 from benchmarks.failover import first_starts
 from benchmarks.harness import Stack, stack
 from benchmarks.populate import populate
 from benchmarks.report import Section
-from benchmarks.stats import Figure
+from benchmarks.stats import Figure, ratio
 
-__all__ = ["Drain", "drain", "run"]
+__all__ = ["Drain", "drain", "measure_drain", "run"]
 
 WORKERS = 2
+SPACING = 2e-4  # seconds of schedule time between two backlog tasks: 5,000 due per second
+PROCRASTINATE = "procrastinate"
+LONGTERM = "celery-longterm-scheduler"
 
 
 @dataclass(frozen=True)
@@ -42,15 +52,76 @@ def drain(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_secon
     with stack(ctx.tmp) as s:
         app = s.use_client()
         base = time.time() + ctx.pick(1, 5)
-        spacing = 2e-4  # 5,000 due per second of schedule time
-        tasks, fill_rate = populate(s, app, ((f"o{i % ordering_ids}", i, base + i * spacing)
-                                             for i in range(tasks)), fill_seconds)
-        time.sleep(max(0.0, base + tasks * spacing + 1 - time.time()))
+        tasks, fill_rate = populate(s, app, _backlog(tasks, ordering_ids, base), fill_seconds)
+        time.sleep(max(0.0, base + tasks * SPACING + 1 - time.time()))
         workers = [s.worker() for _ in range(WORKERS)]
         launched = time.time()
         dispatcher = s.dispatcher(wait=False)
-        return _measure(s, tasks, window, launched, fill_rate,
+        return measure_drain(s, tasks, window, launched, fill_rate,
                         {"dispatcher": [dispatcher.pid], "workers": [w.pid for w in workers]})
+
+
+def _backlog(tasks: int, ordering_ids: int, base: float) -> Iterator[tuple[str, int, float]]:
+    """(ordering id, seq, due) of the backlog's tasks: seq order is schedule order per id."""
+    return ((f"o{i % ordering_ids}", i, base + i * SPACING) for i in range(tasks))
+
+
+def fill(tasks: Iterable[tuple[str, int, float]], store: Callable[[list[tuple[str, int, float]]], None],
+         seconds: float, batch: int = 1000) -> tuple[int, float]:
+    """Hand *tasks* to *store* a batch at a time, stopping after about *seconds*; (stored, per s)."""
+    started = time.perf_counter()
+    stored = 0
+    iterator = iter(tasks)
+    while time.perf_counter() - started < seconds:
+        chunk = list(islice(iterator, batch))
+        if not chunk:
+            break
+        store(chunk)
+        stored += len(chunk)
+    return stored, stored / max(time.perf_counter() - started, 1e-9)
+
+
+def peer_drain(ctx: Context, peer: str, tasks: int, ordering_ids: int, window: float,
+               fill_seconds: float) -> Drain:
+    """The same backlog through a peer's own API, stored while nothing runs it, then drained.
+
+    procrastinate: jobs locked by ordering id, inserted in batches of 1,000 (its batch defer);
+    the workers start once every job is overdue. celery-longterm-scheduler: calls stored with
+    apply_async(eta=...); two Celery workers, then its command start once all are overdue.
+    """
+    with stack(ctx.tmp, init=False) as s:
+        base = time.time() + ctx.pick(1, 5)
+        if peer == PROCRASTINATE:
+            from benchmarks import peers_procrastinate  # its driver is in the bench extra only
+
+            with peers_procrastinate.database(s):
+                deferrer = peers_procrastinate.Deferrer(s.name)
+                try:
+                    count, rate = fill(_backlog(tasks, ordering_ids, base),
+                                       lambda jobs: deferrer.defer_many(jobs, lock=True), fill_seconds)
+                    deferrer.analyze()
+                finally:
+                    deferrer.close()
+                time.sleep(max(0.0, base + count * SPACING + 1 - time.time()))
+                launched = time.time()
+                workers = [peers_procrastinate.worker(s, wait=False) for _ in range(WORKERS)]
+                return measure_drain(s, count, window, launched, rate, {"workers": [w.pid for w in workers]})
+        app = s.use_client()
+
+        def store(chunk: list[tuple[str, int, float]]) -> None:
+            for ordering_id, seq, due in chunk:
+                peers_longterm.schedule(app, s, ordering_id, seq, due)
+
+        try:
+            count, rate = fill(_backlog(tasks, ordering_ids, base), store, fill_seconds)
+            time.sleep(max(0.0, base + count * SPACING + 1 - time.time()))
+            workers = [s.worker() for _ in range(WORKERS)]
+            launched = time.time()
+            command = peers_longterm.ticker(s)
+            return measure_drain(s, count, window, launched, rate,
+                                 {peers_longterm.PART: [command.pid], "workers": [w.pid for w in workers]})
+        finally:
+            peers_longterm.clean(s.name)
 
 
 def celery_drain(ctx: Context, tasks: int, ordering_ids: int, window: float) -> Drain:
@@ -68,10 +139,10 @@ def celery_drain(ctx: Context, tasks: int, ordering_ids: int, window: float) -> 
         fill_rate = tasks / (time.monotonic() - started)
         launched = time.time()
         workers = [s.worker(wait=False) for _ in range(WORKERS)]
-        return _measure(s, tasks, window, launched, fill_rate, {"workers": [w.pid for w in workers]})
+        return measure_drain(s, tasks, window, launched, fill_rate, {"workers": [w.pid for w in workers]})
 
 
-def _measure(s: Stack, tasks: int, window: float, launched: float, fill_rate: float,
+def measure_drain(s: Stack, tasks: int, window: float, launched: float, fill_rate: float,
              processes: dict[str, list[int]]) -> Drain:
     # CPU is counted from the first start on, so the processes' start-up is left out
     meter = CpuMeter({**processes, **local_services()})
@@ -103,25 +174,39 @@ def _rows(section: Section, label: str, drains: list[Drain]) -> Figure:
     return rate
 
 
-def run(ctx: Context) -> list[Section]:
-    runs = 1
-    window = ctx.pick(8, 30)
+def _peer_rows(section: Section, peer: str, drains: list[Drain], ours: list[Drain], what: str,
+               ordered: bool) -> None:
+    """A peer's drain rows, its order check, our rate over its, and where its CPU went."""
+    _rows(section, f"{peer}, {what}", drains)
+    note = "" if ordered else " (it has no ordering: shown for what that means)"
+    section.add(f"{peer}: ordering ids whose tasks started out of order{note}",
+                Figure.of([d.out_of_order for d in drains]))
+    section.add(f"celery_scheduler / {peer}: drain rate",
+                Figure.of([ratio(a.rate, b.rate) for a, b in zip(ours, drains, strict=False)], "%"))
+    add_rows(section, peer, [d.cpu for d in drains], [d.cpu_tasks for d in drains])
+
+
+def _six(ctx: Context, runs: int, window: int) -> Section:
     six = Section("6", "Backlog of overdue tasks after a restart")
-    backlog_tasks = ctx.pick(3_000, 100_000)
-    drains = [drain(ctx, backlog_tasks, backlog_tasks // 10, window, ctx.pick(3, 60))
-              for _ in range(runs)]
-    rate = _rows(six, f"{drains[0].tasks:,} tasks, {backlog_tasks // 10:,} ordering ids x 10", drains)
+    backlog_tasks, fill_seconds = ctx.pick(3_000, 100_000), ctx.pick(3, 60)
+    ids = backlog_tasks // 10
+    drains = [drain(ctx, backlog_tasks, ids, window, fill_seconds) for _ in range(runs)]
+    rate = _rows(six, f"{drains[0].tasks:,} tasks, {ids:,} ordering ids x 10", drains)
     six.rows[0].target, six.rows[0].met = "≥ 5,000 tasks/s", rate.median >= 5000
     order = Figure.of([d.out_of_order for d in drains])
     six.add("ordering ids whose tasks started out of order", order, "0", order.median == 0)
     add_rows(six, "celery_scheduler", [d.cpu for d in drains], [d.cpu_tasks for d in drains])
-    floor = [celery_drain(ctx, backlog_tasks, backlog_tasks // 10, window) for _ in range(runs)]
+    floor = [celery_drain(ctx, backlog_tasks, ids, window) for _ in range(runs)]
     _rows(six, f"Celery alone, {backlog_tasks:,} queued plain tasks", floor)
     six.add("celery_scheduler / Celery alone", Figure.of(
         [d.rate / f.rate if f.rate else float("nan") for d, f in zip(drains, floor, strict=True)], "%"))
     add_rows(six, "Celery alone", [d.cpu for d in floor], [d.cpu_tasks for d in floor])
+    for peer in (PROCRASTINATE, LONGTERM):
+        peers = [peer_drain(ctx, peer, backlog_tasks, ids, window, fill_seconds) for _ in range(runs)]
+        _peer_rows(six, peer, peers, drains, f"{peers[0].tasks:,} tasks, {ids:,} ordering ids x 10",
+                   ordered=peer == PROCRASTINATE)
     six.method = [
-        f"backlog of up to {backlog_tasks:,} tasks (filling stops after {ctx.pick(3, 60)} s; the "
+        f"backlog of up to {backlog_tasks:,} tasks (filling stops after {fill_seconds} s; the "
         "figure names the count reached), due 5,000 per second of schedule time, written straight "
         "into the scheduler's tables with no dispatcher running; once all are overdue, "
         f"{WORKERS} solo workers and one dispatcher start. Drained = executed (the task body "
@@ -131,16 +216,28 @@ def run(ctx: Context) -> list[Section]:
         f"Celery alone (the floor): the same number of plain Celery tasks with the same body, "
         f"queued with apply_async before {WORKERS} solo workers start; no scheduler involved, "
         "so no scheduler that releases to Celery workers can drain faster on this machine.",
-        "CPU: user + system CPU time of each part (dispatcher, workers, and the Kafka, Cassandra "
-        "and Redis processes) from the first task start to the end of the wait, divided by the "
-        "task bodies started meanwhile; machine busy = share of all cores not idle (whatever "
-        "runs, this run or not). Near 100% busy, CPU is the limit and these rows say who spends it.",
+        f"procrastinate: the same tasks as jobs with schedule_at and lock = the ordering id, "
+        f"inserted 1,000 per statement (its batch defer) with no worker running, then ANALYZE "
+        f"(what autovacuum does soon after a bulk insert); once all are "
+        f"overdue, {WORKERS} workers of concurrency 1 start. celery-longterm-scheduler: the same "
+        f"tasks stored with apply_async(eta=...) one by one; once all are overdue, {WORKERS} solo "
+        "Celery workers and then its command (once a second) start. Filling stops after the same "
+        "time as ours.",
+        "CPU: user + system CPU time of each part (dispatcher or scheduler command, workers, and "
+        "the Kafka, Cassandra, Redis and PostgreSQL processes) from the first task start to the "
+        "end of the wait, divided by the task bodies started meanwhile; machine busy = share of "
+        "all cores not idle (whatever runs, this run or not). Near 100% busy, CPU is the limit "
+        "and these rows say who spends it.",
     ]
+    return six
+
+
+def _seven(ctx: Context, runs: int, window: int) -> Section:
     seven = Section("7", "Ordering overhead: many tasks per ordering id vs unique ordering ids")
-    per_id_tasks = ctx.pick(1_000, 100_000)
+    per_id_tasks, fill_seconds = ctx.pick(1_000, 100_000), ctx.pick(3, 40)
     ids = ctx.pick(20, 1000)
-    chained = [drain(ctx, per_id_tasks, ids, window, ctx.pick(3, 40)) for _ in range(runs)]
-    unique = [drain(ctx, per_id_tasks, per_id_tasks, window, ctx.pick(3, 40)) for _ in range(runs)]
+    chained = [drain(ctx, per_id_tasks, ids, window, fill_seconds) for _ in range(runs)]
+    unique = [drain(ctx, per_id_tasks, per_id_tasks, window, fill_seconds) for _ in range(runs)]
     _rows(seven, f"{ids:,} ordering ids x {per_id_tasks // ids}", chained)
     _rows(seven, "unique ordering ids", unique)
     seven.add("throughput with ordering / without",
@@ -148,11 +245,24 @@ def run(ctx: Context) -> list[Section]:
                                                                                      strict=True)], "%"))
     seven.add("ordering ids whose tasks started out of order",
               Figure.of([d.out_of_order for d in chained]))
+    locked = [peer_drain(ctx, PROCRASTINATE, per_id_tasks, ids, window, fill_seconds) for _ in range(runs)]
+    _peer_rows(seven, PROCRASTINATE, locked, chained, f"{ids:,} locks x {per_id_tasks // ids}",
+               ordered=True)
+    seven.add(f"{LONGTERM}: not measured, it has no ordering (every due task is sent to Celery at "
+              "once; scenario 6 shows the order they ran in)", Figure.of([]))
     seven.method = [
         f"the same backlog procedure as 6, up to {per_id_tasks:,} tasks each (filling stops after "
-        f"{ctx.pick(3, 40)} s): {ids:,} ordering ids with {per_id_tasks // ids} tasks each "
+        f"{fill_seconds} s): {ids:,} ordering ids with {per_id_tasks // ids} tasks each "
         "(each runs only after the previous one of its id completed), then every task on its own "
         "ordering id.",
+        f"procrastinate: the same {ids:,} ordering ids as locks (lock=, its jobs of one lock run one "
+        "at a time in the order they were deferred), filled and drained as in 6.",
         f"{runs} run of each per mode: a backlog is costly to fill on this shared machine.",
     ]
-    return [six, seven]
+    return seven
+
+
+def run(ctx: Context) -> list[Section]:
+    runs = 1
+    window = ctx.pick(8, 30)
+    return [_six(ctx, runs, window), _seven(ctx, runs, window)]

@@ -9,6 +9,7 @@ near 100% busy, CPU is the limit and the per-part figures show who spends it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ SERVICES = {
     "Cassandra": "org.apache.cassandra.service.CassandraDaemon",
     "Kafka": "kafka.Kafka",
     "Redis": "redis-server",
+    "PostgreSQL": "bin/postgres",  # the postmaster; its backends are its children
 }
 
 
@@ -43,13 +45,14 @@ def service_pids(ports: dict[str, int]) -> dict[str, list[int]]:
 
 
 def local_services() -> dict[str, list[int]]:
-    """The pids of the Kafka, Cassandra and Redis the benchmarks use."""
+    """The pids of the Kafka, Cassandra, Redis and (when it runs) PostgreSQL the benchmarks use."""
     from urllib.parse import urlparse
 
-    from benchmarks.harness import KAFKA, REDIS_URL
+    from benchmarks.harness import KAFKA, POSTGRES, REDIS_URL
 
     return service_pids({"Kafka": int(KAFKA.rpartition(":")[2]), "Cassandra": 9042,
-                         "Redis": urlparse(REDIS_URL).port or 6379})
+                         "Redis": urlparse(REDIS_URL).port or 6379,
+                         "PostgreSQL": urlparse(POSTGRES).port or 5432})
 
 
 def _cpu_seconds(pids: Iterable[int], children: bool = True) -> float:
@@ -80,7 +83,9 @@ class CpuUse:
     busy: float  # 0..1 of all cores
 
     def ms_per_task(self, tasks: int) -> dict[str, float]:
-        return {part: 1000 * s / tasks for part, s in self.seconds.items()} if tasks else {}
+        """CPU ms per task of each part; not a number when no task ran (a system that missed
+        every deadline still gets its rows)."""
+        return {part: 1000 * s / tasks if tasks else math.nan for part, s in self.seconds.items()}
 
 
 class CpuMeter:

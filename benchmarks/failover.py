@@ -4,13 +4,17 @@ holds released tasks, beside Celery's own ``eta=``.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.context import Context, feed, utc
 from benchmarks.execlog import Start
-from benchmarks.harness import stack
+from benchmarks.harness import Stack, stack
 from benchmarks.report import Section
 from benchmarks.stats import Figure, percentile, ratio
 
@@ -42,7 +46,7 @@ def _failover(ctx: Context) -> tuple[float, float, float, float, int, int]:
             s.worker()
         from celery_scheduler import flush
 
-        fed: list[tuple[float, int]] = []
+        fed: list[tuple[float, int, int]] = []
 
         def publish(i: int, due: float) -> None:
             app.record.schedule((f"o{i % ORDERING_IDS}", i, due), {}, at=utc(due), wait=False)
@@ -87,9 +91,8 @@ def takeover_seconds(log: str, killed: float) -> float:
     return last
 
 
-def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> tuple[float, int, int]:
-    """Kill the only worker while it holds tasks, start another; return (seconds from the kill
-    until every task had started, tasks that never ran, duplicate starts)."""
+def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> Crash:
+    """Kill the only worker while it holds tasks, start another; what that did to the tasks."""
     count, sleep, lead = ctx.pick(20, 100), 0.1, ctx.pick(4, 6)
     ours = system == "celery_scheduler"
     env = {"BENCH_PREFETCH": "50"}
@@ -112,21 +115,91 @@ def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> tuple[float
             from celery_scheduler import flush
 
             flush(app.app, 60)
-        while not s.starts():
-            if time.time() > due + 60:
-                raise RuntimeError("no task started within 60 s of its due time")
-            s.check_alive()
-            time.sleep(0.05)
-        time.sleep(0.5)
-        worker.send_signal(signal.SIGKILL)
-        killed = time.time()
-        s.worker(POOL)
+        killed = _kill_and_replace(s, worker, lambda: s.worker(POOL), due)
         s.wait_for_starts(count, timeout=hold_seconds + (15 if ours else ctx.pick(8, 110)),
                           distinct=True)
         starts = s.starts()
+    return crash_outcome(starts, count, killed, sleep)
+
+
+def _kill_and_replace(s: Stack, worker: Any, replace: Callable[[], object], due: float) -> float:
+    """Half a second after the first task started, SIGKILL *worker* and start another; the kill's time."""
+    while not s.starts():
+        if time.time() > due + 60:
+            raise RuntimeError("no task started within 60 s of its due time")
+        s.check_alive()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    worker.send_signal(signal.SIGKILL)
+    killed = time.time()
+    replace()
+    return killed
+
+
+@dataclass(frozen=True)
+class Crash:
+    """What a worker's crash did to the tasks it held."""
+
+    recovered: float  # s from the kill until every task had started once; NaN if one never did
+    missing: int  # tasks that never started
+    duplicates: int  # starts beyond the first of each task
+    rerun: float  # s from the kill until the task running at the kill started again; NaN if never
+
+
+def crash_outcome(starts: list[Start], count: int, killed: float, body: float) -> Crash:
+    """The figures of a crash at *killed* from the execution log; tasks' bodies last *body* s."""
     first = first_starts(starts)
     recovered = max(x.started for x in first.values()) - killed if len(first) == count else float("nan")
-    return recovered, count - len(first), len(starts) - len(first)
+    before = [x for x in starts if x.started < killed]
+    running = max(before, key=lambda x: x.started) if before else None
+    rerun = float("nan")
+    if running is not None and killed - running.started < body:  # its body was cut short
+        again = [x.started for x in starts if x.seq == running.seq and x.started > killed]
+        rerun = min(again) - killed if again else float("nan")
+    return Crash(recovered, count - len(first), len(starts) - len(first), rerun)
+
+
+# procrastinate: a worker is stalled once its heartbeat (every 10 s) is 30 s old; then 15 s more
+STALLED_WAIT = 10 + 30 + 15
+
+
+def _procrastinate_crash(ctx: Context) -> Crash:
+    """The same crash for procrastinate, with its documented recipe for stalled jobs run once a
+    second."""
+    from benchmarks import peers_procrastinate as pg  # its driver is in the bench extra only
+
+    count, sleep, lead = ctx.pick(20, 100), 0.1, ctx.pick(4, 6)
+    with stack(ctx.tmp, init=False) as s, pg.database(s):
+        worker = pg.worker(s)
+        deferrer = pg.Deferrer(s.name)
+        due = time.time() + lead
+        try:
+            for i in range(count):  # no lock: all due at once, like the Celery runs
+                deferrer.defer(f"crash{i}", i, due, sleep=sleep)
+        finally:
+            deferrer.close()
+        killed = _kill_and_replace(s, worker, lambda: pg.worker(s), due)
+        outcome = crash_outcome(s.starts(), count, killed, sleep)
+        # wait for every task, and for the one the kill cut short to run again
+        while (math.isnan(outcome.recovered) or math.isnan(outcome.rerun)) \
+                and time.time() < killed + STALLED_WAIT:
+            pg.retry_stalled(s.name)
+            s.check_alive()
+            time.sleep(1)
+            outcome = crash_outcome(s.starts(), count, killed, sleep)
+    return outcome
+
+
+def _crash_rows(section: Section, system: str, what: str, crashes: list[Crash]) -> None:
+    ours = system == "celery_scheduler"
+    section.add(f"{system}: every task ran, time from the kill ({what})",
+                Figure.of([c.recovered for c in crashes], "s", 1))
+    section.add(f"{system}: the task the kill cut short ran again, time from the kill",
+                Figure.of([c.rerun for c in crashes], "s", 1))
+    missing = Figure.of([c.missing for c in crashes])
+    section.add(f"{system}: tasks that never ran", missing, "0" if ours else "",
+                missing.median == 0 if ours else None)
+    section.add(f"{system}: duplicate executions", Figure.of([c.duplicates for c in crashes]))
 
 
 def run(ctx: Context) -> list[Section]:
@@ -157,28 +230,33 @@ def run(ctx: Context) -> list[Section]:
         "max(its due time, the kill): takeover plus working off what fell due meanwhile.",
         f"{runs} run(s), each on a fresh topic and keyspace.",
     ]
-    crash = Section("5b", "Crash of the Celery worker holding released tasks")
+    crash = Section("5b", "Crash of the worker holding released tasks")
     hold = float(ctx.pick(6, 20))
-    recovery: dict[str, list[float]] = {}
-    for system, what in (("celery_scheduler", f"scheduler_lease_seconds = {hold:g}"),
-                         ("Celery eta=", f"visibility_timeout = {hold:g} s")):
-        outcomes = [_worker_crash(ctx, system, hold)]
-        recovery[system] = [o[0] for o in outcomes]
-        crash.add(f"{system}: every task ran, time from the kill ({what})",
-                  Figure.of([o[0] for o in outcomes], "s", 1))
-        missing = Figure.of([o[1] for o in outcomes])
-        crash.add(f"{system}: tasks that never ran", missing,
-                  "0" if system == "celery_scheduler" else "",
-                  missing.median == 0 if system == "celery_scheduler" else None)
-        crash.add(f"{system}: duplicate executions", Figure.of([o[2] for o in outcomes]))
-    crash.add("celery_scheduler / Celery eta=: time from the kill until every task ran",
-              Figure.of([ratio(a, b) for a, b in zip(recovery["celery_scheduler"], recovery["Celery eta="],
-                                                      strict=True)], "%", 0))
+    runners: dict[str, tuple[str, Callable[[], Crash]]] = {
+        "celery_scheduler": (f"scheduler_lease_seconds = {hold:g}",
+                             lambda: _worker_crash(ctx, "celery_scheduler", hold)),
+        "Celery eta=": (f"visibility_timeout = {hold:g} s", lambda: _worker_crash(ctx, "Celery eta=", hold)),
+        "procrastinate": ("stalled jobs retried once a second", lambda: _procrastinate_crash(ctx)),
+    }
+    crashes = {system: [runner()] for system, (_, runner) in runners.items()}
+    for system, (what, _) in runners.items():
+        _crash_rows(crash, system, what, crashes[system])
+    for peer in ("Celery eta=", "procrastinate"):
+        pairs = list(zip(crashes["celery_scheduler"], crashes[peer], strict=True))
+        crash.add(f"celery_scheduler / {peer}: time from the kill until every task ran",
+                  Figure.of([ratio(a.recovered, b.recovered) for a, b in pairs], "%", 0))
+        crash.add(f"celery_scheduler / {peer}: time until the task the kill cut short ran again",
+                  Figure.of([ratio(a.rerun, b.rerun) for a, b in pairs], "%", 0))
+    crash.add("celery-longterm-scheduler: not measured apart; a task its command sent is an ordinary "
+              "Celery message, recovered as the Celery eta= rows show", Figure.of([]))
     crash.method = [
         f"{ctx.pick(20, 100)} tasks of 0.1 s on distinct ordering ids, all due at once; one worker "
         f"(--pool={POOL} --concurrency=1, prefetch multiplier 50) holds them; half a second after "
         "the first started it is SIGKILLed and a second worker started. Time = last first start - "
-        "kill; n/a when some task never ran within the wait.",
+        "kill; n/a when some task never ran within the wait. The task the kill cut short (the "
+        "last to start before the kill, less than its 0.1 s before it) ran again: time from the "
+        "kill to its next start, n/a when it did not start again within the wait (Celery "
+        "acknowledges a message when its task starts, unless acks_late is set).",
         f"celery_scheduler re-releases a task whose outcome did not come within its lease "
         f"(default scheduler_lease_seconds 300, here {hold:g}); the released message itself stays "
         "unacknowledged in Redis. Celery eta= waits for the Redis transport to restore unacknowledged "
@@ -188,5 +266,13 @@ def run(ctx: Context) -> list[Section]:
         "recover sooner after the kill than the lease or timeout. The wait after the "
         "lease/timeout is 15 s for celery_scheduler and "
         f"{ctx.pick(8, 110)} s for Celery eta=.",
+        "procrastinate: the same tasks deferred to one worker of concurrency 1 on PostgreSQL, "
+        "killed and replaced the same way. Its worker fetches a job per free slot (nothing "
+        "prefetched), so it held the one job it was running, which stays 'doing' until the "
+        "application retries it: its documentation's recipe, a periodic task calling "
+        "get_stalled_jobs (jobs of workers whose heartbeat, sent every 10 s, is 30 s old) and "
+        "retry_job, suggested every 10 minutes, here run once a second from the benchmark. "
+        "Without it the job never runs again. The wait ends "
+        f"{STALLED_WAIT} s after the kill.",
     ]
     return [five, crash]

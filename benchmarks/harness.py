@@ -25,13 +25,16 @@ from confluent_kafka import Consumer, TopicPartition
 from benchmarks import execlog
 from benchmarks.execlog import Start
 
-__all__ = ["KAFKA", "REDIS_URL", "REPO", "Stack", "committed_and_end", "stack"]
+__all__ = ["KAFKA", "POSTGRES", "REDIS_URL", "REPO", "Stack", "committed_and_end", "stack"]
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA = os.environ.get("BENCH_KAFKA", "127.0.0.1:9092")
 # One Redis database for the benchmarks' Celery broker and RQ queues; every key a run
 # creates names the run's stack, and is deleted at the end.
 REDIS_URL = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
+# The PostgreSQL server (no database named) of procrastinate, the one peer that needs it; each
+# stack of that peer creates a database named after itself, and drops it at the end.
+POSTGRES = os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
 APP = "benchmarks.app"
 
 

@@ -11,6 +11,7 @@ rq-scheduler package).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from benchmarks import peers_longterm
 from benchmarks.context import Context, feed, utc
 from benchmarks.cpu import CpuMeter, CpuUse, add_rows, local_services
 from benchmarks.execlog import Start
@@ -30,7 +32,9 @@ __all__ = ["Load", "Outcome", "measure", "run", "systems"]
 
 ORDERING_IDS = 1000
 WORKERS = 2
-SYSTEMS = ("celery_scheduler", "Celery eta=", "RQ enqueue_at")
+PROCRASTINATE = "procrastinate"
+LONGTERM = "celery-longterm-scheduler"
+SYSTEMS = ("celery_scheduler", "Celery eta=", "RQ enqueue_at", PROCRASTINATE, LONGTERM)
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,19 @@ Publish = Callable[[int, float], None]
 @contextmanager
 def systems(ctx: Context, name: str, env: dict[str, str] | None = None
             ) -> Iterator[tuple[Stack, Publish, Callable[[], None]]]:
-    """The running system *name*: its stack, how to publish task (seq, due), and a final flush."""
+    """The running system *name*: its stack, how to publish task (seq, due), and a final flush.
+
+    Publishing the same seq twice schedules the same task twice, by each system's own notion
+    of a task's identity: our uniqueness key, procrastinate's queueing lock, the task or job
+    id for the others.
+    """
     scheduler = name == "celery_scheduler"
     with stack(ctx.tmp, init=scheduler, env=env) as s:
         app = s.use_client()
+        if name == PROCRASTINATE:
+            with _procrastinate(s) as publish:
+                yield s, publish, lambda: None
+            return
         if scheduler:
             s.dispatcher()
         for _ in range(WORKERS):
@@ -85,12 +98,26 @@ def systems(ctx: Context, name: str, env: dict[str, str] | None = None
             def publish(seq: int, due: float) -> None:
                 app.record.schedule((f"o{seq % ORDERING_IDS}", seq, due), {}, at=utc(due), wait=False)
 
-            yield s, publish, lambda: flush(app.app, 60) and None
+            def flush_all() -> None:
+                flush(app.app, 60)
+
+            yield s, publish, flush_all
         elif name == "Celery eta=":
             def publish(seq: int, due: float) -> None:
-                app.plain.apply_async((f"o{seq % ORDERING_IDS}", seq, due), eta=utc(due), queue=s.name)
+                app.plain.apply_async((f"o{seq % ORDERING_IDS}", seq, due), eta=utc(due), queue=s.name,
+                                      task_id=f"{s.name}-{seq}")
 
             yield s, publish, lambda: None
+        elif name == LONGTERM:
+            peers_longterm.ticker(s)
+
+            def publish(seq: int, due: float) -> None:
+                peers_longterm.schedule(app, s, f"o{seq % ORDERING_IDS}", seq, due)
+
+            try:
+                yield s, publish, lambda: None
+            finally:
+                peers_longterm.clean(s.name)
         else:
             from rq import Queue
 
@@ -101,6 +128,26 @@ def systems(ctx: Context, name: str, env: dict[str, str] | None = None
                                  job_id=f"{s.name}-{seq}", result_ttl=0)
 
             yield s, publish, lambda: None
+
+
+@contextmanager
+def _procrastinate(s: Stack) -> Iterator[Publish]:
+    """procrastinate's workers on a database of the stack's own; how to defer a task."""
+    from benchmarks import peers_procrastinate  # its driver is in the bench extra only
+
+    with peers_procrastinate.database(s):
+        for _ in range(WORKERS):
+            peers_procrastinate.worker(s)
+        deferrer = peers_procrastinate.Deferrer(s.name)
+
+        def publish(seq: int, due: float) -> None:
+            ordering_id = f"o{seq % ORDERING_IDS}"
+            deferrer.defer(ordering_id, seq, due, lock=ordering_id, queueing_lock=f"s{seq}")
+
+        try:
+            yield publish
+        finally:
+            deferrer.close()
 
 
 def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, first_seq: int
@@ -147,19 +194,24 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
 
 
 def _ratios(section: Section, ours: list[Outcome], peer: list[Outcome], name: str) -> None:
-    """Our lateness over the peer's, run by run (runs in the same order on the same machine)."""
+    """Our lateness over the peer's, run by run (runs in the same order on the same machine);
+    n/a where the peer's is not above zero (it started tasks before they were due)."""
     for q in (50, 99):
         section.add(f"celery_scheduler / {name}: lateness p{q}",
-                    Figure.of([ratio(a.ms(q), b.ms(q)) for a, b in zip(ours, peer, strict=False)],
-                              "x", 1))
+                    Figure.of([ratio(a.ms(q), b.ms(q)) if b.ms(q) > 0 else math.nan
+                               for a, b in zip(ours, peer, strict=False)], "x", 1))
+
+
+# the part a process counts in, by the kind it was spawned as (its log's name says)
+PARTS = {"dispatcher": "dispatcher", "longterm": peers_longterm.PART}
 
 
 def _parts(s: Stack) -> dict[str, list[int]]:
-    """The stack's processes by part: its dispatcher(s) and its workers."""
+    """The stack's processes by part: its dispatcher(s) or scheduler command, and its workers."""
     parts: dict[str, list[int]] = {}
     for process in s.processes:
-        kind = "dispatcher" if "-dispatcher-" in s.logs[process.pid].name else "workers"
-        parts.setdefault(kind, []).append(process.pid)
+        kind = s.logs[process.pid].name[len(s.name) + 1:].rsplit("-", 1)[0]
+        parts.setdefault(PARTS.get(kind, "workers"), []).append(process.pid)
     return parts
 
 
@@ -184,6 +236,9 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
             section.add(f"{system}: of which published to body started, p{q}",
                         Figure.of([percentile(o.after_release, q) * 1000 for o in outcomes], "ms", 1))
     section.add(f"{system}: tasks run by the deadline", Figure.of([o.ran for o in outcomes], "%", 1))
+    if any(x < 0 for o in outcomes for x in o.lateness):
+        section.add(f"{system}: tasks started before their due time",
+                    Figure.of([sum(1 for x in o.lateness if x < 0) for o in outcomes]))
     if any(o.expected < o.planned for o in outcomes):
         section.add(f"{system}: tasks published by the last due time (publisher too slow)",
                     Figure.of([o.expected / o.planned for o in outcomes], "%", 1))
@@ -198,8 +253,10 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
 
 
 def run(ctx: Context) -> list[Section]:
-    slow = Load(rate=100, duration=ctx.pick(2, 20), lead=ctx.pick(2, 5), grace=ctx.pick(2, 15))
-    fast = Load(rate=1000, duration=ctx.pick(2, 60), lead=ctx.pick(2, 5), grace=ctx.pick(2, 20))
+    # quick runs wait 6 s too: procrastinate finds a job that fell due while nothing was
+    # deferred only at its next poll, every 5 s
+    slow = Load(rate=100, duration=ctx.pick(2, 20), lead=ctx.pick(2, 5), grace=ctx.pick(6, 15))
+    fast = Load(rate=1000, duration=ctx.pick(2, 60), lead=ctx.pick(2, 5), grace=ctx.pick(6, 20))
     slow_runs, fast_runs = ctx.pick(1, 2), 1
     results: dict[str, tuple[list[Outcome], list[Outcome]]] = {}
     errors = []
@@ -233,11 +290,26 @@ def run(ctx: Context) -> list[Section]:
         f"publish (and flush) on, about the last {fast.lead:g} s of due times: no schedule calls "
         "or ingest compete for the machine then.",
         "CPU: user + system CPU time of each part (dispatcher, workers, the load generator that "
-        "publishes, and the Kafka, Cassandra and Redis processes) from the first publish to the "
+        "publishes, and the Kafka, Cassandra, Redis and PostgreSQL processes) from the first publish to the "
         "end of the wait, divided by the tasks that ran; machine busy = share of all cores not "
         "idle over that time. Near 100% busy, queueing for CPU is what makes tasks late.",
         f"{WORKERS} workers per system (Celery: --pool=solo; RQ: SimpleWorker, RQ's own scheduler "
         "via enqueue_at and --with-scheduler); celery_scheduler: one dispatcher, 12 partitions.",
+        f"procrastinate: defer with schedule_at, lock = the ordering id (its jobs of one lock run "
+        f"one at a time, as ours do) and queueing_lock = the task's key (a second waiting job with "
+        f"it is refused, as ours are), one by one through its synchronous connector; {WORKERS} "
+        "workers of concurrency 1 with its defaults (LISTEN/NOTIFY, and a poll every 5 s, which is "
+        "what finds a job that became due while nothing was deferred), on a "
+        "database of its own (PostgreSQL from Debian, scripts/services up postgres).",
+        f"celery-longterm-scheduler: apply_async(eta=...) on its task class stores the call in "
+        f"Redis; its command (here Scheduler.execute_pending(now), what `celery longterm_scheduler` "
+        f"runs, from one long-lived process) sends what is due every {peers_longterm.INTERVAL:g} s, "
+        f"to {WORKERS} solo Celery workers. Its documentation suggests a cron job every "
+        f"{peers_longterm.DOCUMENTED_INTERVAL / 60:g} minutes: at that cadence a task waits up to "
+        f"{peers_longterm.DOCUMENTED_INTERVAL:g} s for the next run, half that on average.",
+        "celery-longterm-scheduler and RQ store due times in whole seconds (a sorted set scored "
+        "by the second), so they may start a task up to 1 s before it is due: counted in "
+        "'started before their due time', and taken as negative lateness in the percentiles.",
         "a publisher slower than the rate stops at the last due time; what it did not publish is "
         "shown, and left out of the other figures.",
         f"waiting ends {fast.grace:g} s ({slow.grace:g} s for 3b) after the last due time; tasks not "

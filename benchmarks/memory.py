@@ -31,7 +31,8 @@ TARGET_PENDING = 1_000_000
 def rss_mb(pid: int) -> float:
     """Resident memory of a process and its children, MB."""
     process = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
+    rss: int = sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
+    return rss / 2**20
 
 
 def _sample(pid: int, seconds: float) -> float:

@@ -13,14 +13,14 @@ from typing import Any
 
 import redis
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from benchmarks.context import Context, utc
 from benchmarks.harness import KAFKA, REDIS_URL, clean_redis, stack
 from benchmarks.report import Section
 from benchmarks.stats import Figure, percentile, ratio
 
-__all__ = ["run"]
+__all__ = ["ORDERING_IDS", "batched_rate", "run"]
 
 ORDERING_IDS = 1000
 
@@ -57,7 +57,7 @@ def _raw_produce(topic: str, value: bytes, count: int) -> float:
     return count / elapsed
 
 
-def _batched(app: Any, count: int, at: float) -> float:
+def batched_rate(app: Any, count: int, at: float) -> float:
     from celery_scheduler import flush
 
     started = time.perf_counter()
@@ -72,7 +72,7 @@ def _batched(app: Any, count: int, at: float) -> float:
 
 def _timed_calls(call: Any, seconds: float) -> list[float]:
     """Call ``call(i)`` back to back for *seconds*; return each call's latency."""
-    latencies = []
+    latencies: list[float] = []
     deadline = time.perf_counter() + seconds
     i = 0
     while True:
@@ -102,9 +102,9 @@ def run(ctx: Context) -> list[Section]:
         ours, raw, ours_sync, p50, p99, celery_eta, send_task = ([] for _ in range(7))
         try:
             _raw_produce(raw_topic, value, 1000)  # warm up connections and metadata
-            _batched(app, 1000, at)
+            batched_rate(app, 1000, at)
             for _ in range(ctx.runs):
-                ours.append(_batched(app, batched_count, at))
+                ours.append(batched_rate(app, batched_count, at))
                 raw.append(_raw_produce(raw_topic, value, batched_count))
                 latencies = _timed_calls(
                     lambda i: app.record.schedule_at(utc(at), f"o{i % ORDERING_IDS}", i, at), seconds)

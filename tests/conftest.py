@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import REPO, require
+from tests.services import RABBITMQ, REPO, require
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +27,18 @@ def cassandra_contact() -> str:
 def redis_url() -> str:
     require("redis")
     return os.environ.get("CELERY_SCHEDULER_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    require("rabbitmq")
+    return RABBITMQ
+
+
+@pytest.fixture
+def broker_url(redis_url: str) -> str:
+    """The Celery broker of the dispatcher tests' app: Redis, unless a test module says."""
+    return f"{redis_url}/1"
 
 
 @pytest.fixture
@@ -72,7 +84,8 @@ def start_worker(
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", app, "worker", "--loglevel=INFO",
-                 "--pool=solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                 "--pool=solo", "--concurrency=1", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat",
                  "-Q", queue, "-n", f"{queue}-{len(workers)}@%h", *extra],
                 cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT,
             )

@@ -1,10 +1,10 @@
 """The app the chaos harness runs: one scheduled task that logs each execution.
 
 Everything comes from the environment the harness sets, so dispatchers and workers talk to
-the harness's own Kafka, Cassandra and Redis (which it restarts at will):
+the harness's own Kafka, Cassandra and broker (which it restarts at will):
 
 - ``CELERY_SCHEDULER_CHAOS_KAFKA``, ``CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT``,
-  ``CELERY_SCHEDULER_CHAOS_REDIS``: where the services are;
+  ``CELERY_SCHEDULER_CHAOS_BROKER`` (a Redis or RabbitMQ URL): where the services are;
 - ``CELERY_SCHEDULER_TEST_TOPIC``/``_KEYSPACE``/``_QUEUE``/``_EXECLOG``: as for
   ``tests.apps.dispatching``, so ``tests.integration.dispatch_fixtures.Scheduler`` drives it;
 - ``CELERY_SCHEDULER_CHAOS_MUTANT``: a deliberately broken dispatcher (see :func:`_mutate`),
@@ -27,11 +27,11 @@ from celery_scheduler import scheduled_task
 from celery_scheduler.bridge import HEADER, parse_header
 from tests.apps.dispatching import log, unique_seq
 
-REDIS_URL = os.environ.get("CELERY_SCHEDULER_CHAOS_REDIS", "redis://127.0.0.1:16379")
+BROKER_URL = os.environ.get("CELERY_SCHEDULER_CHAOS_BROKER", "redis://127.0.0.1:16379/1")
 # Mutant: the dispatcher commits Kafka offsets before it writes the batch to Cassandra.
 MUTANT_COMMIT_FIRST = "commit-before-persist"
 
-app = Celery("chaos", broker=f"{REDIS_URL}/1")
+app = Celery("chaos", broker=BROKER_URL)
 app.conf.update(
     scheduler_kafka_bootstrap_servers=os.environ.get("CELERY_SCHEDULER_CHAOS_KAFKA", "127.0.0.1:19092"),
     scheduler_kafka_topic=os.environ.get("CELERY_SCHEDULER_TEST_TOPIC", "celery_scheduler_chaos"),
@@ -52,6 +52,8 @@ app.conf.update(
     broker_connection_max_retries=None,
     worker_hijack_root_logger=False,
     worker_prefetch_multiplier=1,
+    # on RabbitMQ, a message is taken off the queue only once its run ended (README: Brokers)
+    task_acks_late=BROKER_URL.startswith("amqp"),
 )
 
 

@@ -14,11 +14,20 @@ import redis
 from celery import Celery
 
 from celery_scheduler import scheduled_task
+from celery_scheduler.eta import DurableEtaTask
 
 REDIS_URL = os.environ.get("CELERY_SCHEDULER_TEST_REDIS", "redis://127.0.0.1:6379")
 EXECLOG = os.environ.get("CELERY_SCHEDULER_TEST_EXECLOG", "")
 
-app = Celery("dispatching", broker=f"{REDIS_URL}/1", backend=f"{REDIS_URL}/2")
+# The broker is Redis unless a test runs the dispatcher on another (RabbitMQ): nothing of
+# the scheduler itself needs Redis.
+BROKER = os.environ.get("CELERY_SCHEDULER_TEST_BROKER") or f"{REDIS_URL}/1"
+app = Celery("dispatching", broker=BROKER,
+             backend=f"{REDIS_URL}/2" if BROKER.startswith("redis") else None)
+if BROKER.startswith("amqp"):
+    # RabbitMQ hands a worker up to prefetch-count messages it then holds while it runs a
+    # long task; Celery's advice for long tasks keeps them with the workers that are free.
+    app.conf.update(worker_prefetch_multiplier=1, task_acks_late=True)
 app.conf.update(
     scheduler_kafka_bootstrap_servers=os.environ.get("CELERY_SCHEDULER_TEST_KAFKA", "127.0.0.1:9092"),
     scheduler_kafka_topic=os.environ.get("CELERY_SCHEDULER_TEST_TOPIC", "celery_scheduler_tests"),
@@ -40,6 +49,10 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+if os.environ.get("CELERY_SCHEDULER_TEST_VISIBILITY_TIMEOUT"):
+    # Redis gives an unacknowledged message to another worker after this long
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["CELERY_SCHEDULER_TEST_VISIBILITY_TIMEOUT"])}
 if os.environ.get("CELERY_SCHEDULER_TEST_SIGNING_SECRET"):
     app.conf.scheduler_signing_keys = {"k1": os.environ["CELERY_SCHEDULER_TEST_SIGNING_SECRET"]}
     app.conf.scheduler_signing_key_id = "k1"
@@ -87,3 +100,11 @@ def flaky(ordering_id: str, seq: int, failures: int) -> int:
           default_retry_delay=0)
 def autoretry(ordering_id: str, seq: int, failures: int) -> int:
     return fail_first(ordering_id, seq, failures)
+
+
+@app.task(name="dispatching.eta_record", base=DurableEtaTask)
+def eta_record(name: str, seq: int, scheduled_for: float = 0.0) -> int:
+    """A task written for plain Celery (``apply_async(countdown=...)``), in the drop-in eta mode."""
+    log("start", name, seq, scheduled_for=scheduled_for)
+    log("end", name, seq)
+    return seq

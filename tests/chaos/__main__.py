@@ -4,6 +4,7 @@
     scripts/chaos --long                       # 130,000 tasks, 30 faults of every kind;
                                                # writes RELIABILITY.md
     scripts/chaos --quick --mutant commit-before-persist   # must report lost tasks
+    scripts/chaos --quick --broker rabbitmq    # Celery on RabbitMQ, with RabbitMQ restarts
 
 Exit status 0 when no guarantee was broken, 1 otherwise, 2 when the run could not be made.
 """
@@ -19,12 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from tests.chaos.harness import (
-    FAULT_KINDS,
+    SERVICE_FAULTS,
     ChaosLockBusy,
     Options,
     Run,
     RunFacts,
     chaos_lock,
+    fault_kinds,
     load_facts,
     save_facts,
     state_root,
@@ -60,7 +62,10 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                         help="how long to wait after the last due time for the last runs")
     parser.add_argument("--dispatchers", type=int, help="dispatcher processes (default 2)")
     parser.add_argument("--workers", type=int, help="Celery worker processes (default 2)")
-    parser.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(FAULT_KINDS)})")
+    parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis",
+                        help="the Celery broker the workers use, and restart (default redis)")
+    parser.add_argument("--kinds", help="comma-separated fault kinds (default all of the broker's: "
+                                        f"{','.join(fault_kinds('redis'))})")
     parser.add_argument("--mutant", choices=["commit-before-persist"],
                         help="run a deliberately broken dispatcher")
     parser.add_argument("--report", type=Path, help="write the Markdown report here "
@@ -71,16 +76,20 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                              "the first is the main report, the others follow as checks)")
     args = parser.parse_args(argv)
     options = QUICK if args.quick else LONG
-    changes: dict[str, object] = {"seed": args.seed, "mutant": args.mutant}
+    changes: dict[str, object] = {"seed": args.seed, "mutant": args.mutant, "broker": args.broker,
+                                  "kinds": fault_kinds(args.broker)}
     for name in ("tasks", "ordering_ids", "faults_per_kind", "window", "drain_seconds",
                  "dispatchers", "workers"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.kinds:
         kinds = tuple(args.kinds.split(","))
-        unknown = set(kinds) - set(FAULT_KINDS)
+        known = fault_kinds(args.broker)
+        unknown = set(kinds) - set(known)
         if unknown:
-            parser.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+            other = " (a restart of a service this broker's run does not use)" if (
+                unknown & set(SERVICE_FAULTS)) else ""
+            parser.error(f"unknown fault kinds {sorted(unknown)}{other}; known: {', '.join(known)}")
         changes["kinds"] = kinds
     if args.long and args.report is None:
         args.report = REPO / "RELIABILITY.md"
@@ -122,7 +131,9 @@ def command_of(options: Options) -> str:
                  "dispatchers", "workers"):
         if getattr(options, name) != getattr(preset, name):
             argv += [f"--{name.replace('_', '-')}", f"{getattr(options, name):g}"]
-    if options.kinds != FAULT_KINDS:
+    if options.broker != "redis":
+        argv += ["--broker", options.broker]
+    if options.kinds != fault_kinds(options.broker):
         argv += ["--kinds", ",".join(options.kinds)]
     if options.mutant:
         argv += ["--mutant", options.mutant]

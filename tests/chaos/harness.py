@@ -2,15 +2,16 @@
 
 One run:
 
-1. takes the chaos lock and (re)starts its own Kafka, Cassandra and Redis on the chaos
-   ports (:data:`PORTS`) in their own state directory, through ``scripts/services``;
+1. takes the chaos lock and (re)starts its own Kafka, Cassandra and broker (Redis, or
+   RabbitMQ with ``broker="rabbitmq"``) on the chaos ports (:data:`PORTS`) in their own
+   state directory, through ``scripts/services``;
 2. creates a topic and keyspace, starts two dispatchers and two Celery workers of
    ``tests.apps.chaos`` (with :class:`tests.integration.dispatch_fixtures.Scheduler`);
 3. schedules the workload through the real API at a steady rate, cancelling some tasks
    right after their schedule call returned, while two *lanes* inject faults on a seeded
    plan: processes (SIGKILL of a dispatcher or a worker, SIGSTOP of a dispatcher past the
    group session timeout and the partition lease) and services (restart of Kafka,
-   Cassandra, Redis);
+   Cassandra, the broker);
 4. waits until every accepted task ran (or a drain timeout), reads the statuses of the
    cancelled keys, stops everything, and hands the facts to :mod:`tests.chaos.verify`.
 """
@@ -41,17 +42,32 @@ from tests.services import REPO
 APP = "tests.apps.chaos"
 # The chaos services' ports: a set of their own, beside the shared development services.
 PORTS = {"KAFKA_PORT": "19092", "KAFKA_CONTROLLER_PORT": "19093", "CASSANDRA_PORT": "19042",
-         "CASSANDRA_STORAGE_PORT": "17000", "CASSANDRA_JMX_PORT": "17199", "REDIS_PORT": "16379"}
+         "CASSANDRA_STORAGE_PORT": "17000", "CASSANDRA_JMX_PORT": "17199", "REDIS_PORT": "16379",
+         "RABBITMQ_PORT": "15672"}
 KAFKA = f"127.0.0.1:{PORTS['KAFKA_PORT']}"
 REDIS = f"redis://127.0.0.1:{PORTS['REDIS_PORT']}"
-SERVICES = ("redis", "kafka", "cassandra")
+# The Celery broker of each kind the workers can use, and the service behind it.
+BROKERS = {"redis": f"{REDIS}/1", "rabbitmq": f"amqp://guest:guest@127.0.0.1:{PORTS['RABBITMQ_PORT']}//"}
 
 PROCESS_FAULTS = ("dispatcher-kill", "worker-kill", "dispatcher-pause")
-SERVICE_FAULTS = ("kafka-restart", "cassandra-restart", "redis-restart")
-FAULT_KINDS = PROCESS_FAULTS + SERVICE_FAULTS
+SERVICE_FAULTS = ("kafka-restart", "cassandra-restart", "redis-restart", "rabbitmq-restart")
+
+
+def fault_kinds(broker: str) -> tuple[str, ...]:
+    """The fault kinds of a run on *broker*: every process fault, and every service's restart."""
+    return (*PROCESS_FAULTS, "kafka-restart", "cassandra-restart", f"{broker}-restart")
+
+
+def services(broker: str) -> tuple[str, ...]:
+    """The chaos set of services for a run on *broker* (never the development RabbitMQ)."""
+    return (broker, "kafka", "cassandra")
+
+
+FAULT_KINDS = fault_kinds("redis")
 # Rough seconds each fault takes on a small machine, to spread the workload over the plan.
 EXPECTED_SECONDS = {"dispatcher-kill": 15, "worker-kill": 10, "dispatcher-pause": 16,
-                    "kafka-restart": 30, "cassandra-restart": 55, "redis-restart": 7}
+                    "kafka-restart": 30, "cassandra-restart": 55, "redis-restart": 7,
+                    "rabbitmq-restart": 12}
 # In a plan spread over a window, the scheduler gets at least this long with the services up
 # between two restarts, so that a dense plan tests recovery again and again rather than
 # making one long outage of them.
@@ -83,17 +99,19 @@ def chaos_lock(root: Path) -> Iterator[None]:
 
 
 class Services:
-    """The chaos set of Kafka, Cassandra and Redis, driven through ``scripts/services``."""
+    """The chaos set of Kafka, Cassandra and a broker, driven through ``scripts/services``."""
 
-    def __init__(self, state: Path, log: Path) -> None:
+    def __init__(self, state: Path, log: Path, broker: str = "redis") -> None:
         self.env = {**os.environ, **PORTS, "CELERY_SCHEDULER_STATE": str(state)}
         self.log = log
+        self.set = services(broker)
 
-    def run(self, command: str, *services: str) -> None:
+    def run(self, command: str, *names: str) -> None:
+        names = names or self.set
         with self.log.open("a") as out:
-            out.write(f"--- {time.strftime('%H:%M:%S')} services {command} {' '.join(services)}\n")
+            out.write(f"--- {time.strftime('%H:%M:%S')} services {command} {' '.join(names)}\n")
             out.flush()
-            subprocess.run([str(REPO / "scripts" / "services"), command, *services], env=self.env,
+            subprocess.run([str(REPO / "scripts" / "services"), command, *names], env=self.env,
                            stdout=out, stderr=subprocess.STDOUT, check=True, timeout=300)
 
     def restart(self, service: str) -> None:
@@ -127,6 +145,7 @@ class Options:
     mutant: str | None = None
     dispatchers: int = 2
     workers: int = 2
+    broker: str = "redis"  # the Celery broker: redis or rabbitmq (with its own restarts)
 
 
 @dataclass
@@ -189,7 +208,7 @@ def plan_tasks(options: Options, rng: random.Random) -> list[Task]:
 
 # Faults of one lane follow each other; lanes run side by side. Cassandra restarts take the
 # longest, so they have a lane of their own.
-LANES = (PROCESS_FAULTS, ("cassandra-restart",), ("kafka-restart", "redis-restart"))
+LANES = (PROCESS_FAULTS, ("cassandra-restart",), ("kafka-restart", "redis-restart", "rabbitmq-restart"))
 
 
 def plan_faults(options: Options, rng: random.Random) -> list[list[tuple[str, float]]]:
@@ -249,13 +268,14 @@ class Run:
         self.run_dir = run_dir
         self.rng = random.Random(options.seed)
         self.say = say or (lambda message: print(message, flush=True))
-        self.services = Services(state, run_dir / "services.log")
+        self.services = Services(state, run_dir / "services.log", options.broker)
         name = f"chaos_{uuid.uuid4().hex[:10]}"
         self.env = {**os.environ, **PORTS,
                     "CELERY_SCHEDULER_TEST_TOPIC": name, "CELERY_SCHEDULER_TEST_KEYSPACE": name,
                     "CELERY_SCHEDULER_TEST_QUEUE": name,
                     "CELERY_SCHEDULER_TEST_EXECLOG": str(run_dir / "executions.jsonl"),
-                    "CELERY_SCHEDULER_CHAOS_KAFKA": KAFKA, "CELERY_SCHEDULER_CHAOS_REDIS": REDIS,
+                    "CELERY_SCHEDULER_CHAOS_KAFKA": KAFKA,
+                    "CELERY_SCHEDULER_CHAOS_BROKER": BROKERS[options.broker],
                     "CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT": PORTS["CASSANDRA_PORT"]}
         self.env.pop("CELERY_SCHEDULER_CHAOS_MUTANT", None)
         self.cluster = Scheduler(self.env, run_dir / "executions.jsonl", run_dir)

@@ -6,7 +6,7 @@ import datetime as dt
 import platform
 from collections import Counter
 
-from tests.chaos.harness import FAULT_KINDS, PAUSE_SECONDS, RunFacts
+from tests.chaos.harness import PAUSE_SECONDS, RunFacts
 from tests.chaos.verify import WINDOW_AFTER, Verdict
 from tests.chaos.verify import __doc__ as RULES
 
@@ -26,6 +26,7 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
     o = facts.options
     c = verdict.counts
     kinds = Counter(f.kind for f in facts.faults)
+    broker = {"redis": "Redis", "rabbitmq": "RabbitMQ"}[o.broker]
     lines = [
         f"# {title}",
         "",
@@ -51,17 +52,18 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"- {o.dispatchers} dispatchers (`celery -A tests.apps.chaos scheduler dispatch`) and "
         f"{o.workers} Celery workers (solo pool), 6 partitions, task lease 10 s, partition lease 6 s, "
         "Kafka session timeout 6 s;",
-        f"- own Kafka, Cassandra and Redis on the chaos ports; {o.faults_per_kind} fault(s) of each "
+        f"- own Kafka, Cassandra and {broker} (the Celery broker) on the chaos ports; "
+        f"{o.faults_per_kind} fault(s) of each "
         f"kind in a seeded random order on three lanes that run side by side, "
         + (f"each lane spread over {o.window / 60:.0f} min" if o.window else
            f"{o.gap[0]:.0f}-{o.gap[1]:.0f} s between faults of a lane")
         + ": processes (SIGKILL + restart "
         f"of a dispatcher, SIGKILL + restart of a worker, SIGSTOP of a dispatcher for "
         f"{PAUSE_SECONDS:.0f} s then SIGCONT, while Kafka and Cassandra are up), Cassandra "
-        "restarts, and Kafka or Redis restarts (`scripts/services down` + `up`);",
+        f"restarts, and Kafka or {broker} restarts (`scripts/services down` + `up`);",
         f"- drained: {'yes' if facts.drained else 'NO (drain timeout reached)'}.",
         "",
-        "Faults injected: " + ", ".join(f"{kind} {kinds.get(kind, 0)}" for kind in FAULT_KINDS) + "; "
+        "Faults injected: " + ", ".join(f"{kind} {kinds.get(kind, 0)}" for kind in o.kinds) + "; "
         f"pauses during which the other dispatcher took partitions over: "
         f"{c['pauses_with_takeover']} of {kinds.get('dispatcher-pause', 0)}.",
         "",
@@ -107,7 +109,7 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         "| fault | faults | p50 | p99 | max |",
         "|---|---|---|---|---|",
     ]
-    lines += [_row(kind, verdict.recovery[kind]) for kind in FAULT_KINDS if kind in verdict.recovery]
+    lines += [_row(kind, verdict.recovery[kind]) for kind in o.kinds if kind in verdict.recovery]
     rejoin = [f.detail["replacement_leased_after"] for f in facts.faults
               if "replacement_leased_after" in f.detail]
     if rejoin:

@@ -3,18 +3,29 @@
 Both start their own Kafka, Cassandra and Redis on the chaos ports (they restart them), so
 they need Java, Maven and redis-server, as ``scripts/services`` does. When another chaos run
 holds those services the test is skipped on a developer machine and fails when ``CI`` is set.
+(``scripts/chaos --quick --broker rabbitmq`` runs it on RabbitMQ; it does not pass yet:
+after a RabbitMQ restart the released tasks reach the workers only after their leases.)
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.chaos.__main__ import QUICK
-from tests.chaos.harness import ChaosLockBusy, Options, Run, chaos_lock, save_facts, state_root
+from tests.chaos.harness import (
+    ChaosLockBusy,
+    Options,
+    Run,
+    chaos_lock,
+    fault_kinds,
+    save_facts,
+    state_root,
+)
 from tests.chaos.report import render
 from tests.chaos.verify import Verdict, verify
 
@@ -47,11 +58,12 @@ def run(options: Options, state: Path, tmp_path: Path) -> Verdict:
 
 @pytest.mark.timeout(600)  # about 4 minutes on an idle 2-core machine
 def test_quick_chaos_run_keeps_every_guarantee(chaos_services: Path, tmp_path: Path) -> None:
-    verdict = run(QUICK, chaos_services, tmp_path)
+    options = replace(QUICK, kinds=fault_kinds("redis"))
+    verdict = run(options, chaos_services, tmp_path)
 
-    assert verdict.faults == dict.fromkeys(verdict.faults, 1), "one fault of every kind"
+    assert verdict.faults == dict.fromkeys(fault_kinds("redis"), 1), "one fault of every kind"
     # most calls went through (those made while Kafka restarts raise, and are not counted)
-    assert verdict.counts["accepted"] > QUICK.tasks / 2
+    assert verdict.counts["accepted"] > options.tasks / 2
     assert verdict.counts["cancelled"] > 0
     violations = {name: verdict.examples.get(name) for name in Verdict.VIOLATIONS
                   if verdict.counts[name]}

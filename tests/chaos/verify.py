@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chaos.harness import FAULT_KINDS, RunFacts
+from tests.chaos.harness import RunFacts
 
 EARLY_TOLERANCE = 0.001
 WINDOW_AFTER = 5.0  # seconds after a fault's end that still count as "during" it
@@ -185,7 +185,7 @@ def verify(facts: RunFacts) -> Verdict:
     verdict.lateness["overall"] = percentiles(late for _, late in due)
     verdict.lateness["during faults"] = percentiles(due[i][1] for i in sorted(during))
     verdict.lateness["quiet"] = percentiles(late for i, (_, late) in enumerate(due) if i not in during)
-    for kind in FAULT_KINDS:
+    for kind in facts.options.kinds:
         verdict.faults[kind] = sum(1 for f in facts.faults if f.kind == kind)
         if kind in per_kind:
             verdict.lateness[f"during {kind}"] = percentiles(per_kind[kind])

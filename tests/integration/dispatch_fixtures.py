@@ -24,23 +24,29 @@ APP = "tests.apps.dispatching"
 
 @dataclass
 class Scheduler:
-    """One test's scheduler: its topic/keyspace/queue, processes and execution log."""
+    """One test's scheduler: its topic/keyspace/queue, processes and execution log.
+
+    Processes run ``python -m celery`` of *python* in *cwd* (by default this interpreter, in
+    the checkout).
+    """
 
     env: dict[str, str]
     execlog: Path
     tmp: Path
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: dict[int, Path] = field(default_factory=dict)
+    python: str = sys.executable
+    cwd: Path = REPO
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "celery", "-A", APP, "scheduler", *args],
-                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([self.python, "-m", "celery", "-A", APP, "scheduler", *args],
+                              cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:
         path = self.tmp / f"{name}-{len(self.processes)}.log"
         with path.open("wb") as out:
-            process = subprocess.Popen(argv, cwd=REPO, env={**self.env, **(extra_env or {})},
+            process = subprocess.Popen(argv, cwd=self.cwd, env={**self.env, **(extra_env or {})},
                                        stdout=out, stderr=subprocess.STDOUT)
         self.processes.append(process)
         self.logs[process.pid] = path
@@ -59,7 +65,7 @@ class Scheduler:
             time.sleep(0.1)
 
     def dispatcher(self, *extra: str, wait: bool = True) -> subprocess.Popen[bytes]:
-        process = self._spawn("dispatcher", [sys.executable, "-m", "celery", "-A", APP, "scheduler",
+        process = self._spawn("dispatcher", [self.python, "-m", "celery", "-A", APP, "scheduler",
                                              "dispatch", "--loglevel", "INFO", *extra])
         if wait:
             self.wait_for_log(process, "leased partition")
@@ -68,8 +74,10 @@ class Scheduler:
     def worker(self, *extra: str) -> subprocess.Popen[bytes]:
         queue = self.env["CELERY_SCHEDULER_TEST_QUEUE"]
         process = self._spawn("worker", [
-            sys.executable, "-m", "celery", "-A", APP, "worker", "--loglevel=INFO", "--pool=solo",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", queue,
+            # solo takes its prefetch count from --concurrency (by default the CPU count): one
+            # message, or a worker busy with a long task holds another that a free one could run
+            self.python, "-m", "celery", "-A", APP, "worker", "--loglevel=INFO", "--pool=solo",
+            "--concurrency=1", "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", queue,
             "-n", f"{queue}-{len(self.processes)}@%h", *extra])
         self.wait_for_log(process, "ready.")
         return process
@@ -103,14 +111,38 @@ class Scheduler:
                 process.wait(timeout=10)
 
 
+@dataclass
+class AppProcesses(Scheduler):
+    """A dispatcher and a worker of another app than the test app (an example, an installed one)."""
+
+    app: str = ""
+
+    def celery(self, *args: str, ready: str) -> None:
+        process = self._spawn(args[0], [self.python, "-m", "celery", "-A", self.app, *args])
+        self.wait_for_log(process, ready)
+
+    def init(self) -> None:
+        result = self.cli("init")
+        assert result.returncode == 0, result.stderr
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.python, "-m", "celery", "-A", self.app, "scheduler", *args],
+                              cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def start(self, name: str) -> None:
+        self.celery("scheduler", "dispatch", "--loglevel", "INFO", ready="leased partition")
+        self.celery("worker", "--loglevel=INFO", "--pool=solo", "--concurrency=1", "--without-gossip",
+                    "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h", ready="ready.")
+
+
 @pytest.fixture
-def scheduler(kafka_bootstrap: str, cassandra_contact: str, redis_url: str, unique_name: str,
-              tmp_path: Path) -> Iterator[Scheduler]:
+def scheduler(kafka_bootstrap: str, cassandra_contact: str, redis_url: str, broker_url: str,
+              unique_name: str, tmp_path: Path) -> Iterator[Scheduler]:
     execlog = tmp_path / "executions.jsonl"
     env = {**os.environ,
            "CELERY_SCHEDULER_TEST_TOPIC": unique_name, "CELERY_SCHEDULER_TEST_KEYSPACE": unique_name,
            "CELERY_SCHEDULER_TEST_QUEUE": unique_name, "CELERY_SCHEDULER_TEST_EXECLOG": str(execlog),
-           "CELERY_SCHEDULER_TEST_KAFKA": kafka_bootstrap}
+           "CELERY_SCHEDULER_TEST_KAFKA": kafka_bootstrap, "CELERY_SCHEDULER_TEST_BROKER": broker_url}
     scheduler = Scheduler(env, execlog, tmp_path)
     result = scheduler.cli("init")
     assert result.returncode == 0, result.stderr

@@ -20,6 +20,19 @@ from tests.services import REPO
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
+# The guarantees hold whatever the Celery broker: these run on Redis and on RabbitMQ (where
+# nothing of the scheduler uses Redis), the others on Redis.
+both_brokers = pytest.mark.parametrize(
+    "broker_url", ["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)], indirect=True)
+
+
+@pytest.fixture
+def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    if getattr(request, "param", "redis") == "rabbitmq":
+        url: str = request.getfixturevalue("rabbitmq_url")
+        return url
+    return f"{redis_url}/1"
+
 
 def utc(timestamp: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc)
@@ -44,6 +57,7 @@ def check_order_and_no_overlap(scheduler: Scheduler) -> dict[str, list[int]]:
     return order
 
 
+@both_brokers
 def test_tasks_run_on_time_in_order_per_ordering_id(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
     scheduler.worker()
@@ -104,6 +118,7 @@ def seqs_in_order(order: dict[str, list[int]], expected: dict[str, int]) -> None
         assert set(ran) == set(range(count)), f"{ordering_id} missed some: {ran}"
 
 
+@both_brokers
 def test_two_dispatchers_two_workers_keep_order_without_overlap(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
     scheduler.dispatcher(wait=False)
@@ -119,6 +134,7 @@ def test_two_dispatchers_two_workers_keep_order_without_overlap(scheduler: Sched
     assert len({s["pid"] for s in scheduler.starts()}) == 2, "both workers took part"
 
 
+@both_brokers
 def test_failing_and_hanging_ordering_ids_do_not_delay_others(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
     scheduler.worker()
@@ -174,6 +190,7 @@ def test_celery_autoretry_defers_to_the_scheduler(scheduler: Scheduler, schedule
     assert runs == [(0, 1), (0, 2), (0, 3), (1, None)]
 
 
+@both_brokers
 def test_same_key_runs_once_and_a_completed_key_never_again(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
     scheduler.worker()
@@ -190,6 +207,7 @@ def test_same_key_runs_once_and_a_completed_key_never_again(scheduler: Scheduler
     assert [s["seq"] for s in scheduler.starts()] == [0, 1]
 
 
+@both_brokers
 def test_cancelled_task_never_runs(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
     scheduler.worker()
@@ -244,6 +262,7 @@ def test_a_stale_copy_of_a_release_never_runs(scheduler: Scheduler, schedule) ->
     assert handle.status().state is State.SUCCEEDED
 
 
+@both_brokers
 def test_sigkilled_dispatcher_loses_nothing(scheduler: Scheduler, schedule) -> None:
     first = scheduler.dispatcher()
     scheduler.worker()
@@ -262,6 +281,31 @@ def test_sigkilled_dispatcher_loses_nothing(scheduler: Scheduler, schedule) -> N
     print(f"release resumed {resumed - killed_at:.1f}s after SIGKILL")
 
 
+@both_brokers
+def test_a_task_whose_worker_was_sigkilled_runs_again_before_the_next_of_its_ordering_id(
+        scheduler: Scheduler, schedule) -> None:
+    scheduler.env["CELERY_SCHEDULER_TEST_LEASE"] = "12"  # released again 12 s after the kill
+    scheduler.dispatcher()
+    victim = scheduler.worker()
+    now = time.time()
+    schedule.record.schedule_at(utc(now + 1), "crash", 1, duration=4.0, scheduled_for=now + 1)
+    schedule.record.schedule_at(utc(now + 2), "crash", 2, scheduled_for=now + 2)
+    scheduler.wait_for_starts(1, timeout=60)
+    victim.kill()  # mid-run: no outcome will come
+    victim.wait()
+    killed = time.time()
+    scheduler.worker()
+
+    wait_until(lambda: len(scheduler.starts()) >= 3, 90, scheduler.starts)
+    starts = scheduler.starts()
+    first = [s["t"] for s in starts if s["seq"] == 1]
+    ends = [e["t"] for e in scheduler.executions() if e["event"] == "end" and e["seq"] == 1]
+    second = [s["t"] for s in starts if s["seq"] == 2]
+    assert len(first) == 2 and first[1] > killed  # run again, after the kill
+    assert ends and second[0] >= ends[0]  # and only then the next task of the ordering id
+
+
+@both_brokers
 def test_rebalance_moves_partitions_without_loss(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
     scheduler.worker()
@@ -395,6 +439,7 @@ def test_dispatcher_metrics_on_prometheus(scheduler: Scheduler, schedule) -> Non
     assert queried <= served, f"the dashboard queries metrics no dispatcher serves: {queried - served}"
 
 
+@both_brokers
 def test_hung_task_is_killed_before_its_lease_ends_and_released_again(
         scheduler: Scheduler, schedule) -> None:
     # lease 10 s: the release carries a hard time limit of 5 s, enforced by the prefork pool

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +21,12 @@ import pytest
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
 from tests.examples_web import DJANGO_DIR, FLASK_DIR, django_database, django_project, flask_app
-from tests.integration.dispatch_fixtures import Scheduler
-from tests.services import REPO, drop_scheduler
+from tests.integration.dispatch_fixtures import AppProcesses as ExampleProcesses
+from tests.services import drop_scheduler
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.timeout(90)]
 
 TIMEOUT = 45
-
-
-@dataclass
-class ExampleProcesses(Scheduler):
-    """A dispatcher and a worker of one example app, with the example on the import path."""
-
-    app: str = ""
-
-    def celery(self, *args: str, ready: str) -> None:
-        process = self._spawn(args[0], [sys.executable, "-m", "celery", "-A", self.app, *args])
-        self.wait_for_log(process, ready)
-
-    def init(self) -> None:
-        result = self.cli("init")
-        assert result.returncode == 0, result.stderr
-
-    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "celery", "-A", self.app, "scheduler", *args],
-                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
-
-    def start(self, name: str) -> None:
-        self.celery("scheduler", "dispatch", "--loglevel", "INFO", ready="leased partition")
-        self.celery("worker", "--loglevel=INFO", "--pool=solo", "--without-gossip", "--without-mingle",
-                    "--without-heartbeat", "-n", f"{name}@%h", ready="ready.")
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ and worker (Cassandra and Redis are the shared services) run everything schedule
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -88,7 +89,9 @@ def schedule_for(app: Any, seconds: float, calls: Calls, first_seq: int) -> int:
 
 
 def test_a_killed_broker_loses_no_accepted_task_and_scheduling_goes_on(
-        kafka_cluster: KafkaCluster, replicated: Scheduler) -> None:  # noqa: F811
+        kafka_cluster: KafkaCluster, replicated: Scheduler,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="celery_scheduler.kafka")
     topic = replicated.env["CELERY_SCHEDULER_TEST_TOPIC"]
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     victim = check_replication(admin, topic)  # the leader of partition 0: its leadership must move
@@ -120,3 +123,7 @@ def test_a_killed_broker_loses_no_accepted_task_and_scheduling_goes_on(
     for ordering_id in ORDERING_IDS:
         ran = [s["seq"] for s in replicated.starts() if s["o"] == ordering_id]
         assert ran == sorted(ran), f"{ordering_id} out of order: {ran}"
+    # the application's Kafka client said what happened to the broker through Python logging
+    address = kafka_cluster.bootstrap.split(",")[victim - 1]  # broker id N is the Nth address
+    said = [r.getMessage() for r in caplog.records if r.name == "celery_scheduler.kafka"]
+    assert any(address in line for line in said), f"nothing about {address} in {said[:10]}"

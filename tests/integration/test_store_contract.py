@@ -107,7 +107,7 @@ def run_to_success(store: ScheduleStore, task: ScheduleEnvelope) -> StoredTask:
     stored = store.put(0, task, NOW)
     assert stored is not None
     store.mark_released(stored, 1, NOW + 60_000, NOW)
-    store.record_outcome(stored.key, 1, True, None, NOW + 5)
+    store.record_outcome(0, stored.key, 1, True, None, NOW + 5)
     store.finish(stored, State.SUCCEEDED, None, NOW + 6)
     return stored
 
@@ -134,7 +134,7 @@ def test_retry_state_is_kept_on_the_row(store: ScheduleStore) -> None:
     stored = store.put(0, envelope("a", NOW), NOW)
     assert stored is not None
     store.mark_released(stored, 1, NOW + 60_000, NOW)
-    store.record_outcome(stored.key, 1, False, "boom", NOW + 5)
+    store.record_outcome(0, stored.key, 1, False, "boom", NOW + 5)
     status = store.status(stored.key)
     assert status is not None and (status.outcome, status.outcome_attempt) == ("failed", 1)
     store.mark_retry(stored, 1, NOW + 2_000, "boom", NOW + 6)
@@ -271,3 +271,23 @@ def test_statuses_reads_many_keys_in_order(store: ScheduleStore) -> None:
     assert [s.key if s else None for s in statuses] == [second.key, None, first.key]
     assert [s.state if s else None for s in statuses] == [State.PENDING, None, State.RELEASED]
     assert store.statuses([]) == []
+
+
+def test_operator_queries_count_backlog_per_bucket_and_list_an_ordering_id(
+        store: ScheduleStore) -> None:
+    tasks = [envelope("a", NOW + 10_000), envelope("b", NOW + 20_000),
+             envelope("a", NOW + 70_000, "v"), envelope("c", NOW + 200_000)]
+    for task in tasks:
+        assert store.put(5, task, NOW) is not None
+    assert store.bucket_sizes(5, B, B + 1) == {B: 2, B + 1: 1}  # the range is inclusive
+    assert store.bucket_sizes(5, B + 2, B + 10) == {B + 3: 1}
+    assert store.bucket_sizes(6, 0, B + 10) == {}
+    assert store.backlog(5) == (4, NOW + 10_000)
+    assert [row.envelope for row in store.rows_of(5, "a")] == [tasks[0], tasks[2]]
+    stored = store.task(tasks[1].key)
+    assert stored is not None
+    store.finish(stored, State.FAILED, "boom", NOW + 30_000)
+    [failed] = store.statuses_in_state(State.FAILED, 10)
+    assert (failed.key, failed.last_error) == (tasks[1].key, "boom")
+    assert len(store.statuses_in_state(State.PENDING, 10)) == 3
+    assert len(store.statuses_in_state(State.PENDING, 2)) == 2
