@@ -39,6 +39,7 @@ from celery_scheduler.config import Settings
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import State
+from celery_scheduler.worker_advice import warn_on_ready
 
 __all__ = ["Outcome", "OutcomeProducer", "guard_stale_releases", "install_worker_hooks",
            "is_current_release", "outcome_topic", "report"]
@@ -245,5 +246,7 @@ def install_worker_hooks() -> None:
                                                 dispatch_uid="celery_scheduler.flush")
         signals.worker_shutdown.connect(_on_process_shutdown, weak=False,
                                         dispatch_uid="celery_scheduler.flush_main")
+        # settings that make released tasks wait in a worker (see worker_advice)
+        signals.worker_ready.connect(warn_on_ready, weak=False, dispatch_uid="celery_scheduler.advice")
         atexit.register(flush_reports, 5.0)
         _hooks_connected = True

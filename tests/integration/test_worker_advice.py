@@ -1,0 +1,38 @@
+"""A real worker on RabbitMQ warns at start about settings that make released tasks wait."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.rabbitmq
+
+SOLO = "this solo worker prefetches"
+REDUCTION = "worker_enable_prefetch_count_reduction is on"
+
+
+def warnings_of(worker) -> str:
+    # worker_ready is sent just before "ready." is logged; the warning lines precede it
+    deadline = time.monotonic() + 5
+    while "ready." not in worker.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return "\n".join(line for line in worker.log().splitlines() if "celery_scheduler:" in line)
+
+
+def test_a_worker_with_celerys_defaults_is_told_what_to_change(start_worker, rabbitmq_url: str,
+                                                                 unique_name: str) -> None:
+    worker = start_worker("tests.apps.dispatching", unique_name, "--concurrency=2",
+                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url,
+                               "CELERY_SCHEDULER_TEST_PREFETCH_REDUCTION": "1"})
+    logged = warnings_of(worker)
+    assert SOLO in logged and "prefetches 2 messages" in logged, worker.log()
+    assert REDUCTION in logged, worker.log()
+
+
+def test_a_worker_set_up_as_the_readme_says_starts_without_warnings(start_worker, rabbitmq_url: str,
+                                                                       unique_name: str) -> None:
+    worker = start_worker("tests.apps.dispatching", unique_name,
+                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url})
+    assert "ready." in worker.log()
+    assert warnings_of(worker) == "", worker.log()
