@@ -27,10 +27,7 @@ app = Celery("dispatching", broker=BROKER,
 if BROKER.startswith("amqp"):
     # RabbitMQ hands a worker up to prefetch-count messages it then holds while it runs a
     # long task; Celery's advice for long tasks keeps them with the workers that are free.
-    app.conf.update(worker_prefetch_multiplier=1, task_acks_late=True,
-                    # README (Brokers): after a RabbitMQ restart the reduction starves workers
-                    worker_enable_prefetch_count_reduction=bool(
-                        os.environ.get("CELERY_SCHEDULER_TEST_PREFETCH_REDUCTION")))
+    app.conf.update(worker_prefetch_multiplier=1, task_acks_late=True)
 app.conf.update(
     scheduler_kafka_bootstrap_servers=os.environ.get("CELERY_SCHEDULER_TEST_KAFKA", "127.0.0.1:9092"),
     scheduler_kafka_topic=os.environ.get("CELERY_SCHEDULER_TEST_TOPIC", "celery_scheduler_tests"),

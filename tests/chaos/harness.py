@@ -307,7 +307,7 @@ class Run:
         return process
 
     def _start_worker(self) -> subprocess.Popen[bytes]:
-        process = self.cluster.worker()
+        process = self.cluster.worker()  # threads workers on RabbitMQ (see Scheduler.worker)
         self.workers.append(process)
         return process
 

@@ -50,8 +50,8 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"{o.slow_share:.0%} run 50-500 ms, {o.cancel_share:.0%} are cancelled right after their "
         "schedule call returned;",
         f"- {o.dispatchers} dispatchers (`celery -A tests.apps.chaos scheduler dispatch`) and "
-        f"{o.workers} Celery workers (solo pool), 6 partitions, task lease 10 s, partition lease 6 s, "
-        "Kafka session timeout 6 s;",
+        f"{o.workers} Celery workers ({'threads' if o.broker == 'rabbitmq' else 'solo'} pool, one task "
+        "at a time), 6 partitions, task lease 10 s, partition lease 6 s, Kafka session timeout 6 s;",
         f"- own Kafka, Cassandra and {broker} (the Celery broker) on the chaos ports; "
         f"{o.faults_per_kind} fault(s) of each "
         f"kind in a seeded random order on three lanes that run side by side, "

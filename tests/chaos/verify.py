@@ -79,7 +79,7 @@ def verify(facts: RunFacts) -> Verdict:
     tasks = {(t.ordering_id, t.seq): t for t in facts.tasks}
     starts: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     runs: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # o -> (start, end, seq)
-    open_runs: dict[int, dict[str, Any]] = {}  # pid -> its running start (solo pool: one)
+    open_runs: dict[int, dict[str, Any]] = {}  # pid -> its running start (one task at a time per worker)
     for event in sorted(facts.executions, key=lambda e: e["t"]):
         pid = event["pid"]
         if event["event"] == "start":

@@ -73,10 +73,15 @@ class Scheduler:
 
     def worker(self, *extra: str) -> subprocess.Popen[bytes]:
         queue = self.env["CELERY_SCHEDULER_TEST_QUEUE"]
+        # one task at a time per process; on RabbitMQ solo workers take messages only now and
+        # then (README: Brokers), threads ones do not
+        broker = (self.env.get("CELERY_SCHEDULER_TEST_BROKER")
+                  or self.env.get("CELERY_SCHEDULER_CHAOS_BROKER", ""))
+        pool = "threads" if broker.startswith("amqp") else "solo"
         process = self._spawn("worker", [
             # solo takes its prefetch count from --concurrency (by default the CPU count): one
             # message, or a worker busy with a long task holds another that a free one could run
-            self.python, "-m", "celery", "-A", APP, "worker", "--loglevel=INFO", "--pool=solo",
+            self.python, "-m", "celery", "-A", APP, "worker", "--loglevel=INFO", f"--pool={pool}",
             "--concurrency=1", "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", queue,
             "-n", f"{queue}-{len(self.processes)}@%h", *extra])
         self.wait_for_log(process, "ready.")

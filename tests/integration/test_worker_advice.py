@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.rabbitmq
 
 SOLO = "this solo worker prefetches"
-REDUCTION = "worker_enable_prefetch_count_reduction is on"
+SOLO_ON_RABBITMQ = "the solo pool on RabbitMQ"
 
 
 def warnings_of(worker) -> str:
@@ -23,16 +23,15 @@ def warnings_of(worker) -> str:
 def test_a_worker_with_celerys_defaults_is_told_what_to_change(start_worker, rabbitmq_url: str,
                                                                  unique_name: str) -> None:
     worker = start_worker("tests.apps.dispatching", unique_name, "--concurrency=2",
-                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url,
-                               "CELERY_SCHEDULER_TEST_PREFETCH_REDUCTION": "1"})
+                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url})
     logged = warnings_of(worker)
     assert SOLO in logged and "prefetches 2 messages" in logged, worker.log()
-    assert REDUCTION in logged, worker.log()
+    assert SOLO_ON_RABBITMQ in logged, worker.log()
 
 
 def test_a_worker_set_up_as_the_readme_says_starts_without_warnings(start_worker, rabbitmq_url: str,
                                                                        unique_name: str) -> None:
-    worker = start_worker("tests.apps.dispatching", unique_name,
+    worker = start_worker("tests.apps.dispatching", unique_name, "--pool=threads",
                           env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url})
     assert "ready." in worker.log()
     assert warnings_of(worker) == "", worker.log()

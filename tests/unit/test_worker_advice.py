@@ -12,8 +12,7 @@ from celery_scheduler.worker_advice import WorkerSettings, advice, warn_on_ready
 
 
 def settings(**changes: object) -> WorkerSettings:
-    base = {"transport": "redis", "pool": "prefork", "prefetch_count": 8,
-            "prefetch_count_reduction": True}
+    base = {"transport": "redis", "pool": "prefork", "prefetch_count": 8}
     return WorkerSettings(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -33,28 +32,28 @@ def test_a_solo_worker_with_one_message_gets_no_advice() -> None:
     assert advice(settings(pool="solo", prefetch_count=1)) == []
 
 
-def test_prefetch_count_reduction_is_flagged_on_rabbitmq_only() -> None:
-    (text,) = advice(settings(transport="amqp"))
-    assert "worker_enable_prefetch_count_reduction = False" in text
-    assert advice(settings(transport="amqp", prefetch_count_reduction=False)) == []
-    assert advice(settings(transport="redis", prefetch_count_reduction=True)) == []
+def test_the_solo_pool_is_flagged_on_rabbitmq_only() -> None:
+    (text,) = advice(settings(transport="amqp", pool="solo", prefetch_count=1))
+    assert "--pool=threads" in text and "prefork" in text
+    for pool in ("prefork", "threads"):
+        assert advice(settings(transport="amqp", pool=pool)) == []
+    assert advice(settings(transport="redis", pool="solo", prefetch_count=1)) == []
 
 
-def consumer(broker: str, prefetch: int, reduction: bool, pool_module: str) -> SimpleNamespace:
+def consumer(broker: str, prefetch: int, pool_module: str) -> SimpleNamespace:
     app = Celery("advice", broker=broker)
-    app.conf.worker_enable_prefetch_count_reduction = reduction
     pool = type("TaskPool", (), {"__module__": pool_module})()
     return SimpleNamespace(app=app, connection=app.connection_for_read(), pool=pool,
                            initial_prefetch_count=prefetch)
 
 
 def test_the_ready_handler_reads_a_consumer_and_logs_each_warning(caplog: pytest.LogCaptureFixture) -> None:
-    sender = consumer("amqp://guest@127.0.0.1:1//", 2, True, "celery.concurrency.solo")
-    assert WorkerSettings.of(sender) == WorkerSettings("amqp", "solo", 2, True)
+    sender = consumer("amqp://guest@127.0.0.1:1//", 2, "celery.concurrency.solo")
+    assert WorkerSettings.of(sender) == WorkerSettings("amqp", "solo", 2)
     with caplog.at_level(logging.WARNING, logger="celery_scheduler.worker"):
         warn_on_ready(sender=sender)
-    assert len(caplog.records) == 2, caplog.text
+    assert len(caplog.records) == 2, caplog.text  # the prefetch count, solo on RabbitMQ
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="celery_scheduler.worker"):
-        warn_on_ready(sender=consumer("redis://127.0.0.1:1/0", 1, True, "celery.concurrency.solo"))
+        warn_on_ready(sender=consumer("redis://127.0.0.1:1/0", 1, "celery.concurrency.solo"))
     assert caplog.records == []
