@@ -11,7 +11,7 @@ is late by as long as it waits there. These Celery settings cause that without a
 - **the solo pool on RabbitMQ.** After a RabbitMQ restart a solo worker reconnects but
   takes messages only now and then, for tens of seconds, where prefork and threads workers
   take them at once. In the quick chaos run on RabbitMQ, solo workers started tasks 69 s
-  late at the median (p99 93 s), threads workers 0.01 s (p99 14 s); README: Brokers.
+  late at the median (p99 93 s), threads workers 0.03 s (p99 22 s); README: Brokers.
 
 :func:`advice` is a pure function of the worker's settings; :func:`warn_on_ready` is the
 ``worker_ready`` signal handler that logs what it returns.
