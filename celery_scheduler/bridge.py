@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from kombu.utils.json import loads as _kombu_loads
 
+from celery_scheduler.confirms import Confirms, supports_confirms
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
@@ -36,6 +37,9 @@ LEASE_MARGIN_SECONDS = 5.0
 CELERY_RETRIES_EXHAUSTED = 2**31 - 1
 # Longest argument text a released message shows (Celery's own default for argsrepr).
 ARGS_REPR_LIMIT = 1024
+# How long a step waits for RabbitMQ to confirm its releases; the unconfirmed ones are then
+# uncertain (released again when their lease ends).
+CONFIRM_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,10 @@ def _uncertain(exc: Exception) -> ReleaseUncertainError:
     return error
 
 
+def _refused() -> ReleaseNotSentError:
+    return ReleaseNotSentError("RabbitMQ refused the message (basic.nack): it did not take it")
+
+
 def _not_sent(exc: Exception) -> ReleaseNotSentError:
     error = ReleaseNotSentError(f"no connection to the broker: {exc!r}")
     error.__cause__ = exc
@@ -168,20 +176,28 @@ def _not_sent(exc: Exception) -> ReleaseNotSentError:
 
 
 class Publisher:
-    """Publishes releases through one producer from the app's pool, kept between calls.
+    """Publishes releases through one producer, kept between calls.
 
-    Used from one thread (the release engine's). After a failure the producer goes back to
-    the pool and the next call takes a fresh one.
+    On RabbitMQ (py-amqp) the producer has a connection and channel of its own, in confirm
+    mode (see ``confirms``): a release counts as sent once RabbitMQ confirmed it. On other
+    brokers it comes from the app's producer pool. Used from one thread (the release
+    engine's). After a failure the producer is let go and the next call takes a fresh one.
     """
 
     def __init__(self, app: Any, lease_seconds: float) -> None:
         self.app = app
         self.lease_seconds = lease_seconds
         self._producer: Any = None
+        self._confirms: Confirms | None = None  # set while the producer is our RabbitMQ one
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
 
     def publish(self, envelope: ScheduleEnvelope, release: Release) -> None:
         producer = self._in_use()
+        if self._confirms is not None:
+            (error,) = self._publish_confirmed(producer, [(envelope, release)])
+            if error is not None:
+                raise error
+            return
         try:
             publish(self.app, envelope, release, self.lease_seconds, producer=producer,
                     declared=self._declared)
@@ -193,18 +209,21 @@ class Publisher:
         """Publish *items* in order, in one round trip where the broker allows it.
 
         Each result is None (sent), ``ReleaseNotSentError`` (certainly not sent: there was
-        no connection) or ``ReleaseUncertainError`` (the connection failed while sending,
-        so the broker may have taken it). With kombu's publish batches (Redis), the
-        messages are sent together when the batch ends, instead of one round trip each; a
-        batch that fails is uncertain as a whole, since kombu cannot say which of them Redis
-        took. Brokers without batches (or a Redis transport set to retry commands, which
-        kombu does not batch) get them one at a time.
+        no connection, or RabbitMQ refused it) or ``ReleaseUncertainError`` (the connection
+        failed while sending or before RabbitMQ confirmed, so the broker may have taken it).
+        With kombu's publish batches (Redis), the messages are sent together when the batch
+        ends, instead of one round trip each; a batch that fails is uncertain as a whole,
+        since kombu cannot say which of them Redis took. On RabbitMQ they are sent one after
+        the other and confirmed together. Other brokers (or a Redis transport set to retry
+        commands, which kombu does not batch) get them one at a time.
         """
         try:
             producer = self._connected()
         except Exception as exc:
             self.close()
             return [_not_sent(exc)] * len(items)
+        if self._confirms is not None:
+            return self._publish_confirmed(producer, items)
         if not getattr(producer, "supports_batch_publish", False):
             return publish_each(self.publish, items)
         try:
@@ -218,6 +237,28 @@ class Publisher:
             return [_uncertain(exc)] * len(items)
         return [None] * len(items)
 
+    def _publish_confirmed(self, producer: Any, items: list[tuple[ScheduleEnvelope, Release]]
+                           ) -> list[Exception | None]:
+        """Publish *items* without waiting, then wait once for RabbitMQ's confirms of all."""
+        confirms = self._confirms
+        assert confirms is not None
+        tags: list[int] = []
+        for envelope, release in items:
+            try:
+                publish(self.app, envelope, release, self.lease_seconds, producer=producer,
+                        declared=self._declared)
+            except Exception as exc:
+                self.close()
+                rest = len(items) - len(tags) - 1
+                return [_uncertain(exc)] * (len(tags) + 1) + [_not_sent(exc)] * rest
+            tags.append(confirms.published())
+        try:
+            taken = confirms.wait(tags, CONFIRM_TIMEOUT_SECONDS)
+        except Exception as exc:
+            self.close()
+            return [_uncertain(exc)] * len(items)
+        return [None if taken[tag] else _refused() for tag in tags]
+
     def _connected(self) -> Any:
         """The producer in use; a new one's connection is proven by a round trip first.
 
@@ -227,7 +268,7 @@ class Publisher:
         """
         fresh = self._producer is None
         producer = self._in_use()
-        if fresh:
+        if fresh and self._confirms is None:
             client = getattr(producer.channel, "client", None)  # Redis: a PING
             if client is not None and hasattr(client, "ping"):
                 client.ping()
@@ -239,10 +280,30 @@ class Publisher:
         # a new connection may reach a broker that lost non-durable queues: declare again
         self._declared = set()
         producer, self._producer = self._producer, None
-        if producer is not None:
+        confirms, self._confirms = self._confirms, None
+        if producer is None:
+            return
+        if confirms is None:
             producer.release()
+            return
+        # our own RabbitMQ connection: its socket is closed without AMQP's close handshake,
+        # which would wait for ever on a broker that stopped answering
+        producer.connection.collect()
 
     def _in_use(self) -> Any:
         if self._producer is None:
+            connection = self.app.connection_for_write()
+            if connection.transport.driver_type == "amqp":
+                try:
+                    connection.ensure_connection(max_retries=1)  # Confirm.Select is a round trip
+                    channel = connection.channel()
+                    if supports_confirms(channel):
+                        self._confirms = Confirms(channel)
+                        self._producer = connection.Producer(channel)
+                        return self._producer
+                except Exception:
+                    connection.collect()
+                    raise
+            connection.release()
             self._producer = self.app.producer_pool.acquire(block=True)
         return self._producer
