@@ -3,6 +3,7 @@
     scripts/chaos --quick                      # ~4 minutes, one fault of every kind
     scripts/chaos --long                       # 130,000 tasks, 30 faults of every kind;
                                                # writes RELIABILITY.md
+    scripts/chaos --long --broker rabbitmq     # writes docs/reliability-rabbitmq.md
     scripts/chaos --quick --mutant commit-before-persist   # must report lost tasks
     scripts/chaos --quick --broker rabbitmq    # Celery on RabbitMQ, with RabbitMQ restarts
 
@@ -91,8 +92,9 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                 unknown & set(SERVICE_FAULTS)) else ""
             parser.error(f"unknown fault kinds {sorted(unknown)}{other}; known: {', '.join(known)}")
         changes["kinds"] = kinds
-    if args.long and args.report is None:
-        args.report = REPO / "RELIABILITY.md"
+    if args.long and args.report is None:  # the long run of each broker has its page
+        args.report = REPO / ("RELIABILITY.md" if args.broker == "redis"
+                              else f"docs/reliability-{args.broker}.md")
     return replace(options, **changes), args  # type: ignore[arg-type]
 
 
