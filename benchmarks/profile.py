@@ -65,7 +65,7 @@ from celery_scheduler.dispatcher.process import engine_settings  # noqa: E402
 from celery_scheduler.dispatcher.timetable import Loaded  # noqa: E402
 from celery_scheduler.envelope import encode  # noqa: E402
 from celery_scheduler.partitioner import partition_for  # noqa: E402
-from celery_scheduler.store.base import Cancel, Put  # noqa: E402
+from celery_scheduler.store.base import Operation, Put  # noqa: E402
 from celery_scheduler.tasklog.kafka import create_topic  # noqa: E402
 
 PARTITIONS = 12
@@ -286,7 +286,7 @@ def profile_backlog(args: argparse.Namespace) -> None:
         with open_store(settings) as loading:
             chunk = 2000
             for start in range(0, args.count, chunk):
-                operations: list[Put | Cancel] = []
+                operations: list[Operation] = []
                 for i in range(start, min(args.count, start + chunk)):
                     # tasks of one ordering id one millisecond apart, in seq order
                     envelope = work.build((f"o{i % args.ordering_ids}", i), {},

@@ -112,7 +112,7 @@ def _resolver(spec: KeySpec | None, what: str, binder: Binder, task: str
 
 
 class ScheduleHandle:
-    """What a schedule call returns: the task key, and status/cancel for it."""
+    """What a schedule call returns: the task key, and status, cancel and retry for it."""
 
     def __init__(self, client: SchedulerClient, envelope: ScheduleEnvelope,
                  result: Position | Future[Position], app: Any = None) -> None:
@@ -146,6 +146,12 @@ class ScheduleHandle:
     def cancel(self) -> None:
         """Ask for the task not to run; takes effect unless it was already released."""
         self._client.publish(CancelEnvelope(self.key, self._client.clock()))
+
+    def retry(self) -> None:
+        """Run the task once more after it failed (see :meth:`ScheduledTask.retry`)."""
+        from celery_scheduler.operations import request_retry
+
+        request_retry(self._client, self.key)
 
     def result(self) -> Any:
         """The Celery ``AsyncResult`` of the task's run, for apps with a result backend.
@@ -317,6 +323,16 @@ class ScheduledTask:
         """Cancel the pending task with *key* (from ``handle.key`` or a status listing)."""
         client = self.client
         client.publish(CancelEnvelope(key, client.clock()))
+
+    def retry(self, key: TaskKey) -> None:
+        """Run the failed task with *key* once more (see ``celery ... scheduler retry``).
+
+        Raises :class:`~celery_scheduler.errors.NotRetryableError` if it is not failed, or
+        failed before its task was kept for a retry.
+        """
+        from celery_scheduler.operations import request_retry
+
+        request_retry(self.client, key)
 
 
 def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:

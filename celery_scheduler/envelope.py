@@ -1,6 +1,6 @@
 """The record that travels through Kafka and is stored in Cassandra: a versioned JSON envelope.
 
-Two kinds exist, both keyed by the task key::
+Three kinds exist, all keyed by the task key::
 
     {"v": 1, "type": "schedule", "task": "proj.tasks.remind",
      "key": {"ordering_id": "customer-42", "at": 1893456000000, "unique": "welcome"},
@@ -9,6 +9,11 @@ Two kinds exist, both keyed by the task key::
      "enqueued_at": 1893455000000}
 
     {"v": 1, "type": "cancel", "key": {...}, "enqueued_at": 1893455000000}
+
+    {"v": 1, "type": "retry", "key": {...}, "enqueued_at": 1893455000000}
+
+A retry record re-arms a task that failed (see :meth:`ScheduleStore.retry`); a dispatcher
+older than it sends it to the dead letters as an unknown type.
 
 Arguments are encoded with kombu's JSON, the encoding of Celery's default ``json``
 serializer, so datetimes, UUIDs, Decimals and bytes arrive at the task as they would with
@@ -49,6 +54,7 @@ __all__ = [
     "VERSION",
     "CancelEnvelope",
     "Envelope",
+    "RetryEnvelope",
     "RetryPolicy",
     "ScheduleEnvelope",
     "decode",
@@ -140,7 +146,20 @@ class CancelEnvelope:
                 "enqueued_at": self.enqueued_ms}
 
 
-Envelope = ScheduleEnvelope | CancelEnvelope
+@dataclass(frozen=True)
+class RetryEnvelope:
+    """A request to run the failed task with ``key`` once more (an operator's retry)."""
+
+    key: TaskKey
+    enqueued_ms: int = 0
+    type: str = field(default="retry", init=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "type": "retry", "key": _key_json(self.key),
+                "enqueued_at": self.enqueued_ms}
+
+
+Envelope = ScheduleEnvelope | CancelEnvelope | RetryEnvelope
 
 
 def _key_json(key: TaskKey) -> dict[str, Any]:
@@ -267,7 +286,7 @@ def encode(envelope: Envelope, max_bytes: int | None = None) -> bytes:
 
 _SCHEDULE_FIELDS = frozenset({"v", "type", "task", "key", "args", "kwargs", "options", "retry",
                               "enqueued_at"})
-_CANCEL_FIELDS = frozenset({"v", "type", "key", "enqueued_at"})
+_KEY_ONLY_FIELDS = frozenset({"v", "type", "key", "enqueued_at"})  # cancel and retry
 
 
 def decode(data: bytes) -> Envelope:
@@ -307,11 +326,13 @@ def decode(data: bytes) -> Envelope:
             retry=_decode_retry(document["retry"]),
             enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"),
         )
-    if kind == "cancel":
-        _exact_fields(document, _CANCEL_FIELDS)
-        return CancelEnvelope(key=_decode_key(document["key"]),
-                              enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"))
-    raise EnvelopeDecodeError(f"unknown envelope type {kind!r} (expected 'schedule' or 'cancel')")
+    if kind in ("cancel", "retry"):
+        _exact_fields(document, _KEY_ONLY_FIELDS)
+        kind_of = CancelEnvelope if kind == "cancel" else RetryEnvelope
+        return kind_of(key=_decode_key(document["key"]),
+                       enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"))
+    raise EnvelopeDecodeError(f"unknown envelope type {kind!r} (expected 'schedule', 'cancel' "
+                              "or 'retry')")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

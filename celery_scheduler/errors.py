@@ -9,7 +9,9 @@
     │   ├── InvalidKeyError          ordering id or uniqueness key missing, empty, not a string
     │   ├── ScheduleTimeError        the time is in the past beyond the grace window, or invalid
     │   ├── NotSerializableError     an argument or option cannot be encoded as JSON
-    │   └── EnvelopeTooLargeError    the encoded task is over the size limit
+    │   ├── EnvelopeTooLargeError    the encoded task is over the size limit
+    │   └── NotRetryableError        a retry was asked for a task that is not failed, or
+    │                                that failed before its task was kept for a retry
     ├── EnvelopeDecodeError          bytes from the topic are not a valid envelope
     ├── BrokerError                  the Celery broker did not take a release
     │   ├── ReleaseNotSentError      certainly not sent (no connection): sent again soon
@@ -34,6 +36,7 @@ __all__ = [
     "EnvelopeTooLargeError",
     "InvalidKeyError",
     "NotAScheduledTaskError",
+    "NotRetryableError",
     "NotSerializableError",
     "ReleaseNotSentError",
     "ReleaseUncertainError",
@@ -102,6 +105,15 @@ class ReleaseUncertainError(BrokerError):
 
     The dispatcher treats such a release as sent: it waits for its outcome, or for its
     lease to end, before releasing the key again, so two copies of it never run at once.
+    """
+
+
+class NotRetryableError(ScheduleError):
+    """A retry was asked for a task key that is not failed, or that cannot run again.
+
+    Only a failed key can be retried: a pending or released one runs anyway, a succeeded
+    or cancelled one is final. A key that failed before its task was kept for a retry
+    (written by an older version) must be scheduled again under a new key.
     """
 
 

@@ -1,9 +1,10 @@
 """What an operator looks at and repairs: partitions, one task key, dead letters.
 
 Read-only views of the store and the Kafka topics behind ``celery -A proj scheduler status``,
-``inspect`` and ``dead-letters``; the one write is a dead-letter replay, which produces the
-records again to the scheduler topic, through the same partitioner as a schedule call, for
-the dispatchers to read as if they were new (the task key makes a replay idempotent).
+``inspect`` and ``dead-letters``. The two writes go through the scheduler topic like every
+change to the schedule, for the dispatchers to apply: a dead-letter replay produces the
+records again, through the same partitioner as a schedule call (the task key makes a replay
+idempotent), and a retry produces a retry record for a failed key.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from celery_scheduler.client import SchedulerClient
 from celery_scheduler.config import Settings
-from celery_scheduler.envelope import ScheduleEnvelope, decode
-from celery_scheduler.errors import EnvelopeDecodeError, TaskLogUnavailableError
+from celery_scheduler.envelope import RetryEnvelope, ScheduleEnvelope, decode
+from celery_scheduler.errors import EnvelopeDecodeError, NotRetryableError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cursor, ScheduleStore, State, StoredTask, bucket_of
 
 __all__ = ["LISTED_STATES", "DeadLetter", "DueSoon", "PartitionView", "describe_key", "due_soon",
-           "ordering_id_tasks", "partitions", "read_dead_letters", "replay", "tasks_in_state",
-           "waiting_note"]
+           "ordering_id_tasks", "partitions", "read_dead_letters", "replay", "request_retry",
+           "retry_problem", "tasks_in_state", "waiting_note"]
 
 # Group the dispatchers of a topic commit their offsets under.
 DISPATCHER_GROUP_SUFFIX = ".dispatchers"
@@ -140,6 +142,37 @@ def describe_key(store: ScheduleStore, key: TaskKey) -> dict[str, Any] | None:
             "lease_until": _iso(row.lease_until_ms), "blocked": row.blocked,
         })
     return described
+
+
+def retry_problem(store: ScheduleStore, key: TaskKey) -> str | None:
+    """Why *key* cannot be retried, or None if it can (it failed, and its task was kept)."""
+    status = store.status(key)
+    if status is None:
+        return (f"{key} is unknown (never stored, or its status expired after "
+                "scheduler_status_ttl): schedule it again")
+    if status.state is not State.FAILED:
+        what = {State.PENDING: "it is pending and runs when due",
+                State.RELEASED: "it is running (released to Celery)",
+                State.SUCCEEDED: "it succeeded, and a finished key never runs again",
+                State.CANCELLED: "it was cancelled, and a cancel is final"}[status.state]
+        return f"{key} is not failed: {what}"
+    if store.task(key) is None and store.kept_envelope(key) is None:
+        return (f"{key} failed before its task was kept for a retry (a dispatcher older than "
+                "retries failed it): schedule it again under a new uniqueness key")
+    return None
+
+
+def request_retry(client: SchedulerClient, key: TaskKey) -> None:
+    """Ask the dispatchers to run the failed *key* once more; NotRetryableError if it cannot.
+
+    The check reads the store; the retry itself is a record on the scheduler topic, applied
+    by the dispatcher that owns the key's partition (see :meth:`ScheduleStore.retry`). A
+    blocked key's ordering id moves on once the retried attempt succeeds.
+    """
+    problem = retry_problem(client.store, key)
+    if problem is not None:
+        raise NotRetryableError(problem)
+    client.publish(RetryEnvelope(key, client.clock()))
 
 
 def ordering_id_tasks(store: ScheduleStore, partitions: int, ordering_id: str,

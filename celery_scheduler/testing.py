@@ -47,7 +47,7 @@ from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.dispatcher.process import engine_settings
 from celery_scheduler.dispatcher.timetable import Loaded
-from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, decode
+from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.store.base import State
@@ -214,7 +214,8 @@ class SchedulerTesting:
 
     def records(self) -> list[ScheduleEnvelope | CancelEnvelope]:
         """Every schedule and cancel record, in the order each partition received them."""
-        return [decode(value) for _, value in self.task_log.records()]
+        return [record for record in (decode(value) for _, value in self.task_log.records())
+                if not isinstance(record, RetryEnvelope)]
 
     def pending(self) -> list[ScheduleEnvelope]:
         """Tasks that would still run: latest record per key, minus cancelled and finished."""

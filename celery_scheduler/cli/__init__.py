@@ -9,6 +9,7 @@
     celery -A proj scheduler status ORDERING_ID AT UNIQUENESS_KEY
     celery -A proj scheduler inspect ORDERING_ID AT UNIQUENESS_KEY
     celery -A proj scheduler cancel ORDERING_ID AT UNIQUENESS_KEY
+    celery -A proj scheduler retry ORDERING_ID AT UNIQUENESS_KEY   # a failed or blocked key
     celery -A proj scheduler dead-letters list [--reason TEXT]
     celery -A proj scheduler dead-letters replay [--reason TEXT]
     celery -A proj scheduler serve                 # the web console and HTTP API
@@ -150,6 +151,18 @@ def cancel(ctx: click.Context, key: TaskKey) -> None:
     except SchedulerError as exc:
         _fail(exc)
     click.echo(f"{key}: cancel requested")
+
+
+@_key_command
+def retry(ctx: click.Context, key: TaskKey) -> None:
+    """Run the failed task key once more; a blocked ordering id moves on once it succeeds."""
+    from celery_scheduler.operations import request_retry
+
+    try:
+        request_retry(get_client(_app(ctx)), key)
+    except SchedulerError as exc:
+        _fail(exc)
+    click.echo(f"{key}: retry requested")
 
 
 @scheduler.command()

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 from celery_scheduler.errors import StoreUnavailableError
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import Cancel, Put
+from celery_scheduler.store.base import Cancel, Operation
 
 __all__ = ["Claims"]
 
@@ -41,7 +41,7 @@ class Claims:
         self._cancels: dict[TaskKey, int] = {}  # key -> partition, until the engine notes it
 
     @contextmanager
-    def ingesting(self, operations: Sequence[Put | Cancel]) -> Iterator[None]:
+    def ingesting(self, operations: Sequence[Operation]) -> Iterator[None]:
         """Hold the keys of *operations* while the ingest loop reads and writes them.
 
         Waits while the engine marks any of them released; a marking that takes longer than

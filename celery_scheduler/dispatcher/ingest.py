@@ -31,13 +31,13 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.envelope import CancelEnvelope, Envelope, ScheduleEnvelope, decode
+from celery_scheduler.envelope import CancelEnvelope, Envelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.signing import Signer
-from celery_scheduler.store.base import Cancel, Put, ScheduleStore, StoredTask
+from celery_scheduler.store.base import Cancel, Operation, Put, Retry, ScheduleStore, StoredTask
 from celery_scheduler.tasklog.base import TaskLogReader
 
 __all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record",
@@ -197,7 +197,7 @@ class Ingest:
         last: dict[int, Record] = {}
         unleased: dict[int, Record] = {}
         writable: dict[int, bool] = {}
-        rounds: list[dict[object, Put | Cancel]] = []
+        rounds: list[dict[object, Operation]] = []
         for message in messages:
             error = message.error()
             if error is not None:
@@ -214,9 +214,13 @@ class Ingest:
             last[record.partition] = record
             envelope = self._check(record)
             if envelope is not None:
-                operation = (Cancel(record.partition, envelope.key)
-                             if isinstance(envelope, CancelEnvelope)
-                             else Put(record.partition, envelope, record.value))
+                operation: Operation
+                if isinstance(envelope, CancelEnvelope):
+                    operation = Cancel(record.partition, envelope.key)
+                elif isinstance(envelope, RetryEnvelope):
+                    operation = Retry(record.partition, envelope.key)
+                else:
+                    operation = Put(record.partition, envelope, record.value)
                 # First round without this ordering id: records of one ordering id take
                 # effect in Kafka order, so a batch that fails half-way never leaves a later
                 # task stored without an earlier one (which the engine could then run first).
@@ -283,7 +287,7 @@ class Ingest:
             return None
         return envelope
 
-    def _apply(self, operations: list[Put | Cancel]) -> None:
+    def _apply(self, operations: list[Operation]) -> None:
         # Each key's status is read, then written from what was read: the engine must not
         # mark any of them released in between (see claims.py).
         with self.engine.claims.ingesting(operations):
@@ -294,7 +298,12 @@ class Ingest:
                     logger.info("cancelled %s", operation.key)
                     self.engine.metrics.cancelled()
                 self.engine.cancelled(operation.key)
+            elif isinstance(operation, Retry) and result is None:
+                logger.warning("not retrying %s: it is not failed, or failed before its task "
+                               "was kept for a retry", operation.key)
             elif isinstance(result, StoredTask):
+                if isinstance(operation, Retry):
+                    logger.info("retrying %s after attempt %d", operation.key, result.attempts)
                 self.persisted_count += 1
                 self.engine.metrics.persisted()
                 self.engine.persisted(result)

@@ -119,6 +119,7 @@ class Dispatcher:
             "Kafka", lambda: topic_partitions(metadata, s.kafka_topic, s.kafka_produce_timeout),
             deadline, self.stopping)
         self.store = when_available("Cassandra", lambda: open_store(s), deadline, self.stopping)
+        self.store.check_schema()  # a keyspace made by an older version: run init first
         self.metrics = metrics or Metrics()
         self.publisher = bridge.Publisher(app, s.lease_seconds)  # the engine thread's only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_scheduler.config import Settings
-from celery_scheduler.envelope import CancelEnvelope, decode
+from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError
 from celery_scheduler.store.base import State
 
@@ -48,6 +48,8 @@ def _keys(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
             envelope = decode(row["value"])
         except EnvelopeDecodeError:
             continue  # a dead letter: not accepted by a dispatcher, not the audit's concern
+        if isinstance(envelope, RetryEnvelope):
+            continue  # an operator's retry of a key whose schedule record is counted
         key = envelope.key
         yield (key.ordering_id, key.scheduled_ms, key.uniqueness_key, row["partition"],
                row["offset"], isinstance(envelope, CancelEnvelope))

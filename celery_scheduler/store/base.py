@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
-__all__ = ["Cancel", "Cursor", "Lease", "Put", "ScheduleStore", "State", "StoredTask", "TaskStatus",
-           "bucket_of", "settled_state", "write_bucket"]
+__all__ = ["Cancel", "Cursor", "Lease", "Operation", "Put", "Retry", "ScheduleStore", "State",
+           "StoredTask", "TaskStatus", "bucket_of", "settled_state", "write_bucket"]
 
 
 class State(str, enum.Enum):
@@ -117,6 +117,17 @@ class Cancel:
     key: TaskKey
 
 
+@dataclass(frozen=True)
+class Retry:
+    """Run the failed *key* once more (see :meth:`ScheduleStore.retry`)."""
+
+    partition: int
+    key: TaskKey
+
+
+Operation = Put | Cancel | Retry
+
+
 def bucket_of(scheduled_ms: int, bucket_seconds: int) -> int:
     """The time bucket a scheduled time falls in (buckets are *bucket_seconds* wide)."""
     return scheduled_ms // (bucket_seconds * 1000)
@@ -159,6 +170,9 @@ class ScheduleStore(abc.ABC):
     def create_schema(self) -> None:
         """Create the keyspace and tables if they do not exist (idempotent)."""
 
+    def check_schema(self) -> None:
+        """Raise :class:`SchemaMissingError` if the store lacks something this version writes."""
+
     # --- the schedule call's side (dispatcher ingest) ----------------------------------------
 
     @abc.abstractmethod
@@ -178,15 +192,39 @@ class ScheduleStore(abc.ABC):
     def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
         """Remove a pending (or blocked) task and mark it cancelled; False if there was none."""
 
-    def apply(self, operations: list[Put | Cancel], now_ms: int) -> list[StoredTask | bool | None]:
-        """Apply puts and cancels of distinct keys, concurrently where the store can.
+    @abc.abstractmethod
+    def retry(self, partition: int, key: TaskKey, now_ms: int) -> StoredTask | None:
+        """Make the failed *key* pending again; None if it is not failed or cannot run again.
 
-        Returns, per operation, what :meth:`put` or :meth:`cancel` would have returned.
+        A task blocked after its last attempt gets its row back unblocked; one that left the
+        schedule gets a new row from the envelope its status kept (None if none was kept:
+        it failed before this version). Its attempts so far stay counted: it is released
+        once more, and if that attempt fails too it is failed (or blocked) again. Its
+        ordering id's order holds as for any pending task: it runs before the later tasks
+        of its ordering id that are still waiting, after any that is running.
+        """
+
+    @abc.abstractmethod
+    def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
+        """The envelope a failed *key*'s status kept for a retry, if any."""
+
+    def apply(self, operations: list[Operation], now_ms: int) -> list[StoredTask | bool | None]:
+        """Apply puts, cancels and retries of distinct keys, concurrently where the store can.
+
+        Returns, per operation, what :meth:`put`, :meth:`cancel` or :meth:`retry` would
+        have returned.
         """
         if len({op.key for op in operations}) != len(operations):
             raise ValueError("apply() takes at most one operation per task key")
-        return [self.put(op.partition, op.envelope, now_ms) if isinstance(op, Put)
-                else self.cancel(op.partition, op.key, now_ms) for op in operations]
+        results: list[StoredTask | bool | None] = []
+        for op in operations:
+            if isinstance(op, Put):
+                results.append(self.put(op.partition, op.envelope, now_ms))
+            elif isinstance(op, Retry):
+                results.append(self.retry(op.partition, op.key, now_ms))
+            else:
+                results.append(self.cancel(op.partition, op.key, now_ms))
+        return results
 
     @abc.abstractmethod
     def status(self, key: TaskKey) -> TaskStatus | None:

@@ -14,6 +14,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from cassandra import (
@@ -53,10 +54,11 @@ from celery_scheduler.errors import (
 )
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import (
-    Cancel,
     Cursor,
     Lease,
+    Operation,
     Put,
+    Retry,
     ScheduleStore,
     State,
     StoredTask,
@@ -65,7 +67,7 @@ from celery_scheduler.store.base import (
     write_bucket,
 )
 from celery_scheduler.store.fencing import FencedTimestamps
-from celery_scheduler.store.schema import check_identifier, keyspace_statements
+from celery_scheduler.store.schema import ADDED_COLUMNS, check_identifier, keyspace_statements
 
 __all__ = ["CassandraScheduleStore", "translate_errors"]
 
@@ -120,6 +122,20 @@ _FINAL_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, sta
                  " USING TTL ?")
 
 
+# A task that failed for good and left the schedule keeps its envelope, for a retry.
+_FAILED_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
+                  " bucket, attempts, last_error, updated_at, envelope)"
+                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+# A retried task: pending again, for good (no TTL), its envelope back in the schedule row.
+_RETRIED_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
+                   " bucket, attempts, last_error, outcome, outcome_attempt, updated_at, envelope)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, null) USING TTL 0")
+_INSERT_ROW = ("INSERT INTO {ks}.schedule (partition, bucket, at, ordering_id, unique_key, task,"
+               " envelope, attempts, not_before, lease_until, blocked)"
+               " VALUES (?, ?, ?, ?, ?, ?, ?, ?, null, null, false)")
+_INDEX_BUCKET = "INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?, ?)"
+
+
 _SELECT_STATUS = ("SELECT state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
                   " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?")
 # Requests in flight at once for bulk reads and writes.
@@ -166,6 +182,17 @@ def _status(key: TaskKey, row: Any) -> TaskStatus | None:
     return TaskStatus(key, State(row.state), row.task, row.partition, row.attempts or 0,
                       row.last_error, _ms(row.updated_at), row.bucket, row.outcome,
                       row.outcome_attempt or 0)
+
+
+def _schedule_envelope(row: Any) -> ScheduleEnvelope | None:
+    """The task in *row*'s ``envelope`` column; None if it has none it could run."""
+    if row is None or row.envelope is None:
+        return None
+    try:
+        envelope = decode(row.envelope)
+    except EnvelopeDecodeError:
+        return None
+    return envelope if isinstance(envelope, ScheduleEnvelope) else None
 
 
 def _consistency(name: str) -> int:
@@ -232,6 +259,27 @@ class CassandraScheduleStore(ScheduleStore):
             for statement in keyspace_statements(self.keyspace, self.replication):
                 self._session.execute(statement, timeout=60)
             self._cluster.control_connection.wait_for_schema_agreement()
+            for table, column, cql_type in self._missing_columns():
+                self._session.execute(f"ALTER TABLE {self.keyspace}.{table} ADD {column} {cql_type}",
+                                      timeout=60)
+            self._cluster.control_connection.wait_for_schema_agreement()
+
+    def _missing_columns(self) -> list[tuple[str, str, str]]:
+        self._cluster.refresh_schema_metadata()
+        keyspace = self._cluster.metadata.keyspaces.get(self.keyspace)
+        tables = keyspace.tables if keyspace is not None else {}
+        return [(table, column, cql_type) for table, column, cql_type in ADDED_COLUMNS
+                if table in tables and column not in tables[table].columns]
+
+    def check_schema(self) -> None:
+        """Raise SchemaMissingError if the keyspace lacks a column this version writes."""
+        with translate_errors("read the schema"):
+            missing = self._missing_columns()
+        if missing:
+            raise SchemaMissingError(
+                f"the scheduler's Cassandra schema lacks column(s) "
+                f"{', '.join(f'{table}.{column}' for table, column, _ in missing)}, added in this "
+                "version; add them with `celery -A <your app> scheduler init` (idempotent)")
 
     def _execute(self, what: str, cql: str, params: tuple[Any, ...],
                  partition: int | None = None) -> Any:
@@ -353,20 +401,52 @@ class CassandraScheduleStore(ScheduleStore):
                 statements.append((_DELETE_ROW, (current.partition, current.bucket, _ts(key.scheduled_ms),
                                                  key.ordering_id, key.uniqueness_key)))
         statements += [
-            ("INSERT INTO {ks}.schedule (partition, bucket, at, ordering_id, unique_key, task,"
-             " envelope, attempts, not_before, lease_until, blocked)"
-             " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, false)",
-             (partition, bucket, _ts(key.scheduled_ms), key.ordering_id, key.uniqueness_key,
-              envelope.task, data if data is not None else encode(envelope))),
+            (_INSERT_ROW, (partition, bucket, _ts(key.scheduled_ms), key.ordering_id,
+                           key.uniqueness_key, envelope.task,
+                           data if data is not None else encode(envelope), 0)),
             ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition, bucket,"
              " attempts, last_error, outcome, outcome_attempt, updated_at)"
              " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, 0, ?)",
              (*self._pk(key), State.PENDING.value, envelope.task, partition, bucket, _ts(now_ms))),
         ]
         if (partition, bucket) not in self._indexed:
-            statements.append(("INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?, ?)",
-                               (partition, bucket)))
+            statements.append((_INDEX_BUCKET, (partition, bucket)))
         return statements, StoredTask(partition, bucket, envelope)
+
+    def _plan_retry(self, partition: int, key: TaskKey, current: TaskStatus | None, now_ms: int
+                    ) -> tuple[_Statements, StoredTask | None]:
+        """Make a failed *key* pending again, with its attempts so far (see ScheduleStore.retry)."""
+        if current is None or current.state is not State.FAILED:
+            return [], None
+        blocked = self.task(key)  # a failed task's row is kept only while it blocks its ordering id
+        if blocked is not None:
+            stored = replace(blocked, not_before_ms=0, lease_until_ms=0, blocked=False)
+            statements: _Statements = [(
+                "UPDATE {ks}.schedule SET blocked = false, not_before = null, lease_until = null"
+                " WHERE partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
+                self._row_pk(stored))]
+        else:
+            envelope = self.kept_envelope(key)
+            if envelope is None:
+                return [], None
+            bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
+            stored = StoredTask(partition, bucket, envelope, attempts=current.attempts)
+            statements = [(_INSERT_ROW, (partition, bucket, _ts(key.scheduled_ms), key.ordering_id,
+                                         key.uniqueness_key, envelope.task, encode(envelope),
+                                         current.attempts))]
+            if (partition, bucket) not in self._indexed:
+                statements.append((_INDEX_BUCKET, (partition, bucket)))
+        statements.append((_RETRIED_STATUS, (
+            *self._pk(key), State.PENDING.value, current.task, stored.partition, stored.bucket,
+            current.attempts, current.last_error, current.outcome, current.outcome_attempt,
+            _ts(now_ms))))
+        return statements, stored
+
+    def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
+        row = self._execute(f"read the kept task of {key}",
+                            "SELECT envelope FROM {ks}.task_status WHERE ordering_id = ? AND at = ?"
+                            " AND unique_key = ?", self._pk(key)).one()
+        return _schedule_envelope(row)
 
     def _plan_cancel(self, key: TaskKey, current: TaskStatus | None, now_ms: int
                      ) -> _Statements:
@@ -406,7 +486,14 @@ class CassandraScheduleStore(ScheduleStore):
             self._batch(f"cancel task {key}", partition, statements)
         return bool(statements)
 
-    def apply(self, operations: list[Put | Cancel], now_ms: int) -> list[StoredTask | bool | None]:
+    def retry(self, partition: int, key: TaskKey, now_ms: int) -> StoredTask | None:
+        statements, stored = self._plan_retry(partition, key, self.status(key), now_ms)
+        if statements:
+            self._batch(f"retry task {key}", partition, statements)
+            self._indexed_now([stored])
+        return stored
+
+    def apply(self, operations: list[Operation], now_ms: int) -> list[StoredTask | bool | None]:
         """Read every key's status concurrently, then write every batch concurrently."""
         if len({op.key for op in operations}) != len(operations):
             raise ValueError("apply() takes at most one operation per task key")
@@ -416,6 +503,9 @@ class CassandraScheduleStore(ScheduleStore):
         for op, current in zip(operations, statuses, strict=True):
             if isinstance(op, Put):
                 statements, stored = self._plan_put(op.partition, op.envelope, current, now_ms, op.data)
+                results.append(stored)
+            elif isinstance(op, Retry):
+                statements, stored = self._plan_retry(op.partition, op.key, current, now_ms)
                 results.append(stored)
             else:
                 statements = self._plan_cancel(op.key, current, now_ms)
@@ -449,13 +539,8 @@ class CassandraScheduleStore(ScheduleStore):
                             " AND ordering_id = ? AND unique_key = ?",
                             (current.partition, current.bucket, _ts(key.scheduled_ms),
                              key.ordering_id, key.uniqueness_key)).one()
-        if row is None or row.envelope is None:
-            return None
-        try:
-            envelope = decode(row.envelope)
-        except EnvelopeDecodeError:
-            return None
-        if not isinstance(envelope, ScheduleEnvelope):
+        envelope = _schedule_envelope(row)
+        if envelope is None:
             return None
         return StoredTask(current.partition, current.bucket, envelope, row.attempts or 0,
                           _ms(row.not_before), _ms(row.lease_until), bool(row.blocked))
@@ -651,12 +736,11 @@ class CassandraScheduleStore(ScheduleStore):
              " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?", self._row_pk(task))
             if keep_row else (_DELETE_ROW, self._row_pk(task)))
         last_error = error if error is not None else (current.last_error if current else None)
-        return [
-            row,
-            (_FINAL_STATUS, (*self._pk(task.key), state.value, task.envelope.task, task.partition,
-                             task.bucket, task.attempts, last_error, _ts(now_ms),
-                             self.status_ttl if not keep_row else 0)),
-        ]
+        values = (*self._pk(task.key), state.value, task.envelope.task, task.partition, task.bucket,
+                  task.attempts, last_error, _ts(now_ms))
+        if state is State.FAILED and not keep_row:  # kept for a retry, as long as the status
+            return [row, (_FAILED_STATUS, (*values, encode(task.envelope), self.status_ttl))]
+        return [row, (_FINAL_STATUS, (*values, self.status_ttl if not keep_row else 0))]
 
     def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
                keep_row: bool = False) -> None:

@@ -38,6 +38,8 @@ class MemoryScheduleStore(ScheduleStore):
         # Rows a dispatch update re-created without their task after a cancel or a completion
         # deleted them, as Cassandra's updates do (see settled_state).
         self._remnants: dict[tuple[int, int], set[TaskKey]] = {}
+        # Envelopes of failed tasks whose rows are gone, kept for a retry.
+        self._kept: dict[TaskKey, ScheduleEnvelope] = {}
         self._lock = threading.Lock()
 
     def create_schema(self) -> None:
@@ -92,6 +94,29 @@ class MemoryScheduleStore(ScheduleStore):
             self._delete_row(current.partition, current.bucket, key)
             self._status[key] = replace(current, state=State.CANCELLED, updated_ms=now_ms)
             return True
+
+    def retry(self, partition: int, key: TaskKey, now_ms: int) -> StoredTask | None:
+        with self._lock:
+            current = self._status.get(key)
+            if current is None or current.state is not State.FAILED:
+                return None
+            row = self._rows.get((current.partition, current.bucket or 0), {}).get(key)
+            if row is not None:  # blocked: its row is kept
+                task = replace(row, not_before_ms=0, lease_until_ms=0, blocked=False)
+            elif key in self._kept:
+                bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
+                task = StoredTask(partition, bucket, self._kept[key], attempts=current.attempts)
+            else:
+                return None
+            self._kept.pop(key, None)
+            self._set_row(task)
+            self._status[key] = replace(current, state=State.PENDING, partition=task.partition,
+                                        bucket=task.bucket, updated_ms=now_ms)
+            return task
+
+    def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
+        with self._lock:
+            return self._kept.get(key)
 
     def status(self, key: TaskKey) -> TaskStatus | None:
         with self._lock:
@@ -181,6 +206,8 @@ class MemoryScheduleStore(ScheduleStore):
                 self._update_row(task, blocked=True, lease_until_ms=0)
             else:
                 self._delete_row(task.partition, task.bucket, task.key)
+                if state is State.FAILED:
+                    self._kept[task.key] = task.envelope
             changes: dict[str, object] = {"state": state, "updated_ms": now_ms}
             if error is not None:
                 changes["last_error"] = error

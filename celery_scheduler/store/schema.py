@@ -3,7 +3,8 @@
 ``schedule`` holds pending tasks as wide rows per (Kafka partition, time bucket), clustered
 by time then key, so a dispatcher reads its partitions forward in time one bucket at a
 time. ``task_status`` holds one row per task key; finished rows expire after
-``scheduler_status_ttl`` seconds.
+``scheduler_status_ttl`` seconds. A failed task's row keeps its envelope (unless its
+schedule row is kept, blocked), so ``scheduler retry`` can run it again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from typing import Any
 
 from celery_scheduler.errors import ConfigurationError
 
-__all__ = ["check_identifier", "keyspace_statements"]
+__all__ = ["ADDED_COLUMNS", "check_identifier", "keyspace_statements"]
+
+# Columns added to tables after their first release, as (table, column, CQL type): ``init``
+# adds them to a keyspace created before, and a dispatcher refuses to start without them.
+# task_status.envelope: a failed task's envelope, kept so that an operator can retry it.
+ADDED_COLUMNS = (("task_status", "envelope", "blob"),)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
@@ -86,6 +92,7 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             outcome text,
             outcome_attempt int,
             updated_at timestamp,
+            envelope blob,
             PRIMARY KEY ((ordering_id, at, unique_key))
         )""",
         # who may release a partition: written only with lightweight transactions

@@ -27,6 +27,7 @@ from celery_scheduler import __version__
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import (
     NotAScheduledTaskError,
+    NotRetryableError,
     ScheduleError,
     SchedulerError,
     ScheduleStoreError,
@@ -39,6 +40,8 @@ __all__ = ["create_app"]
 def _status(exc: SchedulerError) -> int:
     if isinstance(exc, NotAScheduledTaskError):
         return 404
+    if isinstance(exc, NotRetryableError):
+        return 409  # the request is fine; the task's state does not allow it
     if isinstance(exc, ScheduleError):
         return 422
     if isinstance(exc, (TaskLogError, ScheduleStoreError)):

@@ -28,6 +28,7 @@ from celery_scheduler.operations import (
     ordering_id_tasks,
     partitions,
     read_dead_letters,
+    request_retry,
     tasks_in_state,
 )
 from celery_scheduler.partitioner import partition_for
@@ -185,6 +186,22 @@ def cancel(ordering_id: OrderingId, at: At, unique: Unique, request: Request) ->
     scheduler = client(request)
     scheduler.publish(CancelEnvelope(key, scheduler.clock()))
     return CancelRequested(key=str(key))
+
+
+class RetryRequested(BaseModel):
+    key: str
+    retry: str = "requested"
+
+
+@router.post("/tasks/{ordering_id}/{at}/{unique}/retry", status_code=202,
+             response_model=RetryRequested, dependencies=[Depends(writer)],
+             responses={409: {"model": Problem, "description": "the task is not failed, or "
+                                                                "cannot run again"}})
+def retry(ordering_id: OrderingId, at: At, unique: Unique, request: Request) -> RetryRequested:
+    """Run a failed task once more; a blocked ordering id moves on once it succeeds."""
+    key = task_key(ordering_id, at, unique)
+    request_retry(client(request), key)
+    return RetryRequested(key=str(key))
 
 
 class PartitionOut(BaseModel):

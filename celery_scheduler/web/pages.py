@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from celery_scheduler.envelope import CancelEnvelope
-from celery_scheduler.errors import SchedulerError
+from celery_scheduler.errors import NotRetryableError, SchedulerError
 from celery_scheduler.operations import (
     DueSoon,
     describe_key,
@@ -24,6 +24,7 @@ from celery_scheduler.operations import (
     ordering_id_tasks,
     partitions,
     read_dead_letters,
+    request_retry,
     tasks_in_state,
     waiting_note,
 )
@@ -225,8 +226,13 @@ def attention(request: Request, token: Token = None) -> Response:
     for task in failed:
         path = "/".join(quote(task[name], safe="") for name in ("ordering_id", "at", "unique"))
         blocked = task["note"].startswith("blocked")
-        button = (f"<form method='post' action='/tasks/{html.escape(path)}/cancel'>"
-                  "<button>Cancel</button></form>" if writer and blocked else "")
+        button = ""
+        if writer:
+            button = (f"<form method='post' action='/tasks/{html.escape(path)}/retry'>"
+                      "<button>Retry</button></form>")
+            if blocked:
+                button += (f"<form method='post' action='/tasks/{html.escape(path)}/cancel'>"
+                           "<button>Cancel</button></form>")
         cells = [task["at"], task["task"], task["attempts"], task["note"], task["last_error"] or ""]
         lines.append(f"<tr><td><a href='/tasks/{html.escape(path)}'>{html.escape(task['ordering_id'])}"
                      f" #{html.escape(task['unique'])}</a></td>"
@@ -235,8 +241,8 @@ def attention(request: Request, token: Token = None) -> Response:
     head = "".join(f"<th>{h}</th>" for h in ("task key", "at", "task", "attempts", "note",
                                             "last error", ""))
     body = (f"<p>{len(failed)} failed task(s) whose status is still kept; a blocked one holds "
-            "every later task of its ordering id until it is cancelled"
-            + ("" if writer else " (a write token shows the cancel buttons)") + ".</p>"
+            "every later task of its ordering id until it is retried and succeeds, or is cancelled"
+            + ("" if writer else " (a write token shows the retry and cancel buttons)") + ".</p>"
             f"<table id='failed'><tr>{head}</tr>{''.join(lines)}</table>")
     return _kept(_page("Failed and blocked", body), token)
 
@@ -252,6 +258,21 @@ def cancel_from_page(ordering_id: str, at: str, unique: str, request: Request) -
         scheduler.publish(CancelEnvelope(task_key(ordering_id, at, unique), scheduler.clock()))
     except SchedulerError as exc:
         return _page("Cancel", f"<p>{html.escape(str(exc))}</p>", status=503)
+    return RedirectResponse("/attention", status_code=303)
+
+
+@router.post("/tasks/{ordering_id}/{at}/{unique}/retry")
+def retry_from_page(ordering_id: str, at: str, unique: str, request: Request) -> Response:
+    """The retry button: needs the write token in the cookie; back to the list after."""
+    if not _may_write(request):
+        return _page("Retry", "<p>Retrying needs a write token of "
+                              "<code>scheduler_api_tokens</code>.</p>", status=403)
+    try:
+        request_retry(client(request), task_key(ordering_id, at, unique))
+    except NotRetryableError as exc:
+        return _page("Retry", f"<p>{html.escape(str(exc))}</p>", status=409)
+    except SchedulerError as exc:
+        return _page("Retry", f"<p>{html.escape(str(exc))}</p>", status=503)
     return RedirectResponse("/attention", status_code=303)
 
 

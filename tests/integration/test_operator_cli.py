@@ -1,5 +1,6 @@
 """The operator's commands against the real Kafka, Cassandra, a dispatcher and a worker:
-``status`` (every partition), ``inspect`` (one key), ``dead-letters list`` and ``replay``."""
+``status`` (every partition), ``inspect`` (one key), ``list``, ``retry``, ``dead-letters
+list`` and ``replay``."""
 
 from __future__ import annotations
 
@@ -83,6 +84,63 @@ def test_list_finds_failed_and_released_tasks(scheduler: Scheduler,
     assert table.returncode == 0 and "0 released task(s)" in table.stdout
     both = scheduler.cli("list", "--state", "failed", "--ordering-id", "x")
     assert both.returncode == 2 and "one of --ordering-id and --state" in both.stderr
+
+
+def test_retry_runs_a_blocked_task_again_and_its_ordering_id_moves_on(
+        scheduler: Scheduler, schedule: Callable[..., Any]) -> None:
+    from tests.integration.test_dispatch import wait_for_states
+
+    scheduler.env["CELERY_SCHEDULER_TEST_ON_EXHAUSTED"] = "block"
+    scheduler.dispatcher()
+    scheduler.worker()
+    soon = dt.datetime.now(UTC) + dt.timedelta(seconds=1)
+    blocking = schedule.flaky.schedule_at(soon, "retry-1", 1, 3)  # fails its 3 attempts, then runs
+    after = schedule.record.schedule_at(soon + dt.timedelta(seconds=1), "retry-1", 2)
+    wait_for_states([blocking], State.FAILED, timeout=60)
+    time.sleep(3)  # the later task is due: it must wait behind the blocked one
+    assert [s["seq"] for s in scheduler.starts()] == [1, 1, 1]
+    assert after.status().state is State.PENDING
+
+    refused = scheduler.cli("retry", "retry-1", _at(after.key), "seq-2")
+    assert refused.returncode == 1 and "is not failed: it is pending" in refused.stderr
+    unknown = scheduler.cli("retry", "nobody", _at(after.key), "seq-2")
+    assert unknown.returncode == 1 and "unknown" in unknown.stderr
+
+    retried = scheduler.cli("retry", "retry-1", _at(blocking.key), "seq-1")
+    assert retried.returncode == 0 and "retry requested" in retried.stdout, retried.stderr
+    wait_for_states([blocking, after], State.SUCCEEDED, timeout=60)
+    assert [s["seq"] for s in scheduler.starts()] == [1, 1, 1, 1, 2]  # one more attempt, then on
+    status = blocking.status()
+    assert (status.state, status.attempts) == (State.SUCCEEDED, 4)
+    again = scheduler.cli("retry", "retry-1", _at(blocking.key), "seq-1")
+    assert again.returncode == 1 and "succeeded" in again.stderr
+
+
+def test_a_failed_task_that_was_given_up_is_retried_from_the_api(
+        scheduler: Scheduler, schedule: Callable[..., Any]) -> None:
+    from fastapi.testclient import TestClient
+
+    from celery_scheduler.web import create_app
+    from tests.integration.test_dispatch import wait_for_states
+
+    scheduler.dispatcher()
+    scheduler.worker()
+    soon = dt.datetime.now(UTC) + dt.timedelta(seconds=1)
+    doomed = schedule.flaky.schedule_at(soon, "retry-2", 1, 3)  # skip policy: gives up after 3
+    wait_for_states([doomed], State.FAILED, timeout=60)
+    client = schedule.record.client
+    writer, reader = "write-token-of-the-retry-test", "read-token-of-the-retry-test"
+    client.settings = client.settings.replace(api_tokens={writer: "write", reader: "read"})
+    http = TestClient(create_app(schedule.app))
+    path = f"/api/v1/tasks/retry-2/{_at(doomed.key)}/seq-1/retry"
+    assert http.post(path, headers={"Authorization": f"Bearer {reader}"}).status_code == 403
+    answer = http.post(path, headers={"Authorization": f"Bearer {writer}"})
+    assert answer.status_code == 202, answer.text
+    wait_for_states([doomed], State.SUCCEEDED, timeout=60)
+    assert [s["seq"] for s in scheduler.starts()] == [1, 1, 1, 1]
+    conflict = http.post(path, headers={"Authorization": f"Bearer {writer}"})
+    assert conflict.status_code == 409
+    assert conflict.json()["error"] == "NotRetryableError" and "succeeded" in conflict.json()["message"]
 
 
 def test_dead_letters_are_listed_and_replayed_into_the_right_partition(

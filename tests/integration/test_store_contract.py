@@ -14,7 +14,16 @@ import pytest
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import SchemaMissingError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import Cancel, Cursor, Put, ScheduleStore, State, StoredTask, bucket_of
+from celery_scheduler.store.base import (
+    Cancel,
+    Cursor,
+    Put,
+    Retry,
+    ScheduleStore,
+    State,
+    StoredTask,
+    bucket_of,
+)
 from celery_scheduler.store.cassandra import CassandraScheduleStore
 from celery_scheduler.store.memory import MemoryScheduleStore
 
@@ -156,6 +165,76 @@ def test_exhausted_task_can_stay_blocked_until_cancelled(store: ScheduleStore) -
     assert status is not None and status.state is State.CANCELLED
 
 
+def fail_after(store: ScheduleStore, task: ScheduleEnvelope, attempts: int, keep_row: bool
+               ) -> StoredTask:
+    """Store *task*, release it *attempts* times, and fail it for good."""
+    stored = store.put(0, task, NOW)
+    assert stored is not None
+    for attempt in range(1, attempts + 1):
+        store.mark_released(stored, attempt, NOW + 60_000, NOW + attempt)
+        stored = StoredTask(stored.partition, stored.bucket, stored.envelope, attempt)
+    store.finish(stored, State.FAILED, "gave up", NOW + 10, keep_row=keep_row)
+    return stored
+
+
+def test_a_blocked_task_retried_is_pending_again_unblocked_with_its_attempts(
+        store: ScheduleStore) -> None:
+    stored = fail_after(store, envelope("a", NOW), 3, keep_row=True)
+    retried = store.retry(0, stored.key, NOW + 20)
+    assert retried is not None
+    assert (retried.bucket, retried.attempts, retried.blocked, retried.lease_until_ms) == (B, 3, False, 0)
+    [row] = store.read(0, Cursor(B), 10)
+    assert (row.key, row.attempts, row.blocked, row.not_before_ms) == (stored.key, 3, False, 0)
+    status = store.status(stored.key)
+    assert status is not None
+    assert (status.state, status.attempts, status.last_error) == (State.PENDING, 3, "gave up")
+    assert store.retry(0, stored.key, NOW + 21) is None  # pending now: nothing to retry
+
+
+def test_a_failed_task_that_left_the_schedule_comes_back_from_its_kept_envelope(
+        store: ScheduleStore) -> None:
+    task = envelope("a", NOW - 600_000, args=["kept", {"n": 1}])
+    stored = fail_after(store, task, 2, keep_row=False)
+    assert store.kept_envelope(stored.key) == task
+    assert store.task(stored.key) is None
+    later = NOW + 3_600_000
+    retried = store.retry(0, stored.key, later)
+    assert retried is not None and retried.envelope == task and retried.attempts == 2
+    assert retried.bucket == bucket_of(later, 60) - 1  # overdue: a recent bucket
+    assert [(r.key, r.attempts) for r in store.read(0, Cursor(retried.bucket), 10)] == [(task.key, 2)]
+    status = store.status(task.key)
+    assert status is not None and (status.state, status.bucket) == (State.PENDING, retried.bucket)
+    # its new attempt fails too: failed again, kept again
+    store.mark_released(retried, 3, later + 60_000, later)
+    store.finish(StoredTask(0, retried.bucket, task, 3), State.FAILED, "again", later + 5)
+    status = store.status(task.key)
+    assert status is not None and (status.state, status.attempts) == (State.FAILED, 3)
+    assert store.kept_envelope(task.key) == task
+
+
+def test_only_failed_tasks_are_retried(store: ScheduleStore) -> None:
+    pending = store.put(0, envelope("p", NOW), NOW)
+    succeeded = run_to_success(store, envelope("s", NOW))
+    cancelled = store.put(0, envelope("c", NOW), NOW)
+    assert pending is not None and cancelled is not None
+    store.cancel(0, cancelled.key, NOW + 1)
+    for key in (pending.key, succeeded.key, cancelled.key, TaskKey("never", NOW, "u")):
+        assert store.retry(0, key, NOW + 2) is None
+    assert [t.key for t in store.read(0, Cursor(B), 10)] == [pending.key]
+    assert store.kept_envelope(succeeded.key) is None
+    results = store.apply([Retry(0, pending.key), Retry(0, succeeded.key)], NOW + 3)
+    assert results == [None, None]
+
+
+def test_a_retried_key_is_not_reset_by_its_schedule_record_read_again(store: ScheduleStore) -> None:
+    stored = fail_after(store, envelope("a", NOW), 2, keep_row=True)
+    [retried] = store.apply([Retry(0, stored.key)], NOW + 20)
+    assert isinstance(retried, StoredTask)
+    assert store.put(0, envelope("a", NOW, args=["other"]), NOW + 21) is None
+    [row] = store.read(0, Cursor(B), 10)
+    assert (row.attempts, row.envelope.args) == (2, ["a"])
+
+
 def test_cancel_removes_a_pending_row(store: ScheduleStore) -> None:
     task = envelope("a", NOW)
     store.put(5, task, NOW)
@@ -231,6 +310,23 @@ def test_missing_schema_is_a_clear_error(cassandra_contact: str) -> None:
         with pytest.raises(SchemaMissingError, match="scheduler init"):
             store.status(TaskKey("a", NOW, "u"))
     finally:
+        store.close()
+
+
+@pytest.mark.cassandra
+def test_a_keyspace_made_before_a_column_was_added_gets_it_from_init(
+        cassandra_contact: str, unique_name: str) -> None:
+    host, port = cassandra_contact.rsplit(":", 1)
+    store = CassandraScheduleStore([host], unique_name, port=int(port), consistency="ONE")
+    try:
+        store.create_schema()
+        store._session.execute(f"ALTER TABLE {unique_name}.task_status DROP envelope")
+        with pytest.raises(SchemaMissingError, match=r"task_status\.envelope.*scheduler init"):
+            store.check_schema()
+        store.create_schema()  # what `scheduler init` runs
+        store.check_schema()
+    finally:
+        store._session.execute(f"DROP KEYSPACE IF EXISTS {unique_name}")
         store.close()
 
 

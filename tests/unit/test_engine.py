@@ -110,6 +110,65 @@ def test_failure_retries_with_backoff_then_gives_up(store: MemoryScheduleStore, 
     assert h.sample("celery_scheduler_in_flight_tasks") == 0
 
 
+def retried(h: Harness, key: TaskKey) -> None:
+    """What the ingest loop does with a retry record of *key*."""
+    stored = h.store.retry(0, key, h.clock())
+    assert stored is not None
+    h.engine.persisted(stored)
+
+
+def test_a_blocked_ordering_id_retried_runs_the_task_once_more_then_moves_on(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock, on_exhausted="block")
+    key, later = h.schedule("a", 0, attempts=1), h.schedule("a", 10)
+    h.step()
+    h.report(key, 1, False)
+    h.step(100)
+    assert h.released == [(key, 1)]  # blocked: the later task waits
+    assert store.status(key).state is State.FAILED
+    retried(h, key)
+    h.step()
+    assert h.released == [(key, 1), (key, 2)]  # one more attempt, counted on
+    h.report(key, 2, True)
+    h.step()
+    assert h.released == [(key, 1), (key, 2), (later, 1)]
+    assert store.status(key).state is State.SUCCEEDED
+
+
+def test_a_retried_attempt_that_fails_blocks_again(store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock, on_exhausted="block")
+    key, later = h.schedule("a", 0, attempts=2), h.schedule("a", 10)
+    for attempt, wait in ((1, 0), (2, 1000)):
+        h.step(wait)
+        h.report(key, attempt, False)
+        h.step()
+    retried(h, key)
+    h.step()
+    h.report(key, 3, False)
+    h.step(5000)
+    assert h.released == [(key, 1), (key, 2), (key, 3)]
+    status = store.status(key)
+    assert (status.state, status.attempts) == (State.FAILED, 3)
+    assert later not in [k for k, _ in h.released]
+
+
+def test_a_failed_task_that_was_given_up_runs_again_when_retried(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)  # on_exhausted="skip"
+    key = h.schedule("a", 0, attempts=1)
+    h.step()
+    h.report(key, 1, False)
+    h.step()
+    assert key not in h.engine.timetable and store.status(key).state is State.FAILED
+    h.step(60_000)
+    retried(h, key)
+    h.step()
+    assert h.released == [(key, 1), (key, 2)]
+    h.report(key, 2, True)
+    h.step()
+    assert store.status(key).state is State.SUCCEEDED
+
+
 def test_stale_outcomes_are_ignored(store: MemoryScheduleStore, clock: Clock) -> None:
     h = Harness(store, clock)
     key = h.schedule("a", 0)
