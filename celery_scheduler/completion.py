@@ -51,6 +51,8 @@ MAX_ERROR_LENGTH = 2000
 # that a worker whose clock runs a little behind the dispatcher's cannot start a copy that
 # overlaps the key's next release.
 STALE_MARGIN_MS = 5_000
+# Request attribute holding when the body of a current release started (epoch ms).
+STARTED = "celery_scheduler_started_ms"
 _installed = threading.Lock()
 _hooks_connected = False
 
@@ -64,20 +66,24 @@ class Outcome:
     attempt: int
     succeeded: bool
     error: str | None
+    started_ms: int = 0  # when the attempt's body started on the worker (0: not reported)
+    finished_ms: int = 0  # when it returned or raised
 
     def encode(self) -> bytes:
         key = self.key
         return json.dumps({"o": key.ordering_id, "t": key.scheduled_ms, "u": key.uniqueness_key,
                            "p": self.partition, "a": self.attempt, "s": self.succeeded,
-                           "x": self.error}, ensure_ascii=False,
-                          separators=(",", ":")).encode("utf-8")
+                           "x": self.error, "b": self.started_ms, "f": self.finished_ms},
+                          ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     @classmethod
     def decode(cls, data: str | bytes) -> Outcome | None:
         try:
             d = json.loads(data)
+            # "b" and "f" are missing from workers of earlier versions
             return cls(TaskKey(str(d["o"]), int(d["t"]), str(d["u"])), int(d["p"]), int(d["a"]),
-                       bool(d["s"]), d["x"] if isinstance(d["x"], str) else None)
+                       bool(d["s"]), d["x"] if isinstance(d["x"], str) else None,
+                       int(d.get("b") or 0), int(d.get("f") or 0))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -167,7 +173,8 @@ def report(task: Any, succeeded: bool, error: str | None) -> None:
     if release is None:
         return
     outcome = Outcome(release.key, release.partition, release.attempt, succeeded,
-                      None if error is None else error[:MAX_ERROR_LENGTH])
+                      None if error is None else error[:MAX_ERROR_LENGTH],
+                      int(getattr(task.request, STARTED, 0) or 0), now_ms())
     try:
         _reporter(get_client(task._get_app()).settings).send(outcome)
     except Exception:  # the dispatcher releases the task again when its lease ends
@@ -215,6 +222,7 @@ def guard_stale_releases(task: Any) -> None:
     def guarded(*args: Any, **kwargs: Any) -> Any:
         if not is_current_release(task):
             raise Ignore()
+        setattr(task.request, STARTED, now_ms())  # reported with the outcome
         return run(*args, **kwargs)
 
     task.run = guarded

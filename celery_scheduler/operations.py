@@ -131,6 +131,9 @@ def describe_key(store: ScheduleStore, key: TaskKey) -> dict[str, Any] | None:
         "partition": status.partition, "attempts": status.attempts,
         "last_error": status.last_error, "updated": _iso(status.updated_ms),
         "outcome": status.outcome, "outcome_attempt": status.outcome_attempt or None,
+        # a finished task's first release, and its last attempt's start and end on the worker
+        "released": _iso(status.released_ms), "started": _iso(status.started_ms),
+        "ended": _iso(status.finished_ms),
     }
     if row is not None:
         envelope = row.envelope

@@ -44,7 +44,7 @@ from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import ReleaseNotSentError, SchedulerError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
-from celery_scheduler.store.base import Lease, ScheduleStore, State, StoredTask, TaskStatus
+from celery_scheduler.store.base import Lease, RunTimes, ScheduleStore, State, StoredTask, TaskStatus
 
 __all__ = ["Engine", "EngineSettings"]
 
@@ -362,6 +362,7 @@ class Engine:
                 unknown.append(outcome)  # not loaded (yet): the store keeps it for the loader
             elif task.awaiting_outcome and outcome.attempt == task.attempts:
                 # also for a task a previous owner released: its outcome frees the ordering id
+                task.started_ms, task.finished_ms = outcome.started_ms, outcome.finished_ms
                 try:
                     self._apply_outcome(task, outcome.succeeded, outcome.error)
                 except SchedulerError:
@@ -372,8 +373,9 @@ class Engine:
         if unknown:
             try:
                 self.store.record_outcomes([(o.partition, o.key, o.attempt, o.succeeded, o.error)
-                                            for o in unknown],
-                                           self.clock())
+                                            for o in unknown], self.clock(),
+                                           {o.key: RunTimes(0, o.started_ms, o.finished_ms)
+                                            for o in unknown})
             except SchedulerError:
                 logger.warning("could not store %d outcome(s); trying again", len(unknown),
                                exc_info=True)
@@ -626,6 +628,8 @@ class Engine:
             assert partition.lease is not None
             attempt = task.attempts + 1
             task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
+            if attempt == 1:
+                task.first_released_ms = now
             task.next_poll_ms = 0
             sending.append((task, Release(task.key, task.partition, attempt, partition.lease.epoch,
                                           lease_until)))
@@ -660,6 +664,8 @@ class Engine:
                        len(failed), failed[0][0].key, failed[0][1])
         for task, _ in failed:  # memory first: the store may be down too
             task.attempts, task.released_ms = task.attempts - 1, 0
+            if task.attempts == 0:
+                task.first_released_ms = 0
             self.timetable.retry_later(task.key, now + 1000)
         for task, error in failed:
             self.store.mark_retry(task.stored, task.attempts, now + 1000, f"broker: {error}", now)
@@ -691,6 +697,7 @@ class Engine:
         """Apply the outcome the worker stored for *task*'s current attempt, if there is one."""
         if status is None or not status.outcome or status.outcome_attempt != task.attempts:
             return False
+        task.started_ms, task.finished_ms = status.started_ms, status.finished_ms
         self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
         return True
 
@@ -760,7 +767,8 @@ class Engine:
         if not self._succeeded:
             return
         tasks = list(self._succeeded.values())
-        self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock())
+        self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock(),
+                               {task.key: task.run for task in tasks})
         self._succeeded.clear()
         for task in tasks:
             if self.timetable.get(task.key) is task:  # not dropped by a revocation meanwhile
@@ -796,7 +804,7 @@ class Engine:
             return
         block = self.settings.on_exhausted == "block"
         self.metrics.finished("failed")
-        self.store.finish(task.stored, State.FAILED, error, now, keep_row=block)
+        self.store.finish(task.stored, State.FAILED, error, now, keep_row=block, run=task.run)
         if block:
             self.timetable.block(task.key)
             logger.error("%s failed %d times; its ordering id is blocked until it is cancelled",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import StoredTask
+from celery_scheduler.store.base import RunTimes, StoredTask
 
 __all__ = ["Loaded", "Timetable"]
 
@@ -35,6 +35,11 @@ class Loaded:
     bucket: int = 0  # where its row is stored
     released_ms: int = 0  # when it was last released (0: not by this process)
     next_poll_ms: int = 0  # when to ask the store about its outcome next
+    # What its status records when it finishes (0: unknown): its first release, if this
+    # process made it, and its last attempt's start and end, as the worker reported them.
+    first_released_ms: int = 0
+    started_ms: int = 0
+    finished_ms: int = 0
 
     @property
     def key(self) -> TaskKey:
@@ -49,6 +54,10 @@ class Loaded:
     def stored(self) -> StoredTask:
         return StoredTask(self.partition, self.bucket, self.envelope, self.attempts,
                           self.not_before_ms, self.lease_until_ms, self.blocked)
+
+    @property
+    def run(self) -> RunTimes:
+        return RunTimes(self.first_released_ms, self.started_ms, self.finished_ms)
 
     @property
     def due_ms(self) -> int:

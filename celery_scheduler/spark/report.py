@@ -7,7 +7,11 @@
 Tables (Parquet, one directory each under the output directory):
 
 - ``lateness``: finished tasks (succeeded or failed) with their scheduled time, when they
-  finished (the status row's last update), the lateness in seconds, task, partition and hour;
+  were first released, when their last attempt started and ended on the worker, when the
+  dispatcher recorded them finished, the lateness in seconds (scheduled to recorded) and its
+  parts (``release_s``: scheduled to first release; ``wait_s``: released to started, the
+  broker and the worker's queue, and any retries; ``run_s``: the last attempt's run),
+  task, partition and hour;
 - ``by_task``: per task name, how many finished, succeeded, failed, were retried, the
   failure and retry rates and lateness percentiles;
 - ``top_errors``: the most frequent last errors of failed or retried tasks;
@@ -17,7 +21,10 @@ Tables (Parquet, one directory each under the output directory):
 
 ``report.html`` shows the same with charts (PNG, inline), so the page is one file to open.
 Lateness here runs from the scheduled time to the completion written to the store, which
-includes the run itself; statuses are kept ``scheduler_status_ttl`` seconds (7 days).
+includes the run itself; its parts show where the time went. A part is missing (null) where
+its times are: tasks finished by an earlier version, or (the first release) released by
+another dispatcher before a takeover. Statuses are kept ``scheduler_status_ttl`` seconds
+(7 days).
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ __all__ = ["Report", "report"]
 
 TOP = 20  # rows of the top-errors, blocked and overdue tables
 QUANTILES = (0.5, 0.9, 0.99)
+# The parts of lateness, in the order they happen, and what the charts call them.
+PARTS = {"release_s": "scheduled to released", "wait_s": "released to started",
+         "run_s": "the run"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,9 @@ class Report:
     retried: int  # finished after more than one attempt
     lateness_p50: float | None  # seconds
     lateness_p99: float | None
+    release_p99: float | None  # scheduled to first release
+    wait_p99: float | None  # first release to the last attempt's start
+    run_p99: float | None  # the last attempt's run
     blocked: int
     overdue: int  # waiting, and due before the report's time
 
@@ -73,12 +86,18 @@ def report(spark: Any, settings: Settings, output: str | Path, *, cassandra_host
     out.mkdir(parents=True, exist_ok=True)
     when = now or dt.datetime.now(dt.timezone.utc)
     status = _table(spark, settings, "task_status", cassandra_host)
+    def seconds(start: str, end: str) -> Any:
+        return F.col(end).cast("double") - F.col(start).cast("double")
+
     finished = (status.filter(F.col("state").isin("succeeded", "failed"))
                 .select("ordering_id", "unique_key", "task", "partition", "state", "attempts",
                         "last_error", F.col("at").alias("scheduled"),
-                        F.col("updated_at").alias("finished"))
-                .withColumn("lateness_s",
-                            F.col("finished").cast("double") - F.col("scheduled").cast("double"))
+                        F.col("released_at").alias("released"), F.col("started_at").alias("started"),
+                        F.col("finished_at").alias("ended"), F.col("updated_at").alias("finished"))
+                .withColumn("lateness_s", seconds("scheduled", "finished"))
+                .withColumn("release_s", seconds("scheduled", "released"))
+                .withColumn("wait_s", seconds("released", "started"))
+                .withColumn("run_s", seconds("started", "ended"))
                 .withColumn("hour", F.date_trunc("hour", F.col("scheduled")))
                 .persist())
     try:
@@ -113,10 +132,12 @@ def report(spark: Any, settings: Settings, output: str | Path, *, cassandra_host
         counts = finished.agg(
             F.count("*").alias("n"), F.sum((F.col("state") == "succeeded").cast("int")).alias("ok"),
             F.sum((F.col("attempts") > 1).cast("int")).alias("retried"),
-            F.percentile_approx("lateness_s", [0.5, 0.99]).alias("q")).first()
+            F.percentile_approx("lateness_s", [0.5, 0.99]).alias("q"),
+            *(F.percentile_approx(part, 0.99).alias(part) for part in PARTS)).first()
         quantiles = counts["q"] or [None, None]
         result = Report(out, counts["n"], counts["ok"] or 0, counts["n"] - (counts["ok"] or 0),
-                        counts["retried"] or 0, quantiles[0], quantiles[1], blocked.count(),
+                        counts["retried"] or 0, quantiles[0], quantiles[1],
+                        counts["release_s"], counts["wait_s"], counts["run_s"], blocked.count(),
                         waiting.count())
         _write_html(result, when, finished, by_task.collect(), errors.collect(),
                     blocked.limit(TOP).collect(), overdue.collect())
@@ -148,6 +169,23 @@ def _charts(finished: Any, by_task: list[Any]) -> list[str]:
         axes.set_xlabel("seconds from the scheduled time to completion")
         axes.set_ylabel("tasks")
         axes.set_title("Lateness of finished tasks")
+        charts.append(_png(figure))
+        pyplot.close(figure)
+    parts = finished.agg(*(F.percentile_approx(part, list(QUANTILES)).alias(part)
+                           for part in PARTS)).first()
+    known = {part: parts[part] for part in PARTS if parts[part]}
+    if known:
+        figure, axes = pyplot.subplots(figsize=(7, 2.5))
+        for offset, (quantile, color) in enumerate(zip(QUANTILES, ("#9ab8ea", "#4a7bd0", "#1f3f7a"),
+                                                       strict=True)):
+            axes.barh([i + offset * 0.27 for i in range(len(known))],
+                      [values[offset] for values in known.values()], height=0.27, color=color,
+                      label=f"p{round(quantile * 100)}")
+        axes.set_yticks([i + 0.27 for i in range(len(known))], [PARTS[part] for part in known])
+        axes.invert_yaxis()
+        axes.set_xlabel("seconds")
+        axes.set_title("Where the lateness goes")
+        axes.legend()
         charts.append(_png(figure))
         pyplot.close(figure)
     hourly = (finished.groupBy("hour").agg(F.percentile_approx("lateness_s", 0.99).alias("p99"),
@@ -193,7 +231,9 @@ table {{ border-collapse: collapse; margin: 1rem 0; }} th, td {{ border: 1px sol
 padding: .3rem .7rem; text-align: left; }} th {{ background: #f2f2f2; }}</style></head><body>
 <h1>celery_scheduler report</h1><p>{html.escape(when.isoformat())}: {result.finished} task(s)
 finished ({result.succeeded} succeeded, {result.failed} failed, {result.retried} after a retry);
-lateness p50 {_seconds(result.lateness_p50)}, p99 {_seconds(result.lateness_p99)};
+lateness p50 {_seconds(result.lateness_p50)}, p99 {_seconds(result.lateness_p99)} (p99 of its
+parts: scheduled to released {_seconds(result.release_p99)}, released to started
+{_seconds(result.wait_p99)}, the run {_seconds(result.run_p99)});
 {result.blocked} blocked; {result.overdue} waiting past their time.</p>
 {''.join(_charts(finished, by_task))}
 <h2>By task</h2>{_rows(["task", "finished", "succeeded", "failed", "failure rate", "retry rate",

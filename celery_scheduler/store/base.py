@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
-__all__ = ["Cancel", "Cursor", "Lease", "Operation", "Put", "Retry", "ScheduleStore", "State",
-           "StoredTask", "TaskStatus", "bucket_of", "settled_state", "write_bucket"]
+__all__ = ["Cancel", "Cursor", "Lease", "Operation", "Put", "Retry", "RunTimes", "ScheduleStore",
+           "State", "StoredTask", "TaskStatus", "bucket_of", "settled_state", "write_bucket"]
 
 
 class State(str, enum.Enum):
@@ -51,6 +52,20 @@ class TaskStatus:
     bucket: int | None = None
     outcome: str | None = None  # "succeeded"/"failed", written by the worker
     outcome_attempt: int = 0  # which release the outcome belongs to
+    # A finished task's times (epoch ms; 0 if unknown): its first release, and the start
+    # and end of its last attempt on the worker.
+    released_ms: int = 0
+    started_ms: int = 0
+    finished_ms: int = 0
+
+
+class RunTimes(NamedTuple):
+    """When a task was first released, and its last attempt started and ended (epoch ms, 0:
+    unknown): what a finished task's status records for the lateness reports."""
+
+    released_ms: int = 0
+    started_ms: int = 0
+    finished_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -298,28 +313,34 @@ class ScheduleStore(abc.ABC):
 
     @abc.abstractmethod
     def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
-               keep_row: bool = False) -> None:
-        """Mark *task* finished (succeeded/failed); delete its row unless *keep_row* (blocked)."""
+               keep_row: bool = False, run: RunTimes | None = None) -> None:
+        """Mark *task* finished (succeeded/failed); delete its row unless *keep_row* (blocked).
 
-    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int) -> None:
+        *run* is what the status records of its times; None keeps the times the status has
+        (an outcome recorded before, see :meth:`record_outcome`)."""
+
+    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int,
+                    runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
         """:meth:`finish` each task without a new error, deleting its row, concurrently where
-        the store can. If it raises, any of them may or may not be finished."""
+        the store can, with its times from *runs*. If it raises, any of them may or may not
+        be finished."""
         for task in tasks:
-            self.finish(task, state, None, now_ms)
+            self.finish(task, state, None, now_ms, run=(runs or {}).get(task.key))
 
     @abc.abstractmethod
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
-                       error: str | None, now_ms: int) -> None:
+                       error: str | None, now_ms: int, run: RunTimes | None = None) -> None:
         """The worker's report of one attempt of a task of *partition* (the dispatcher acts
-        on it)."""
+        on it), with the attempt's start and end in *run*."""
 
     def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None]],
-                        now_ms: int) -> None:
+                        now_ms: int, runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
         """:meth:`record_outcome` for each (partition, key, attempt, succeeded, error),
         concurrently where the store can. If it raises, any of them may or may not be
         recorded."""
         for partition, key, attempt, succeeded, error in outcomes:
-            self.record_outcome(partition, key, attempt, succeeded, error, now_ms)
+            self.record_outcome(partition, key, attempt, succeeded, error, now_ms,
+                                (runs or {}).get(key))
 
     # --- partition leases ------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 import ssl
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +59,7 @@ from celery_scheduler.store.base import (
     Operation,
     Put,
     Retry,
+    RunTimes,
     ScheduleStore,
     State,
     StoredTask,
@@ -116,16 +117,17 @@ def translate_errors(what: str) -> Iterator[None]:
 
 _DELETE_ROW = ("DELETE FROM {ks}.schedule WHERE partition = ? AND bucket = ? AND at = ?"
                " AND ordering_id = ? AND unique_key = ?")
-# A finished task's whole status row is written again so that all of it expires together.
+# A finished task's whole status row is written again so that all of it expires together,
+# with its times (RunTimes).
 _FINAL_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
-                 " bucket, attempts, last_error, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                 " USING TTL ?")
+                 " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at)"
+                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
 
 
 # A task that failed for good and left the schedule keeps its envelope, for a retry.
 _FAILED_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
-                  " bucket, attempts, last_error, updated_at, envelope)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+                  " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at,"
+                  " envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
 # A retried task: pending again, for good (no TTL), its envelope back in the schedule row.
 _RETRIED_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
                    " bucket, attempts, last_error, outcome, outcome_attempt, updated_at, envelope)"
@@ -137,7 +139,8 @@ _INDEX_BUCKET = "INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?
 
 
 _SELECT_STATUS = ("SELECT state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
-                  " updated_at FROM {ks}.task_status WHERE ordering_id = ? AND at = ? AND unique_key = ?")
+                  " updated_at, released_at, started_at, finished_at FROM {ks}.task_status"
+                  " WHERE ordering_id = ? AND at = ? AND unique_key = ?")
 # Requests in flight at once for bulk reads and writes.
 CONCURRENCY = 64
 _Statements = list[tuple[str, tuple[Any, ...]]]
@@ -181,7 +184,13 @@ def _status(key: TaskKey, row: Any) -> TaskStatus | None:
         return None
     return TaskStatus(key, State(row.state), row.task, row.partition, row.attempts or 0,
                       row.last_error, _ms(row.updated_at), row.bucket, row.outcome,
-                      row.outcome_attempt or 0)
+                      row.outcome_attempt or 0, _ms(row.released_at), _ms(row.started_at),
+                      _ms(row.finished_at))
+
+
+def _times(run: RunTimes | None) -> tuple[dt.datetime | None, ...]:
+    """*run*'s times as the status columns take them (null: unknown)."""
+    return tuple(_ts(ms) if ms else None for ms in (run or RunTimes()))
 
 
 def _schedule_envelope(row: Any) -> ScheduleEnvelope | None:
@@ -465,7 +474,7 @@ class CassandraScheduleStore(ScheduleStore):
             (_DELETE_ROW, row_pk),
             (_FINAL_STATUS, (*self._pk(key), State.CANCELLED.value, current.task, current.partition,
                              current.bucket, current.attempts, current.last_error, _ts(now_ms),
-                             self.status_ttl)),
+                             *_times(None), self.status_ttl)),
         ]
 
     def _indexed_now(self, planned: list[StoredTask | None]) -> None:
@@ -678,7 +687,9 @@ class CassandraScheduleStore(ScheduleStore):
             if state is not None and status is not None:
                 statements.append((_FINAL_STATUS, (
                     *self._pk(key), state.value, status.task, partition, bucket, status.attempts,
-                    error or status.last_error, _ts(now_ms), self.status_ttl)))
+                    error or status.last_error, _ts(now_ms),
+                    *_times(RunTimes(status.released_ms, status.started_ms, status.finished_ms)),
+                    self.status_ttl)))
             statement_sets.append((partition, statements))
         self._batches(f"remove {len(remnants)} schedule row(s) without a task", statement_sets)
 
@@ -730,55 +741,62 @@ class CassandraScheduleStore(ScheduleStore):
         return task.attempts > 1 or task.not_before_ms > 0
 
     def _finished(self, task: StoredTask, state: State, error: str | None, current: TaskStatus | None,
-                  now_ms: int, keep_row: bool) -> _Statements:
+                  now_ms: int, keep_row: bool, run: RunTimes | None) -> _Statements:
         row: tuple[str, tuple[Any, ...]] = (
             ("UPDATE {ks}.schedule SET blocked = true, lease_until = null WHERE partition = ?"
              " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?", self._row_pk(task))
             if keep_row else (_DELETE_ROW, self._row_pk(task)))
         last_error = error if error is not None else (current.last_error if current else None)
         values = (*self._pk(task.key), state.value, task.envelope.task, task.partition, task.bucket,
-                  task.attempts, last_error, _ts(now_ms))
+                  task.attempts, last_error, _ts(now_ms), *_times(run))
         if state is State.FAILED and not keep_row:  # kept for a retry, as long as the status
             return [row, (_FAILED_STATUS, (*values, encode(task.envelope), self.status_ttl))]
         return [row, (_FINAL_STATUS, (*values, self.status_ttl if not keep_row else 0))]
 
     def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
-               keep_row: bool = False) -> None:
+               keep_row: bool = False, run: RunTimes | None = None) -> None:
         # the whole status row is written again (see _FINAL_STATUS): keep its last error
         current = self.status(task.key) if error is None and self._may_have_error(task) else None
         self._batch(f"mark {task.key} {state.value}", task.partition,
-                    self._finished(task, state, error, current, now_ms, keep_row))
+                    self._finished(task, state, error, current, now_ms, keep_row, run))
 
-    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int) -> None:
+    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int,
+                    runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
         reading = [task.key for task in tasks if self._may_have_error(task)]
         current = dict(zip(reading, self.statuses(reading), strict=True)) if reading else {}
+        runs = runs or {}
         self._batches(f"mark {len(tasks)} task(s) {state.value}",
                       [(task.partition,
-                        self._finished(task, state, None, current.get(task.key), now_ms, False))
+                        self._finished(task, state, None, current.get(task.key), now_ms, False,
+                                       runs.get(task.key)))
                        for task in tasks])
 
     def _outcome(self, key: TaskKey, attempt: int, succeeded: bool, error: str | None,
-                 now_ms: int) -> tuple[str, tuple[Any, ...]]:
+                 now_ms: int, run: RunTimes | None) -> tuple[str, tuple[Any, ...]]:
+        _, started, finished = _times(run)
         if succeeded:
             return ("UPDATE {ks}.task_status USING TTL ? SET state = ?, outcome = ?,"
-                    " outcome_attempt = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
-                    " AND unique_key = ?",
+                    " outcome_attempt = ?, updated_at = ?, started_at = ?, finished_at = ?"
+                    " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
                     (self.status_ttl, State.SUCCEEDED.value, "succeeded", attempt, _ts(now_ms),
-                     *self._pk(key)))
+                     started, finished, *self._pk(key)))
         return ("UPDATE {ks}.task_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
-                " last_error = ?, updated_at = ? WHERE ordering_id = ? AND at = ?"
-                " AND unique_key = ?",
-                (self.status_ttl, "failed", attempt, error, _ts(now_ms), *self._pk(key)))
+                " last_error = ?, updated_at = ?, started_at = ?, finished_at = ?"
+                " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
+                (self.status_ttl, "failed", attempt, error, _ts(now_ms), started, finished,
+                 *self._pk(key)))
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
-                       error: str | None, now_ms: int) -> None:
+                       error: str | None, now_ms: int, run: RunTimes | None = None) -> None:
         self._execute(f"record the outcome of {key}",
-                      *self._outcome(key, attempt, succeeded, error, now_ms), partition)
+                      *self._outcome(key, attempt, succeeded, error, now_ms, run), partition)
 
     def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None]],
-                        now_ms: int) -> None:
+                        now_ms: int, runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
+        runs = runs or {}
         self._batches(f"record {len(outcomes)} outcome(s)",
-                      [(partition, [self._outcome(key, attempt, succeeded, error, now_ms)])
+                      [(partition, [self._outcome(key, attempt, succeeded, error, now_ms,
+                                                  runs.get(key))])
                        for partition, key, attempt, succeeded, error in outcomes])
 
     def _lwt(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:

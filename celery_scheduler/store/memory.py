@@ -10,6 +10,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import (
     Cursor,
     Lease,
+    RunTimes,
     ScheduleStore,
     State,
     StoredTask,
@@ -92,7 +93,8 @@ class MemoryScheduleStore(ScheduleStore):
             if current.state is State.FAILED and row is None:
                 return False  # failed and gone: nothing to cancel
             self._delete_row(current.partition, current.bucket, key)
-            self._status[key] = replace(current, state=State.CANCELLED, updated_ms=now_ms)
+            self._status[key] = replace(current, state=State.CANCELLED, updated_ms=now_ms,
+                                        released_ms=0, started_ms=0, finished_ms=0)
             return True
 
     def retry(self, partition: int, key: TaskKey, now_ms: int) -> StoredTask | None:
@@ -200,7 +202,7 @@ class MemoryScheduleStore(ScheduleStore):
                                 updated_ms=now_ms)
 
     def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
-               keep_row: bool = False) -> None:
+               keep_row: bool = False, run: RunTimes | None = None) -> None:
         with self._lock:
             if keep_row:
                 self._update_row(task, blocked=True, lease_until_ms=0)
@@ -208,17 +210,20 @@ class MemoryScheduleStore(ScheduleStore):
                 self._delete_row(task.partition, task.bucket, task.key)
                 if state is State.FAILED:
                     self._kept[task.key] = task.envelope
-            changes: dict[str, object] = {"state": state, "updated_ms": now_ms}
+            released, started, finished = run or RunTimes()
+            changes: dict[str, object] = {"state": state, "updated_ms": now_ms, "released_ms": released,
+                                          "started_ms": started, "finished_ms": finished}
             if error is not None:
                 changes["last_error"] = error
             self._update_status(task.key, **changes)
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
-                       error: str | None, now_ms: int) -> None:
+                       error: str | None, now_ms: int, run: RunTimes | None = None) -> None:
         with self._lock:
             changes: dict[str, object] = {
                 "outcome": "succeeded" if succeeded else "failed", "outcome_attempt": attempt,
-                "updated_ms": now_ms}
+                "updated_ms": now_ms, "started_ms": (run or RunTimes()).started_ms,
+                "finished_ms": (run or RunTimes()).finished_ms}
             if succeeded:
                 changes["state"] = State.SUCCEEDED
             else:

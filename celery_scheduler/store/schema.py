@@ -19,8 +19,11 @@ __all__ = ["ADDED_COLUMNS", "check_identifier", "keyspace_statements"]
 
 # Columns added to tables after their first release, as (table, column, CQL type): ``init``
 # adds them to a keyspace created before, and a dispatcher refuses to start without them.
-# task_status.envelope: a failed task's envelope, kept so that an operator can retry it.
-ADDED_COLUMNS = (("task_status", "envelope", "blob"),)
+# task_status.envelope: a failed task's envelope, kept so that an operator can retry it;
+# released_at, started_at, finished_at: when a finished task was first released, and when
+# its last attempt started and ended on the worker (for the Spark report's lateness).
+ADDED_COLUMNS = (("task_status", "envelope", "blob"), ("task_status", "released_at", "timestamp"),
+                 ("task_status", "started_at", "timestamp"), ("task_status", "finished_at", "timestamp"))
 
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
@@ -93,6 +96,9 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             outcome_attempt int,
             updated_at timestamp,
             envelope blob,
+            released_at timestamp,
+            started_at timestamp,
+            finished_at timestamp,
             PRIMARY KEY ((ordering_id, at, unique_key))
         )""",
         # who may release a partition: written only with lightweight transactions

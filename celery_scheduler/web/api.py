@@ -152,6 +152,9 @@ class TaskView(BaseModel):
     updated: str | None = None
     outcome: str | None = None
     outcome_attempt: int | None = None
+    released: str | None = None
+    started: str | None = None
+    ended: str | None = None
     args: str | None = None
     kwargs: str | None = None
     options: dict[str, Any] | None = None

@@ -112,6 +112,10 @@ def test_retry_runs_a_blocked_task_again_and_its_ordering_id_moves_on(
     assert [s["seq"] for s in scheduler.starts()] == [1, 1, 1, 1, 2]  # one more attempt, then on
     status = blocking.status()
     assert (status.state, status.attempts) == (State.SUCCEEDED, 4)
+    # the worker reported when the last attempt ran; inspect shows it
+    assert 0 < status.started_ms <= status.finished_ms <= status.updated_ms
+    inspected = json.loads(scheduler.cli("inspect", "retry-1", _at(blocking.key), "seq-1", "--json").stdout)
+    assert inspected["started"] and inspected["ended"]
     again = scheduler.cli("retry", "retry-1", _at(blocking.key), "seq-1")
     assert again.returncode == 1 and "succeeded" in again.stderr
 

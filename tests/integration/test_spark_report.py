@@ -41,6 +41,16 @@ def test_the_report_counts_what_ran_failed_retried_and_waits(
     assert (made.finished, made.succeeded, made.failed, made.retried) == (15, 13, 2, 5)
     assert made.overdue == 5 and made.blocked == 0  # as seen two days later
     assert made.lateness_p50 is not None and 0 < made.lateness_p50 < 30
+    # the parts: released within seconds of the time, started after, ran for milliseconds
+    assert made.release_p99 is not None and -1 < made.release_p99 < 30
+    assert made.wait_p99 is not None and 0 <= made.wait_p99 < 60
+    assert made.run_p99 is not None and 0 <= made.run_p99 < 5
+    rows = spark.read.parquet(str(tmp_path / "report" / "lateness")).collect()
+    for row in rows:
+        assert row["scheduled"] <= row["released"] <= row["started"] <= row["ended"] <= row["finished"], row
+        assert row["lateness_s"] == pytest.approx(
+            row["release_s"] + row["wait_s"] + row["run_s"]
+            + (row["finished"] - row["ended"]).total_seconds(), abs=0.01)
     by_task = {row["task"]: row for row in spark.read.parquet(str(tmp_path / "report" / "by_task")).collect()}
     assert (by_task["dispatching.record"]["finished"], by_task["dispatching.record"]["failed"]) == (10, 0)
     flaky = by_task["dispatching.flaky"]
@@ -53,5 +63,6 @@ def test_the_report_counts_what_ran_failed_retried_and_waits(
     overdue = spark.read.parquet(str(tmp_path / "report" / "overdue")).collect()
     assert sorted(row["ordering_id"] for row in overdue) == [f"later-{n}" for n in range(5)]
     page = made.html.read_text()
-    assert "15 task(s)" in page and page.count("data:image/png;base64,") >= 2
+    assert "15 task(s)" in page and page.count("data:image/png;base64,") >= 3
+    assert "scheduled to released" in page
     assert "planned failure 3 of 10" in page

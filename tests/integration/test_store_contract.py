@@ -19,6 +19,7 @@ from celery_scheduler.store.base import (
     Cursor,
     Put,
     Retry,
+    RunTimes,
     ScheduleStore,
     State,
     StoredTask,
@@ -119,6 +120,30 @@ def run_to_success(store: ScheduleStore, task: ScheduleEnvelope) -> StoredTask:
     store.record_outcome(0, stored.key, 1, True, None, NOW + 5)
     store.finish(stored, State.SUCCEEDED, None, NOW + 6)
     return stored
+
+
+def test_a_finished_status_records_the_run_times(store: ScheduleStore) -> None:
+    done = store.put(0, envelope("a", NOW), NOW)
+    gave_up = store.put(0, envelope("b", NOW), NOW)
+    assert done is not None and gave_up is not None
+    store.finish_many([done], State.SUCCEEDED, NOW + 9, {done.key: RunTimes(NOW + 1, NOW + 2, NOW + 3)})
+    store.finish(gave_up, State.FAILED, "boom", NOW + 9, run=RunTimes(0, NOW + 4, NOW + 5))
+    status = store.status(done.key)
+    assert status is not None
+    assert (status.released_ms, status.started_ms, status.finished_ms) == (NOW + 1, NOW + 2, NOW + 3)
+    status = store.status(gave_up.key)
+    assert status is not None  # 0: unknown (released by another dispatcher)
+    assert (status.released_ms, status.started_ms, status.finished_ms) == (0, NOW + 4, NOW + 5)
+
+
+def test_an_outcome_recorded_for_later_keeps_its_run_times(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.record_outcomes([(0, stored.key, 1, True, None)], NOW + 5,
+                          {stored.key: RunTimes(0, NOW + 2, NOW + 3)})
+    status = store.status(stored.key)
+    assert status is not None and (status.outcome, status.started_ms, status.finished_ms) == (
+        "succeeded", NOW + 2, NOW + 3)
 
 
 def test_finished_keys_are_never_stored_again(store: ScheduleStore) -> None:

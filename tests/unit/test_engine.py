@@ -90,6 +90,30 @@ def test_releases_when_due_and_next_after_completion(store: MemoryScheduleStore,
     assert store.status(first).state is State.SUCCEEDED
 
 
+def test_a_finished_task_records_its_first_release_and_the_run_the_worker_reported(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    key = h.schedule("a", 100, attempts=2)
+    h.step(150)
+    released = clock.ms
+    h.engine.outcome(Outcome(key, 0, 1, False, "boom", released + 5, released + 7))
+    h.step()
+    h.step(2000)  # retried
+    assert h.released == [(key, 1), (key, 2)]
+    h.engine.outcome(Outcome(key, 0, 2, True, None, clock.ms + 3, clock.ms + 4))
+    h.step()
+    status = store.status(key)
+    assert (status.state, status.released_ms) == (State.SUCCEEDED, released)
+    assert (status.started_ms, status.finished_ms) == (released + 2000 + 3, released + 2000 + 4)
+
+
+def test_outcomes_carry_run_times_and_read_those_of_earlier_workers() -> None:
+    outcome = Outcome(TaskKey("a", NOW, "u"), 3, 1, True, None, NOW + 1, NOW + 2)
+    assert Outcome.decode(outcome.encode()) == outcome
+    older = b'{"o":"a","t":%d,"u":"u","p":3,"a":1,"s":true,"x":null}' % NOW
+    assert Outcome.decode(older) == Outcome(TaskKey("a", NOW, "u"), 3, 1, True, None)
+
+
 def test_failure_retries_with_backoff_then_gives_up(store: MemoryScheduleStore, clock: Clock) -> None:
     h = Harness(store, clock)
     key = h.schedule("a", 0, attempts=2)
@@ -681,10 +705,10 @@ def test_the_window_follows_the_outcome_rate(store: MemoryScheduleStore, clock: 
 class _FlakyFinishStore(MemoryScheduleStore):
     failing = False
 
-    def finish_many(self, tasks, state, now_ms):  # type: ignore[no-untyped-def]
+    def finish_many(self, tasks, state, now_ms, runs=None):  # type: ignore[no-untyped-def]
         if self.failing:
             raise StoreUnavailableError("Cassandra could not mark tasks: down")
-        super().finish_many(tasks, state, now_ms)
+        super().finish_many(tasks, state, now_ms, runs)
 
 
 def test_an_earlier_task_that_finds_no_room_is_not_overtaken_by_a_later_one_loaded(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import types
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -35,7 +35,7 @@ from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryPolicy, ScheduleEnvelope, encode
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import Cursor, State, StoredTask, TaskStatus
+from celery_scheduler.store.base import Cursor, RunTimes, State, StoredTask, TaskStatus
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
 
@@ -120,9 +120,10 @@ class FlakyStore(MemoryScheduleStore):
             raise StoreUnavailableError("timed out after some of the writes")
         super().mark_released_many(releases, now_ms)
 
-    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int) -> None:
+    def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int,
+                    runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
         after = self._flaky()
-        super().finish_many(tasks, state, now_ms)
+        super().finish_many(tasks, state, now_ms, runs)
         if after:
             raise StoreUnavailableError("timed out after the write")
 
