@@ -112,7 +112,7 @@ class _Watch:
                            sorted(self.spent.items(), key=lambda item: -item[1]))
         logger.info("last %.0fs: released %d, %d steps (%d failed); time in %s; %d loaded, %d in "
                     "flight, leases %s", now - self.started, released, self.steps, self.failed,
-                    phases, len(engine.timetable), len(engine.timetable.in_flight()),
+                    phases, len(engine.timetable), engine.timetable.in_flight_count(),
                     sorted(n for n, p in engine.partitions.items() if p.lease is not None))
         self.started, self.spent, self.steps, self.failed = now, {}, 0, 0
 
@@ -306,7 +306,7 @@ class Engine:
         self._store_succeeded()
         self._outcomes_stored()
         watch.lap("release")
-        self.metrics.state(len(self.timetable), len(self.timetable.in_flight()),
+        self.metrics.state(len(self.timetable), self.timetable.in_flight_count(),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
         watch.step_done(self)
 
@@ -417,8 +417,9 @@ class Engine:
                 for position in [row.position] + [t.stored.position for t in later]:
                     partition.loader.rewind(position)
                 partition.loader.dirty = True
-        else:
-            partition.loader.dirty = True  # ahead of the cursor: the next fill reads it
+        elif partition.loader.written_ahead(
+                row, room=self.timetable.count(row.partition) < self.settings.max_loaded):
+            self.timetable.add(loaded_from(row))  # within what is loaded: no need to read it
 
     def _on_cancelled(self, key: TaskKey) -> None:
         self.claims.cancel_noted(key)
@@ -434,7 +435,14 @@ class Engine:
         except SchedulerError:
             return
         if status is None or status.state is State.CANCELLED:
-            self.timetable.remove(key)
+            self._drop(key)
+
+    def _drop(self, key: TaskKey) -> None:
+        """Forget *key* (it will not run here), making room for more of its partition."""
+        task = self.timetable.remove(key)
+        partition = self.partitions.get(task.partition) if task is not None else None
+        if partition is not None:
+            partition.loader.room_freed()
 
     def _revoke(self, request: _Revoke) -> None:
         try:
@@ -706,7 +714,7 @@ class Engine:
         if self._outcome_stored(task, status):
             return True
         if status is not None and (status.state.finished or status.state is State.CANCELLED):
-            self.timetable.remove(task.key)
+            self._drop(task.key)
             return True
         if task.attempts >= self._max_attempts(task):
             self._apply_outcome(task, False, "lease expired without an outcome")
@@ -750,7 +758,7 @@ class Engine:
             # the row it left (see settled_state): a released key is never cancelled
             # otherwise. Releasing it again would run a task reported as cancelled.
             logger.info("%s was settled as cancelled while released; dropping it", task.key)
-            self.timetable.remove(task.key)
+            self._drop(task.key)
             return
         if task.released_ms and now >= task.lease_until_ms:
             if not self.outcomes_current():

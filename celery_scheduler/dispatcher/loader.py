@@ -5,6 +5,14 @@ up to which its rows have been loaded. A fill reads pages forward from the curso
 the bucket index, until the partition has ``max_loaded`` tasks in memory or the cursor
 reaches the look-ahead horizon. Memory therefore stays bounded whatever lies further ahead,
 and a backlog after downtime drains oldest first, a page at a time.
+
+A fill reads only when something may have changed: every row of an owned partition is
+written by this process's ingest loop, which tells the engine about it. A row it writes
+behind the cursor, or ahead of it but within what the last fill read up to, goes straight
+into memory; a fill is needed when there was no room for one, when the horizon moves into
+a new bucket, and, as a safety net for a write no event told of, every
+``SAFETY_REFRESH_MS``. An idle dispatcher therefore reads each partition's schedule once in
+a while rather than every second, and a busy one does not read back what it just wrote.
 """
 
 from __future__ import annotations
@@ -17,6 +25,9 @@ from celery_scheduler.store.base import Cursor, ScheduleStore, StoredTask, bucke
 __all__ = ["PartitionLoader", "loaded_from"]
 
 logger = logging.getLogger(__name__)
+
+# Longest a partition goes without a fill, whatever it was told.
+SAFETY_REFRESH_MS = 10_000
 
 
 def loaded_from(row: StoredTask) -> Loaded:
@@ -37,16 +48,35 @@ class PartitionLoader:
         self.lookahead_ms = lookahead_ms
         self.cursor: Cursor | None = None  # None: not started; find the first indexed bucket
         self.inclusive = False
-        # Reading is needed only when something may have changed: rows written ahead of the
-        # cursor (ingest says so), room freed in memory, or the horizon moving on. A slow
-        # periodic read covers anything else.
+        # Reading is needed only when something may have changed (see the module's doc).
         self.dirty = True
         self.full = False  # the last fill stopped for lack of room, not at the horizon
         self.last_fill_ms = 0
-        self.refresh_ms = 1000
+        self.horizon: int | None = None  # the bucket the last fill read up to
+        self.refresh_ms = SAFETY_REFRESH_MS
+
+    def _horizon(self, now_ms: int) -> int:
+        return bucket_of(now_ms + self.lookahead_ms, self.store.bucket_seconds)
 
     def due_for_fill(self, now_ms: int) -> bool:
-        return self.dirty or now_ms - self.last_fill_ms >= self.refresh_ms
+        return (self.dirty or self.horizon != self._horizon(now_ms)
+                or now_ms - self.last_fill_ms >= self.refresh_ms)
+
+    def written_ahead(self, row: StoredTask, room: bool) -> bool:
+        """*row* was just written ahead of the cursor: whether to put it straight into memory.
+
+        Yes when there is *room*, the last fill read everything up to the horizon, *row* lies
+        within it, and nothing has asked for a fill since (a row that is waiting for one may
+        be an earlier task of *row*'s ordering id, which must be loaded first). Otherwise a
+        fill reads it: the next one if it lies within the horizon, else the one the
+        horizon's move brings.
+        """
+        if self.horizon is not None and row.bucket > self.horizon:
+            return False  # beyond what is loaded: read when the horizon gets there
+        if room and not (self.cursor is None or self.dirty or self.full or self.horizon is None):
+            return True
+        self.dirty = True
+        return False
 
     def room_freed(self) -> None:
         """A task of this partition left memory: read on if the last fill ran out of room.
@@ -72,12 +102,12 @@ class PartitionLoader:
 
     def fill(self, timetable: Timetable, now_ms: int) -> int:
         """Load rows up to the horizon while there is room; return how many were added."""
-        horizon = bucket_of(now_ms + self.lookahead_ms, self.store.bucket_seconds)
+        horizon = self._horizon(now_ms)
         added = 0
-        self.dirty, self.last_fill_ms = False, now_ms
         if self.cursor is None:
             first = self.store.buckets(self.partition, 0, horizon, limit=1)
             if not first:
+                self._filled(now_ms, horizon)
                 return 0
             self.cursor, self.inclusive = Cursor(first[0]), False
         while timetable.count(self.partition) < self.max_loaded:
@@ -94,7 +124,12 @@ class PartitionLoader:
             if not self._next_bucket(horizon, now_ms, emptied=not rows):
                 break
         self.full = timetable.count(self.partition) >= self.max_loaded
+        self._filled(now_ms, horizon)
         return added
+
+    def _filled(self, now_ms: int, horizon: int) -> None:
+        # Only a fill that read to its end counts: one a store error cut short is made again.
+        self.dirty, self.last_fill_ms, self.horizon = False, now_ms, horizon
 
     def _next_bucket(self, horizon: int, now_ms: int, emptied: bool) -> bool:
         assert self.cursor is not None

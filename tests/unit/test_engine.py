@@ -448,6 +448,10 @@ class _RecordingStore(MemoryScheduleStore):
         self.calls.append("read")
         return super().read(*args, **kwargs)  # type: ignore[arg-type]
 
+    def buckets(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("buckets")
+        return super().buckets(*args, **kwargs)  # type: ignore[arg-type]
+
     def finish_many(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         self.calls.append("finish_many")
         return super().finish_many(*args, **kwargs)  # type: ignore[arg-type]
@@ -487,6 +491,61 @@ def test_a_due_task_is_released_before_the_successes_of_the_step_are_recorded(
     assert [c for c in calls if c != "read"] == ["publish b", "finish_many", "publish a"], calls
     assert store.status(done).state is State.SUCCEEDED
     assert h.engine.timetable.is_in_flight(after)
+
+
+def test_a_task_written_within_what_is_loaded_needs_no_schedule_read(clock: Clock) -> None:
+    calls: list[str] = []
+    h = Harness(_RecordingStore(calls), clock)
+    h.schedule("b", 200)
+    h.step()  # leased, and read up to the horizon
+    calls.clear()
+    key = h.schedule("a", 300)  # ahead of the cursor, within the horizon
+    h.step(300)
+    assert h.released[-1] == (key, 1) and not {"read", "buckets"} & set(calls), calls
+
+
+def test_a_task_beyond_the_horizon_is_read_when_the_horizon_reaches_it(clock: Clock) -> None:
+    calls: list[str] = []
+    h = Harness(_RecordingStore(calls), clock)
+    h.step()
+    calls.clear()
+    key = h.schedule("a", 10 * 60_000)  # far ahead
+    for _ in range(5):
+        h.step(1000)
+    assert calls == [] and key not in h.engine.timetable  # nothing to read yet
+    h.step(10 * 60_000 - 5000)  # its bucket is now within the look-ahead
+    assert key in h.engine.timetable
+    h.step(5000)
+    assert h.released == [(key, 1)]
+
+
+def test_an_idle_partition_is_read_again_only_as_a_safety_net(clock: Clock) -> None:
+    calls: list[str] = []
+    h = Harness(_RecordingStore(calls), clock)
+    clock.ms = bucket_of(NOW, 60) * 60_000 + 1000  # early in a bucket: the horizon stays put
+    h.step()
+    calls.clear()
+    for _ in range(9):
+        h.step(1000)
+    assert calls == []  # nothing asked for a read within 9 s
+    h.step(1000)
+    assert calls == ["buckets"]  # the safety refresh (SAFETY_REFRESH_MS) finds no bucket
+
+
+def test_a_task_written_ahead_while_a_read_is_owed_waits_for_it(clock: Clock) -> None:
+    # No room for "a" at +600: a read is owed for it. Room comes back by a cancel, and then
+    # "a" at +700 is written: loading it at once could release it before +600 is read.
+    h = Harness(MemoryScheduleStore(), clock, max_loaded=1)
+    other = h.schedule("x", 500)
+    h.step()
+    first = h.schedule("a", 600)
+    h.step()
+    assert first not in h.engine.timetable  # no room
+    h.store.cancel(0, other, clock())
+    h.engine.cancelled(other)
+    h.schedule("a", 700)
+    h.step(800)
+    assert [key for key, _ in h.released] == [first]
 
 
 class _IngestDuringRead(MemoryScheduleStore):
