@@ -18,6 +18,7 @@ from celery_scheduler.store.base import (
     settled_state,
     write_bucket,
 )
+from celery_scheduler.store.lifecycle import may_cancel, may_retry, plan_put
 
 __all__ = ["MemoryScheduleStore"]
 
@@ -66,18 +67,12 @@ class MemoryScheduleStore(ScheduleStore):
     def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
         key = envelope.key
         with self._lock:
-            current = self._status.get(key)
-            if current is not None and (current.state.finished
-                                        or current.state in (State.RELEASED, State.CANCELLED)):
+            plan = plan_put(partition, key, self._status.get(key), now_ms, self.bucket_seconds)
+            if plan is None:
                 return None
-            if current is not None and current.attempts > 0:
-                return None  # released before, waiting for a retry: keep its dispatch state
-            bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
-            if current is not None and current.state is State.PENDING and current.bucket is not None:
-                if current.partition == partition:
-                    bucket = current.bucket  # in place: see ScheduleStore.put
-                else:
-                    self._delete_row(current.partition, current.bucket, key)
+            if plan.moved_from is not None:
+                self._delete_row(*plan.moved_from, key)
+            bucket = plan.bucket
             task = StoredTask(partition, bucket, envelope)
             self._set_row(task)
             self._status[key] = TaskStatus(key, State.PENDING, envelope.task, partition, 0, None,
@@ -87,8 +82,9 @@ class MemoryScheduleStore(ScheduleStore):
     def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
         with self._lock:
             current = self._status.get(key)
-            if current is None or current.state not in (State.PENDING, State.FAILED):
+            if not may_cancel(current):
                 return False
+            assert current is not None
             row = self._rows.get((current.partition, current.bucket or 0), {}).get(key)
             if current.state is State.FAILED and row is None:
                 return False  # failed and gone: nothing to cancel
@@ -100,8 +96,9 @@ class MemoryScheduleStore(ScheduleStore):
     def retry(self, partition: int, key: TaskKey, now_ms: int) -> StoredTask | None:
         with self._lock:
             current = self._status.get(key)
-            if current is None or current.state is not State.FAILED:
+            if not may_retry(current):
                 return None
+            assert current is not None
             row = self._rows.get((current.partition, current.bucket or 0), {}).get(key)
             if row is not None:  # blocked: its row is kept
                 task = replace(row, not_before_ms=0, lease_until_ms=0, blocked=False)

@@ -45,7 +45,7 @@ def test_a_put_sent_after_its_writers_leases_ended_does_not_undo_a_later_cancel(
     paused.fence_writes(lambda partition: time.time() - 20)
     assert next_owner.put(0, envelope, now) is not None
     assert next_owner.cancel(0, envelope.key, now)
-    paused._batch("the late put", 0, statements)  # the paused one resumes and sends it
+    paused._cql.batch("the late put", 0, statements)  # the paused one resumes and sends it
 
     status = next_owner.status(envelope.key)
     assert status is not None and status.state is State.CANCELLED
