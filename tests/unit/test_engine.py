@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from celery_scheduler.bridge import Release
 from celery_scheduler.completion import Outcome
-from celery_scheduler.dispatcher import engine as engine_module
+from celery_scheduler.dispatcher import pace as pace_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
@@ -742,7 +742,7 @@ def test_the_window_follows_the_outcome_rate(store: MemoryScheduleStore, clock: 
     """With no fixed size, the window is at least its floor, and grows with the rate at which
     outcomes come back, so a fast pool of workers is never starved."""
     seconds = [1000.0]  # the engine's monotonic clock: the rate is measured over exactly 1 s
-    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(
+    monkeypatch.setattr(pace_module, "time", types.SimpleNamespace(
         monotonic=lambda: seconds[0], time_ns=time.time_ns))
     h = Harness(store, clock)
     for n in range(1000):

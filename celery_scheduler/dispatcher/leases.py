@@ -1,0 +1,157 @@
+"""Partition leases (fencing): taken for every assigned partition, renewed one per step, and
+let go when another owner has them or this process's ingest loop hangs. A partition is
+released from only while its lease is certainly valid by this process's own monotonic
+clock, and its writes are stamped no later than the lease's end (see ``write_fence``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from celery_scheduler.dispatcher.state import EngineSettings, Partition
+from celery_scheduler.dispatcher.timetable import Timetable
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.store.base import Lease, ScheduleStore
+
+__all__ = ["LeaseUpkeep"]
+
+logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines are the engine's
+
+
+class LeaseUpkeep:
+    """The engine's lease calls (a mixin of :class:`~celery_scheduler.dispatcher.engine.Engine`)."""
+
+    store: ScheduleStore
+    settings: EngineSettings
+    owner: str
+    clock: Callable[[], int]
+    timetable: Timetable
+    partitions: dict[int, Partition]
+    _writable: set[int]
+    _fences: dict[int, float]
+    _ingest_mono: float | None
+    _ingest_stalled: bool
+
+    def may_persist(self, partition: int) -> bool:
+        """Whether this process may write *partition*'s new tasks: it holds the lease.
+
+        A dispatcher that reads a partition from Kafka while another holds its lease (Kafka
+        gave it the partition, but the holder has not let go) must not write: the holder's
+        engine, whose schedule is loaded past where those tasks fall, would never see them,
+        and could release a later task of their ordering id first. A partition stays
+        writable while its renewal merely fails (the store is down: writes fail too) or is
+        late; it stops being writable when the lease is found in other hands, and becomes
+        writable only once the lease is taken.
+        """
+        return partition in self._writable
+
+
+    def ingest_alive(self) -> None:
+        """Called by the ingest loop on every pass (see ``ingest_stall_seconds``)."""
+        self._ingest_mono = time.monotonic()
+
+
+    def _lease_end(self, lease_mono: float) -> float:
+        """When a lease requested at *lease_mono* ends by our own clock, with a margin."""
+        margin = min(2.0, self.settings.partition_lease_seconds / 4)
+        return lease_mono + self.settings.partition_lease_seconds - margin
+
+    def _may_release(self, partition: Partition) -> bool:
+        if partition.lease is None:
+            return False
+        # Valid by our own clock, counted from when the request was sent.
+        return time.monotonic() < self._lease_end(partition.lease_mono)
+
+    def write_fence(self, partition: int) -> float | None:
+        """The wall-clock time this process's writes of *partition* must not be stamped after.
+
+        The end of its lease while held; once given up, the moment it was given up (or its
+        end, if that came first), for good: no write of a partition this process no longer
+        holds is legitimate, and one decided before may still be on its way, however long
+        the process was paused. None for a partition never held. See
+        :mod:`celery_scheduler.store.fencing`. Called from the store's threads.
+        """
+        fence = self._fences.get(partition)
+        if fence is None:
+            return None
+        return time.time() + fence - time.monotonic()
+
+    def _hold(self, number: int, partition: Partition, lease: Lease, mono: float) -> None:
+        partition.lease, partition.lease_mono = lease, mono
+        self._writable.add(number)
+        self._fences = {**self._fences, number: self._lease_end(mono)}
+
+    def _forget_fence(self, number: int) -> None:
+        """*number*'s lease is given up: writes decided before meet its fence from now on."""
+        if number in self._fences:
+            self._fences = {**self._fences, number: min(self._fences[number], time.monotonic())}
+
+    def _drop_lease(self, number: int, partition: Partition) -> None:
+        self._forget_fence(number)
+        self._writable.discard(number)
+        self.timetable.drop_partitions([number])
+        partition.lease, partition.loader.cursor = None, None
+
+    def _ingest_hangs(self) -> bool:
+        """Whether the ingest loop has not come back for too long; if so, let go of every lease."""
+        if self._ingest_mono is None:
+            return False
+        stalled = time.monotonic() - self._ingest_mono > self.settings.ingest_stall_seconds
+        if stalled and not self._ingest_stalled:
+            logger.error("the Kafka consumer loop has not come back for %.0fs: giving up the leases "
+                         "of partitions %s so that their readers can write and release them",
+                         self.settings.ingest_stall_seconds, sorted(self.partitions))
+            for number, partition in self.partitions.items():
+                if partition.lease is not None:
+                    with contextlib.suppress(SchedulerError):
+                        self.store.release_lease(partition.lease)
+                    self._drop_lease(number, partition)
+        elif self._ingest_stalled and not stalled:
+            logger.info("the Kafka consumer loop is back; taking leases again")
+        self._ingest_stalled = stalled
+        return stalled
+
+    def _maintain_leases(self) -> None:
+        if self._ingest_hangs():
+            return
+        ttl_ms = int(self.settings.partition_lease_seconds * 1000)
+        renewed_one = False
+        for number, partition in self.partitions.items():
+            mono = time.monotonic()
+            if partition.lease is None:
+                if mono < partition.next_attempt_mono:
+                    continue
+                partition.next_attempt_mono = mono + 0.5
+                try:
+                    lease = self.store.acquire_lease(number, self.owner, ttl_ms, self.clock())
+                except SchedulerError:
+                    logger.warning("could not take the lease of partition %d", number, exc_info=True)
+                    continue
+                if lease is None:
+                    self._writable.discard(number)  # another dispatcher holds it
+                else:
+                    self._hold(number, partition, lease, mono)
+                    logger.info("leased partition %d (epoch %d)", number, lease.epoch)
+                continue
+            age = mono - partition.lease_mono
+            if age < self.settings.partition_lease_seconds / 3:
+                continue
+            # Each renewal is a lightweight transaction (several round trips) on the thread
+            # that releases: spread them over steps, one per step, so no step waits for all
+            # of them at once, unless a lease is half gone (a slow step), then renew it now.
+            if renewed_one and age < self.settings.partition_lease_seconds / 2:
+                continue
+            renewed_one = True
+            try:
+                renewed = self.store.renew_lease(partition.lease, ttl_ms, self.clock())
+            except SchedulerError:
+                logger.warning("could not renew the lease of partition %d", number, exc_info=True)
+                continue
+            if renewed is None:
+                logger.warning("lost the lease of partition %d to another dispatcher", number)
+                self._drop_lease(number, partition)
+            else:
+                self._hold(number, partition, renewed, mono)

@@ -1,0 +1,246 @@
+"""How outcomes settle tasks: success finishes a key and frees its ordering id; failure is
+retried with jittered exponential backoff or, after the last attempt, fails or blocks the
+key; a task whose outcome does not come before its lease ends is asked about in the store,
+then released again. Once an outcome's effect is stored, its offset may be committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+from celery_scheduler.completion import Outcome
+from celery_scheduler.dispatcher.outcomes import OutcomeBatch
+from celery_scheduler.dispatcher.pace import Window
+from celery_scheduler.dispatcher.state import EngineSettings, Partition
+from celery_scheduler.dispatcher.timetable import Loaded, Timetable
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.metrics import Metrics
+from celery_scheduler.store.base import RunTimes, ScheduleStore, State, TaskStatus
+
+__all__ = ["Settling"]
+
+logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines are the engine's
+
+
+class Settling:
+    """The engine's outcome handling (a mixin of :class:`~celery_scheduler.dispatcher.engine.Engine`)."""
+
+    store: ScheduleStore
+    settings: EngineSettings
+    clock: Callable[[], int]
+    timetable: Timetable
+    metrics: Metrics
+    partitions: dict[int, Partition]
+    completed_count: int
+    outcomes_current: Callable[[], bool]
+    _window: Window
+    _last_poll_ms: int
+    _succeeded: dict[TaskKey, Loaded]
+    _outcomes_read: dict[int, int]
+    _outcome_retries: list[Outcome]
+    _durable_offsets: dict[int, int]
+
+    def durable_outcome_offsets(self) -> dict[int, int]:
+        """Per partition, the outcomes offset up to which every outcome's effect is stored."""
+        return self._durable_offsets
+
+
+    def _on_outcomes(self, batch: OutcomeBatch) -> None:
+        unknown: list[Outcome] = []
+        for outcome in batch.outcomes:
+            if outcome.partition not in self.partitions:
+                continue
+            task = self.timetable.get(outcome.key)
+            if task is None:
+                unknown.append(outcome)  # not loaded (yet): the store keeps it for the loader
+            elif task.awaiting_outcome and outcome.attempt == task.attempts:
+                # also for a task a previous owner released: its outcome frees the ordering id
+                task.started_ms, task.finished_ms = outcome.started_ms, outcome.finished_ms
+                try:
+                    self._apply_outcome(task, outcome.succeeded, outcome.error)
+                except SchedulerError:
+                    logger.warning("could not store the outcome of %s; trying again", outcome.key,
+                                   exc_info=True)
+                    self._outcome_retries.append(outcome)
+            # else an older attempt's outcome, or one of a task not released: nothing to do
+        if unknown:
+            try:
+                self.store.record_outcomes([(o.partition, o.key, o.attempt, o.succeeded, o.error)
+                                            for o in unknown], self.clock(),
+                                           {o.key: RunTimes(0, o.started_ms, o.finished_ms)
+                                            for o in unknown})
+            except SchedulerError:
+                logger.warning("could not store %d outcome(s); trying again", len(unknown),
+                               exc_info=True)
+                self._outcome_retries += unknown
+        for number, offset in batch.offsets.items():
+            if number in self.partitions:
+                self._outcomes_read[number] = max(offset, self._outcomes_read.get(number, 0))
+
+    def _outcomes_stored(self) -> None:
+        """Mark the outcomes read so far durable, where all of a partition's are stored."""
+        if not self._outcomes_read:
+            return
+        held = {o.partition for o in self._outcome_retries}
+        held.update(task.partition for task in self._succeeded.values())
+        durable = dict(self._durable_offsets)
+        for number, offset in self._outcomes_read.items():
+            if number not in held:
+                durable[number] = offset
+        self._durable_offsets = durable
+
+
+    def _drop(self, key: TaskKey) -> None:
+        """Forget *key* (it will not run here), making room for more of its partition."""
+        task = self.timetable.remove(key)
+        partition = self.partitions.get(task.partition) if task is not None else None
+        if partition is not None:
+            partition.loader.room_freed()
+
+
+    def _unsettled(self, tasks: list[Loaded], open_: dict[TaskKey, Loaded]) -> list[Loaded]:
+        """*tasks* less those released earlier whose outcome the store has (settled here).
+
+        The statuses of all of them are read in one go: after a takeover, every ordering id
+        may start with a task its previous owner released.
+        """
+        earlier = [task for task in tasks if task.awaiting_outcome]
+        if not earlier:
+            return tasks
+        if not self.outcomes_current():  # their outcomes may be in the topic, unread
+            now = self.clock()
+            for task in earlier:
+                self.timetable.defer(task.key, now + 1000)
+                del open_[task.key]
+            return [task for task in tasks if not task.awaiting_outcome]
+        statuses = self.store.statuses([task.key for task in earlier])
+        settled = set()
+        for task, status in zip(earlier, statuses, strict=True):
+            if self._settle_from_store(task, status):
+                settled.add(task.key)
+                del open_[task.key]
+        return [task for task in tasks if task.key not in settled]
+
+    def _outcome_stored(self, task: Loaded, status: TaskStatus | None) -> bool:
+        """Apply the outcome the worker stored for *task*'s current attempt, if there is one."""
+        if status is None or not status.outcome or status.outcome_attempt != task.attempts:
+            return False
+        task.started_ms, task.finished_ms = status.started_ms, status.finished_ms
+        self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
+        return True
+
+    def _settle_from_store(self, task: Loaded, status: TaskStatus | None) -> bool:
+        """A task released earlier whose lease ran out: did its outcome reach the store?"""
+        if self._outcome_stored(task, status):
+            return True
+        if status is not None and (status.state.finished or status.state is State.CANCELLED):
+            self._drop(task.key)
+            return True
+        if task.attempts >= self._max_attempts(task):
+            self._apply_outcome(task, False, "lease expired without an outcome")
+            return True
+        return False
+
+    def _poll_outcomes(self) -> None:
+        """Ask the store about released tasks whose outcome has not come.
+
+        Outcomes come from the outcomes topic, so a task this engine released is asked about
+        only when its lease ends (then released again if none was stored). A task a previous
+        owner released may have had its outcome stored by that owner, or read again here
+        before the task was loaded: it is asked about once soon after loading, and again when
+        its lease ends.
+        """
+        now = self.clock()
+        if now - self._last_poll_ms < min(500, self.settings.outcome_poll_seconds * 1000):
+            return
+        self._last_poll_ms = now
+        first = int(self.settings.outcome_poll_seconds * 1000)
+        asking: list[Loaded] = []
+        for task in self.timetable.awaiting():
+            if task.key in self._succeeded:
+                continue
+            if task.next_poll_ms == 0:
+                task.next_poll_ms = task.lease_until_ms if task.released_ms else now + first
+            if now < task.next_poll_ms:
+                continue
+            task.next_poll_ms = task.lease_until_ms if task.lease_until_ms > now else now + first
+            asking.append(task)
+        for start in range(0, len(asking), self.settings.release_batch):
+            chunk = asking[start:start + self.settings.release_batch]
+            for task, status in zip(chunk, self.store.statuses([t.key for t in chunk]), strict=True):
+                self._settle_polled(task, status, now)
+
+    def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int) -> None:
+        if self._outcome_stored(task, status):
+            return
+        if status is not None and status.state is State.CANCELLED:
+            # A cancel overwritten by this release's marking, settled since by a reader of
+            # the row it left (see settled_state): a released key is never cancelled
+            # otherwise. Releasing it again would run a task reported as cancelled.
+            logger.info("%s was settled as cancelled while released; dropping it", task.key)
+            self._drop(task.key)
+            return
+        if task.released_ms and now >= task.lease_until_ms:
+            if not self.outcomes_current():
+                task.next_poll_ms = now + 1000  # its outcome may be in the topic, unread
+                return
+            logger.warning("no outcome for %s within its lease; releasing it again", task.key)
+            self._apply_outcome(task, False, "lease expired without an outcome")
+
+    def _store_succeeded(self) -> None:
+        """Record the tasks that succeeded since the last call, then forget them.
+
+        If the store fails they stay in flight, and are tried again at the next call.
+        """
+        if not self._succeeded:
+            return
+        tasks = list(self._succeeded.values())
+        self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock(),
+                               {task.key: task.run for task in tasks})
+        self._succeeded.clear()
+        for task in tasks:
+            if self.timetable.get(task.key) is task:  # not dropped by a revocation meanwhile
+                self.timetable.remove(task.key)
+            self.completed_count += 1
+            self.metrics.finished("succeeded")
+
+    def _max_attempts(self, task: Loaded) -> int:
+        return task.envelope.retry.max_attempts
+
+    def _apply_outcome(self, task: Loaded, succeeded: bool, error: str | None) -> None:
+        now = self.clock()
+        self._window.finished()
+        partition = self.partitions.get(task.partition)
+        if partition is not None:
+            partition.loader.room_freed()  # more may be loaded
+        if succeeded:
+            # Stored with the others of this step, in one round trip (_store_succeeded); its
+            # ordering id stays blocked until then.
+            self._succeeded[task.key] = task
+            self.timetable.hold(task.key)
+            return
+        policy = task.envelope.retry
+        if task.attempts < policy.max_attempts:
+            backoff = min(policy.backoff_max, policy.backoff * 2 ** (task.attempts - 1))
+            delay_ms = int(backoff * random.uniform(0.5, 1.0) * 1000)  # jitter
+            self.store.mark_retry(task.stored, task.attempts, now + delay_ms, error, now)
+            self.timetable.retry_later(task.key, now + delay_ms)
+            task.released_ms = task.next_poll_ms = 0
+            self.metrics.retried()
+            logger.info("attempt %d of %s failed (%s); retrying in %.1fs", task.attempts, task.key,
+                        error, delay_ms / 1000)
+            return
+        block = self.settings.on_exhausted == "block"
+        self.metrics.finished("failed")
+        self.store.finish(task.stored, State.FAILED, error, now, keep_row=block, run=task.run)
+        if block:
+            self.timetable.block(task.key)
+            logger.error("%s failed %d times; its ordering id is blocked until it is cancelled",
+                         task.key, task.attempts)
+        else:
+            self.timetable.remove(task.key)
+            self.completed_count += 1
+            logger.error("%s failed %d times; giving up", task.key, task.attempts)

@@ -1,0 +1,74 @@
+"""What the release engine holds and hears: its settings, each owned partition's loader and
+lease, and the events the other threads of a dispatcher send it (typed, one class each)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from celery_scheduler.dispatcher.loader import PartitionLoader
+from celery_scheduler.dispatcher.outcomes import OutcomeBatch
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import Lease, StoredTask
+
+__all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "Revocation"]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    lease_seconds: float = 300.0  # a released task's lease
+    partition_lease_seconds: float = 10.0  # a partition's ownership lease
+    on_exhausted: str = "skip"
+    max_loaded: int = 5000  # per partition
+    lookahead_seconds: float = 60.0
+    page_size: int = 500
+    outcome_poll_seconds: float = 2.0  # how often the store is asked about in-flight tasks
+    release_batch: int = 500  # most tasks released per step, so leases are renewed in between
+    max_in_flight: int = 0  # tasks released and not finished at once; 0: follow the outcome rate
+    tick_seconds: float = 0.05  # longest sleep between checks
+    # The ingest loop of this process not back for this long: it hangs (a Kafka client call
+    # that never returns), so its partitions' new tasks go unread; give their leases up.
+    ingest_stall_seconds: float = 60.0
+
+
+@dataclass
+class Partition:
+    """An owned partition: its loader, and its lease once taken."""
+
+    loader: PartitionLoader
+    lease: Lease | None = None
+    lease_mono: float = 0.0  # monotonic time the lease request was sent
+    next_attempt_mono: float = 0.0
+
+
+@dataclass(frozen=True)
+class Assigned:
+    """Kafka gave this dispatcher *partitions*: take their leases and load them."""
+
+    partitions: tuple[int, ...]
+
+
+@dataclass
+class Revocation:
+    """Stop releasing from *partitions* and give their leases up; *done* once that is so."""
+
+    partitions: list[int]
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Persisted:
+    """The ingest loop stored *row* (a new task, or a new version of a pending one)."""
+
+    row: StoredTask
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """The ingest loop applied a cancel of *key* (whether or not it removed anything)."""
+
+    key: TaskKey
+
+
+# Workers' outcomes arrive as the OutcomeBatch the outcome reader made.
+Event = Assigned | Revocation | Persisted | Cancelled | OutcomeBatch
