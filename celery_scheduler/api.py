@@ -259,14 +259,8 @@ class ScheduledTask:
         client = client or self.client
         settings = client.settings
         current = client.clock()
-        scheduled_ms = self._scheduled_ms(at, countdown, current)
-        if scheduled_ms < current - settings.grace_seconds * 1000:
-            raise ScheduleTimeError(
-                f"scheduled time {TaskKey('', scheduled_ms, '').scheduled_at.isoformat()} is "
-                f"{(current - scheduled_ms) / 1000:.1f}s in the past, beyond the grace window "
-                f"of {settings.grace_seconds}s (scheduler_grace_seconds); check the clock or "
-                "the timezone of a naive datetime"
-            )
+        scheduled_ms = scheduled_ms_of(at, countdown, current, self.task._get_app().timezone,
+                                       settings.grace_seconds)
         if not isinstance(args, (list, tuple)):
             raise ScheduleError(f"args of task {self.name} must be a list or tuple, got "
                                 f"{type(args).__name__} {args!r:.200}")
@@ -295,29 +289,11 @@ class ScheduledTask:
         else:
             # digest the bound form, so f(7, 100) and f(7, amount=100) are the same call
             bound = self._binder.bound(arguments)
-            unique = _call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
+            unique = call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
         return ScheduleEnvelope(
             key=TaskKey(ordering, scheduled_ms, unique), task=self.name, args=encoded_args,
             kwargs=encoded_kwargs, options=_check_options(options or {}),
             retry=retry or self._retry or settings.retry_policy, enqueued_ms=current)
-
-    def _scheduled_ms(self, at: Any, countdown: Any, current: int) -> int:
-        if (at is None) == (countdown is None):
-            raise ScheduleTimeError("give exactly one of at= (a datetime) and countdown= (a delay)")
-        if at is not None:
-            return to_epoch_ms(at, self.task._get_app().timezone)
-        seconds = countdown.total_seconds() if isinstance(countdown, dt.timedelta) else countdown
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-            raise ScheduleTimeError(
-                f"delay must be seconds or a timedelta, got {type(countdown).__name__} {countdown!r}"
-            )
-        latest = (MAX_MS - current) / 1000
-        if not (math.isfinite(seconds) and -current / 1000 <= seconds <= latest):
-            raise ScheduleTimeError(
-                f"delay {countdown!r} is not a usable number of seconds; the latest time a task "
-                f"key holds is 9999-12-31, {latest:.0f}s from now"
-            )
-        return current + int(seconds * 1000)
 
     def cancel(self, key: TaskKey) -> None:
         """Cancel the pending task with *key* (from ``handle.key`` or a status listing)."""
@@ -357,7 +333,40 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked
 
 
-def _call_digest(task: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+def scheduled_ms_of(at: Any, countdown: Any, current: int, timezone: Any,
+                    grace_seconds: float) -> int:
+    """The scheduled time (epoch ms) of a call given *at* (a datetime; a naive one is in
+    *timezone*) or *countdown* (seconds or a timedelta from *current*); ScheduleTimeError if
+    it is not exactly one of them, not usable, or further in the past than the grace window.
+    """
+    if (at is None) == (countdown is None):
+        raise ScheduleTimeError("give exactly one of at= (a datetime) and countdown= (a delay)")
+    if at is not None:
+        scheduled = to_epoch_ms(at, timezone)
+    else:
+        seconds = countdown.total_seconds() if isinstance(countdown, dt.timedelta) else countdown
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise ScheduleTimeError(
+                f"delay must be seconds or a timedelta, got {type(countdown).__name__} {countdown!r}"
+            )
+        latest = (MAX_MS - current) / 1000
+        if not (math.isfinite(seconds) and -current / 1000 <= seconds <= latest):
+            raise ScheduleTimeError(
+                f"delay {countdown!r} is not a usable number of seconds; the latest time a task "
+                f"key holds is 9999-12-31, {latest:.0f}s from now"
+            )
+        scheduled = current + int(seconds * 1000)
+    if scheduled < current - grace_seconds * 1000:
+        raise ScheduleTimeError(
+            f"scheduled time {TaskKey('', scheduled, '').scheduled_at.isoformat()} is "
+            f"{(current - scheduled) / 1000:.1f}s in the past, beyond the grace window "
+            f"of {grace_seconds}s (scheduler_grace_seconds); check the clock or "
+            "the timezone of a naive datetime"
+        )
+    return scheduled
+
+
+def call_digest(task: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     # The default uniqueness key: the same call scheduled twice for the same time is the
     # same task key (idempotent re-enqueueing), while different calls never collide.
     canonical = json.dumps([task, args, kwargs], sort_keys=True, separators=(",", ":"),
@@ -435,4 +444,4 @@ def flush(app: Any, timeout: float | None = None) -> int:
     return get_client(app).flush(timeout)
 
 
-__all__ += ["KeySpec", "as_scheduled", "flush"]
+__all__ += ["KeySpec", "as_scheduled", "call_digest", "flush", "scheduled_ms_of"]

@@ -50,6 +50,7 @@ from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
+from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
@@ -104,6 +105,8 @@ class SchedulerTesting:
         self.store = store
         self.clock = clock
         self.executions: list[Execution] = []  # every run so far, in order
+        # delayed Kafka messages (schedule_message) "produced", with when, in order
+        self.messages: list[tuple[dt.datetime, DelayedMessage]] = []
         self._finished: set[TaskKey] = set()  # run by run_due()
         self._released: list[tuple[Loaded, Release]] = []
         settings = get_settings(app)
@@ -195,6 +198,10 @@ class SchedulerTesting:
 
     def _run(self, task: Loaded, release: Release) -> None:
         envelope = task.envelope
+        if envelope.task == MESSAGE_TASK:  # produced: Kafka's acknowledgement is the outcome
+            self.messages.append((self.now, DelayedMessage.of(envelope)))
+            self.engine.outcome(Outcome(envelope.key, release.partition, release.attempt, True, None))
+            return
         if envelope.key in self._finished:  # run_due() ran it already
             self.engine.outcome(Outcome(envelope.key, release.partition, release.attempt, True, None))
             return
@@ -239,12 +246,16 @@ class SchedulerTesting:
 
         Returns the Celery ``EagerResult`` of each; arguments arrive decoded as a worker
         would see them. No ordering, retry or cancel rules apply: :meth:`advance` has them.
+        A delayed Kafka message goes to :attr:`messages` instead.
         """
         results = []
         for envelope in self.pending():
             if until_ms is not None and envelope.key.scheduled_ms > until_ms:
                 break
-            results.append(_apply(self.app, envelope))
+            if envelope.task == MESSAGE_TASK:
+                self.messages.append((self.now, DelayedMessage.of(envelope)))
+            else:
+                results.append(_apply(self.app, envelope))
             self._finished.add(envelope.key)
         return results
 

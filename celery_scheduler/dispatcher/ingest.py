@@ -33,6 +33,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.envelope import CancelEnvelope, Envelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
+from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
@@ -281,7 +282,13 @@ class Ingest:
                 f"ordering id {ordering_id!r} belongs in partition {expected}, not "
                 f"{record.partition}: the producer does not use Kafka's Java partitioner"))
             return None
-        if (isinstance(envelope, ScheduleEnvelope) and self.allowed is not None
+        if isinstance(envelope, ScheduleEnvelope) and envelope.task == MESSAGE_TASK:
+            try:
+                DelayedMessage.of(envelope)  # a delayed Kafka message: no task to look up
+            except EnvelopeDecodeError as exc:
+                self.dead_letters.send(record, f"not a valid delayed Kafka message: {exc.reason}")
+                return None
+        elif (isinstance(envelope, ScheduleEnvelope) and self.allowed is not None
                 and not self.allowed(envelope.task)):
             self.dead_letters.send(record, f"task {envelope.task!r} is not a registered scheduled task")
             return None

@@ -25,6 +25,7 @@ from celery_scheduler.api import registered
 from celery_scheduler.client import open_store
 from celery_scheduler.completion import outcome_topic
 from celery_scheduler.config import Settings, get_settings
+from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
 from celery_scheduler.dispatcher.outcomes import OutcomeReader
@@ -35,6 +36,7 @@ from celery_scheduler.errors import (
     StoreUnavailableError,
     TaskLogUnavailableError,
 )
+from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 
@@ -101,12 +103,13 @@ class Dispatcher:
         app.tasks  # noqa: B018 - finalizes the app: DurableEtaTask tasks register when bound
         names = set(registered())
         if not names:
-            raise ConfigurationError(
-                "no @scheduled_task is registered in this process, so every record would be "
-                "dead-lettered; run the dispatcher with the app whose modules define the "
-                "scheduled tasks (celery -A proj scheduler dispatch), or list them in the "
-                "app's imports/include")
-        logger.info("releasing scheduled tasks: %s", ", ".join(sorted(names)))
+            logger.warning(
+                "no @scheduled_task is registered in this process: only delayed Kafka messages "
+                "(schedule_message) will be delivered, and every task record dead-lettered; "
+                "run the dispatcher with the app whose modules define the scheduled tasks "
+                "(celery -A proj scheduler dispatch), or list them in the app's imports/include")
+        else:
+            logger.info("releasing scheduled tasks: %s", ", ".join(sorted(names)))
         self.settings = settings or get_settings(app)
         s = self.settings
         self.group_id = group_id or f"{s.kafka_topic}{DEFAULT_GROUP_SUFFIX}"
@@ -125,6 +128,8 @@ class Dispatcher:
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many)
         self.store.fence_writes(self.engine.write_fence)
+        # delayed Kafka messages (schedule_message) go here instead of to Celery
+        self.delivery = KafkaDelivery(base, self.engine.outcomes)
         producer = Producer({**base, "acks": "all", "enable.idempotence": True})
         def partitions_of(topic: str) -> Callable[[], int]:
             return lambda: topic_partitions(producer, topic, s.kafka_produce_timeout)
@@ -162,10 +167,23 @@ class Dispatcher:
         return self._partitions
 
     def _publish(self, task: Loaded, release: bridge.Release) -> None:
-        self.publisher.publish(task.envelope, release)
+        [error] = self._publish_many([(task, release)])
+        if error is not None:
+            raise error
 
     def _publish_many(self, items: list[tuple[Loaded, bridge.Release]]) -> list[Exception | None]:
-        return self.publisher.publish_many([(task.envelope, release) for task, release in items])
+        """Each release to Celery, or for a delayed message to Kafka; results in *items*' order."""
+        messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
+        if not messages:
+            return self.publisher.publish_many([(task.envelope, release) for task, release in items])
+        results: list[Exception | None] = [None] * len(items)
+        tasks = [i for i in range(len(items)) if i not in set(messages)]
+        for indexes, send in ((messages, self.delivery.deliver), (tasks, self.publisher.publish_many)):
+            if indexes:
+                sent = send([(items[i][0].envelope, items[i][1]) for i in indexes])
+                for i, result in zip(indexes, sent, strict=True):
+                    results[i] = result
+        return results
 
     def _outcomes_current(self) -> bool:
         return time.monotonic() - self.outcomes.last_read_mono < OUTCOMES_BEHIND_SECONDS
@@ -215,6 +233,7 @@ class Dispatcher:
         except KafkaException as exc:
             logger.warning("closing the outcome reader: %s", exc)
         self.publisher.close()
+        self.delivery.close()
         self.ingest.close()
         self.store.close()
 

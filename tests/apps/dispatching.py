@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 import redis
 from celery import Celery
@@ -109,3 +110,22 @@ def eta_record(name: str, seq: int, scheduled_for: float = 0.0) -> int:
     log("start", name, seq, scheduled_for=scheduled_for)
     log("end", name, seq)
     return seq
+
+
+if os.environ.get("CELERY_SCHEDULER_TEST_DIE_ON_DELIVERY"):
+    # The dispatcher dies the moment Kafka acknowledged a delayed message, before it could
+    # record it: the message must be produced again (at least once), never lost.
+    from celery_scheduler.dispatcher import delivery as _delivery
+
+    _acknowledged = _delivery.KafkaDelivery._acknowledged
+
+    def _die_on_acknowledgement(self: Any, release: Any, started: int) -> Any:
+        report = _acknowledged(self, release, started)
+
+        def acknowledged(error: Any, message: Any) -> None:
+            if error is None:
+                os._exit(9)
+            report(error, message)
+        return acknowledged
+
+    _delivery.KafkaDelivery._acknowledged = _die_on_acknowledgement  # type: ignore[method-assign]

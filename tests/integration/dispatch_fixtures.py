@@ -64,9 +64,10 @@ class Scheduler:
                 pytest.fail(f"{text!r} not seen after {timeout}s:\n{self.log_of(process)[-5000:]}")
             time.sleep(0.1)
 
-    def dispatcher(self, *extra: str, wait: bool = True) -> subprocess.Popen[bytes]:
+    def dispatcher(self, *extra: str, wait: bool = True, extra_env: dict[str, str] | None = None
+                   ) -> subprocess.Popen[bytes]:
         process = self._spawn("dispatcher", [self.python, "-m", "celery", "-A", APP, "scheduler",
-                                             "dispatch", "--loglevel", "INFO", *extra])
+                                             "dispatch", "--loglevel", "INFO", *extra], extra_env)
         if wait:
             self.wait_for_log(process, "leased partition")
         return process

@@ -18,7 +18,7 @@ def test_every_setting_is_documented() -> None:
 def test_public_api() -> None:
     assert set(celery_scheduler.__all__) == {
         "RetryPolicy", "ScheduleHandle", "ScheduledTask", "State", "TaskKey", "TaskStatus",
-        "__version__", "as_scheduled", "constant", "flush", "scheduled_task",
+        "__version__", "as_scheduled", "constant", "flush", "schedule_message", "scheduled_task",
     }
     for name in celery_scheduler.__all__:
         assert getattr(celery_scheduler, name) is not None
