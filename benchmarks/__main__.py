@@ -24,6 +24,7 @@ SCENARIOS: dict[str, str] = {
     "1c": "benchmarks.spark_bulk",
     "2": "benchmarks.ingest",
     "3": "benchmarks.lateness",
+    "3k": "benchmarks.delivery",
     "4": "benchmarks.memory",
     "5": "benchmarks.failover",
     "6": "benchmarks.backlog",
