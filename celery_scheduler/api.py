@@ -19,11 +19,8 @@ Naive datetimes are read in Celery's ``app.timezone`` (UTC unless the app sets
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import importlib
 import inspect
-import json
-import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -31,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_scheduler.arguments import Binder
+from celery_scheduler.calls import call_digest, check_options, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.envelope import (
-    CELERY_OPTIONS,
     MAX_TASK_NAME,
     CancelEnvelope,
     RetryPolicy,
@@ -44,9 +41,8 @@ from celery_scheduler.errors import (
     InvalidKeyError,
     NotAScheduledTaskError,
     ScheduleError,
-    ScheduleTimeError,
 )
-from celery_scheduler.keys import MAX_MS, TaskKey, check_key_part, to_epoch_ms
+from celery_scheduler.keys import TaskKey, check_key_part
 from celery_scheduler.store.base import TaskStatus
 from celery_scheduler.tasklog.base import Position
 
@@ -292,7 +288,7 @@ class ScheduledTask:
             unique = call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
         return ScheduleEnvelope(
             key=TaskKey(ordering, scheduled_ms, unique), task=self.name, args=encoded_args,
-            kwargs=encoded_kwargs, options=_check_options(options or {}),
+            kwargs=encoded_kwargs, options=check_options(options or {}),
             retry=retry or self._retry or settings.retry_policy, enqueued_ms=current)
 
     def cancel(self, key: TaskKey) -> None:
@@ -309,69 +305,6 @@ class ScheduledTask:
         from celery_scheduler.operations import request_retry
 
         request_retry(self.client, key)
-
-
-def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    for name, value in options.items():
-        kinds = CELERY_OPTIONS.get(name)
-        if kinds is None:
-            raise ScheduleError(
-                f"unsupported Celery option {name!r}; scheduled tasks accept "
-                + ", ".join(sorted(CELERY_OPTIONS))
-            )
-        if isinstance(value, bool) or not isinstance(value, kinds) or (
-                isinstance(value, float) and not math.isfinite(value)):
-            raise ScheduleError(
-                f"Celery option {name}={value!r} should be "
-                + " or ".join(("finite " if kind is float else "") + kind.__name__ for kind in kinds)
-            )
-    checked = dict(options)
-    if "task_id" in checked:
-        check_key_part(checked["task_id"], "task id")
-    if "headers" in checked:
-        checked["headers"] = encode_arguments((), checked["headers"])[1]
-    return checked
-
-
-def scheduled_ms_of(at: Any, countdown: Any, current: int, timezone: Any,
-                    grace_seconds: float) -> int:
-    """The scheduled time (epoch ms) of a call given *at* (a datetime; a naive one is in
-    *timezone*) or *countdown* (seconds or a timedelta from *current*); ScheduleTimeError if
-    it is not exactly one of them, not usable, or further in the past than the grace window.
-    """
-    if (at is None) == (countdown is None):
-        raise ScheduleTimeError("give exactly one of at= (a datetime) and countdown= (a delay)")
-    if at is not None:
-        scheduled = to_epoch_ms(at, timezone)
-    else:
-        seconds = countdown.total_seconds() if isinstance(countdown, dt.timedelta) else countdown
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-            raise ScheduleTimeError(
-                f"delay must be seconds or a timedelta, got {type(countdown).__name__} {countdown!r}"
-            )
-        latest = (MAX_MS - current) / 1000
-        if not (math.isfinite(seconds) and -current / 1000 <= seconds <= latest):
-            raise ScheduleTimeError(
-                f"delay {countdown!r} is not a usable number of seconds; the latest time a task "
-                f"key holds is 9999-12-31, {latest:.0f}s from now"
-            )
-        scheduled = current + int(seconds * 1000)
-    if scheduled < current - grace_seconds * 1000:
-        raise ScheduleTimeError(
-            f"scheduled time {TaskKey('', scheduled, '').scheduled_at.isoformat()} is "
-            f"{(current - scheduled) / 1000:.1f}s in the past, beyond the grace window "
-            f"of {grace_seconds}s (scheduler_grace_seconds); check the clock or "
-            "the timezone of a naive datetime"
-        )
-    return scheduled
-
-
-def call_digest(task: str, args: list[Any], kwargs: dict[str, Any]) -> str:
-    # The default uniqueness key: the same call scheduled twice for the same time is the
-    # same task key (idempotent re-enqueueing), while different calls never collide.
-    canonical = json.dumps([task, args, kwargs], sort_keys=True, separators=(",", ":"),
-                           ensure_ascii=False)
-    return "call-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
 
 
 def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
@@ -444,4 +377,4 @@ def flush(app: Any, timeout: float | None = None) -> int:
     return get_client(app).flush(timeout)
 
 
-__all__ += ["KeySpec", "as_scheduled", "call_digest", "flush", "scheduled_ms_of"]
+__all__ += ["KeySpec", "as_scheduled", "flush"]

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from kombu.utils.json import dumps as _kombu_dumps
 
+from celery_scheduler.arguments import encode_arguments
 from celery_scheduler.errors import (
     EnvelopeDecodeError,
     EnvelopeTooLargeError,
@@ -41,13 +40,6 @@ from celery_scheduler.errors import (
     NotSerializableError,
 )
 from celery_scheduler.keys import MAX_MS, TaskKey, check_key_part
-
-
-def kombu_dumps(value: Any, **options: Any) -> str:
-    """kombu's JSON encoding (typed wrapper)."""
-    text: str = _kombu_dumps(value, **options)  # type: ignore[no-untyped-call]
-    return text
-
 
 __all__ = [
     "CELERY_OPTIONS",
@@ -60,6 +52,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_arguments",
+    "option_problem",
 ]
 
 VERSION = 1
@@ -167,96 +160,6 @@ def _key_json(key: TaskKey) -> dict[str, Any]:
 
 
 # --- encoding ----------------------------------------------------------------------------
-
-
-def encode_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-    """Return *args* and *kwargs* as plain JSON values, or raise NotSerializableError.
-
-    Values kombu's JSON knows (datetime, date, time, UUID, Decimal, bytes) become its tagged
-    objects, which Celery's JSON serializer turns back into those types in the worker.
-    """
-    if not isinstance(kwargs, Mapping):
-        raise NotSerializableError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
-    for name in kwargs:
-        if not isinstance(name, str):
-            raise NotSerializableError(f"keyword argument names must be strings, got {name!r}")
-    listed = list(args)
-    try:
-        # Most calls pass plain JSON values: copying them is several times cheaper than the
-        # round trip through kombu's encoder, and gives the same result.
-        return [_plain_copy(value) for value in listed], {name: _plain_copy(value)
-                                                            for name, value in kwargs.items()}
-    except (_NotPlain, RecursionError):
-        pass
-    try:
-        text = kombu_dumps([listed, dict(kwargs)], allow_nan=False)
-    except RecursionError:
-        raise NotSerializableError(
-            "the arguments are nested too deeply to encode as JSON; pass a flatter value or a "
-            "reference such as a row id") from None
-    except (TypeError, ValueError) as exc:
-        where = _find_unserializable({"args": listed, "kwargs": dict(kwargs)}, "", set())
-        raise NotSerializableError(
-            f"{where} cannot be encoded as JSON ({exc}); pass JSON types (str, int, float, "
-            "bool, None, list, dict with string keys) or datetime/UUID/Decimal/bytes, "
-            "for example an id instead of an object"
-        ) from exc
-    encoded_args, encoded_kwargs = json.loads(text)
-    return encoded_args, encoded_kwargs
-
-
-class _NotPlain(Exception):
-    """A value that kombu's JSON encoder has to convert (or refuse)."""
-
-
-_SCALARS = (str, int, bool, type(None))
-
-
-def _plain_copy(value: Any) -> Any:
-    """Copy *value* if it is made of JSON types only (exactly), else raise _NotPlain."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is float:
-        if not math.isfinite(value):
-            raise _NotPlain
-        return value
-    if kind is list:
-        return [_plain_copy(item) for item in value]
-    if kind is dict:
-        copied: dict[str, Any] = {}
-        for name, item in value.items():
-            if type(name) is not str:
-                raise _NotPlain
-            copied[name] = _plain_copy(item)
-        return copied
-    raise _NotPlain
-
-
-def _find_unserializable(value: Any, path: str, seen: set[int]) -> str:
-    if isinstance(value, (Mapping, list, tuple)):
-        if id(value) in seen:
-            return f"{path or 'value'} contains itself"
-        seen = seen | {id(value)}
-    if isinstance(value, Mapping):
-        for name, item in value.items():
-            if not isinstance(name, str):
-                return f"{path or 'value'} has a non-string key {name!r}"
-            found = _find_unserializable(item, f"{path}[{name!r}]" if path else name, seen)
-            if found:
-                return found
-        return ""
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found = _find_unserializable(item, f"{path}[{index}]", seen)
-            if found:
-                return found
-        return ""
-    try:
-        kombu_dumps(value, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return f"{path} = {value!r:.200} ({type(value).__name__})"
-    return ""
 
 
 def encode(envelope: Envelope, max_bytes: int | None = None) -> bytes:
@@ -386,14 +289,28 @@ def _decode_task_name(value: Any) -> str:
     return value
 
 
+def option_problem(name: str, value: Any) -> str | None:
+    """Why *value* cannot be the Celery option *name* of a scheduled task; None if it can.
+
+    The one check of options, for the schedule call and for the dispatcher's decoder.
+    """
+    kinds = CELERY_OPTIONS.get(name)
+    if kinds is None:
+        return (f"unknown Celery option {name!r}; scheduled tasks accept "
+                + ", ".join(sorted(CELERY_OPTIONS)))
+    if isinstance(value, bool) or not isinstance(value, kinds) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        return (f"Celery option {name}={value!r:.80} should be "
+                + " or ".join(("finite " if kind is float else "") + kind.__name__ for kind in kinds))
+    return None
+
+
 def _decode_options(value: Any) -> dict[str, Any]:
     options: dict[str, Any] = _typed(value, dict, "options")
     for name, option in options.items():
-        if name not in CELERY_OPTIONS:
-            raise EnvelopeDecodeError(f"unknown Celery option {name!r}")
-        kinds = CELERY_OPTIONS[name]
-        if isinstance(option, bool) or not isinstance(option, kinds):
-            raise EnvelopeDecodeError(f"option {name} has the wrong type: {option!r:.80}")
+        problem = option_problem(name, option)
+        if problem is not None:
+            raise EnvelopeDecodeError(problem)
         if name == "task_id":
             try:
                 check_key_part(option, "task id")

@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery_scheduler.api import ScheduleHandle, call_digest, scheduled_ms_of
+from celery_scheduler.api import ScheduleHandle
+from celery_scheduler.calls import call_digest, scheduled_ms_of
 from celery_scheduler.client import get_client
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError, ScheduleError

@@ -203,7 +203,7 @@ def test_arguments_must_match_the_task(recorder: SchedulerRecorder) -> None:
 
 
 def test_unknown_celery_option(recorder: SchedulerRecorder) -> None:
-    with pytest.raises(ScheduleError, match="unsupported Celery option 'serializer'"):
+    with pytest.raises(ScheduleError, match="unknown Celery option 'serializer'"):
         remind.schedule(("c",), countdown=10, serializer="pickle")
     with pytest.raises(ScheduleError, match="priority='high'"):
         remind.schedule(("c",), countdown=10, priority="high")

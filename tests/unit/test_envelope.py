@@ -125,7 +125,7 @@ def mutated(**changes: object) -> bytes:
         (mutated(key={"ordering_id": "a", "at": 1.5, "unique": "u"}), "epoch milliseconds"),
         (mutated(key={"ordering_id": "a", "at": True, "unique": "u"}), "epoch milliseconds"),
         (mutated(options={"serializer": "pickle"}), "unknown Celery option"),
-        (mutated(options={"priority": "high"}), "wrong type"),
+        (mutated(options={"priority": "high"}), "should be int"),
         (mutated(options={"task_id": ""}), "task id must not be empty"),
         (mutated(options={"task_id": "x" * 2000}), "task id is 2000 characters long"),
         (mutated(retry={"max_attempts": 0, "backoff": 1, "backoff_max": 1}), "max_attempts"),
