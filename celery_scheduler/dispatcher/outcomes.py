@@ -34,8 +34,11 @@ logger = logging.getLogger(__name__)
 BATCH = 2000
 # How long a read waits for the first record; bounds how soon an assignment takes effect.
 POLL_SECONDS = 0.05
-# Longest the broker holds a fetch of outcomes back to fill it (milliseconds).
-FETCH_WAIT_MS = 10
+# Longest the broker holds a fetch of outcomes back to fill it (milliseconds): the most an
+# ordering id's next task waits for the outcome of the one before, beyond its delivery.
+# Each fetch costs the broker CPU: at 100 tasks/s, a fetch every 10 ms was half of Kafka's
+# CPU per task (3.9 ms against 2.1 ms with 50 ms; 2.0 ms with 100 ms).
+FETCH_WAIT_MS = 50
 
 
 class OutcomeBatch:
