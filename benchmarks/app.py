@@ -27,7 +27,8 @@ REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 LONGTERM_REDIS = os.environ.get("BENCH_LONGTERM_REDIS", "redis://127.0.0.1:6379/10")
 EXECLOG = os.environ.get("BENCH_EXECLOG", "")
 
-app = Celery("bench", broker=REDIS)
+# the Celery broker: Redis, or RabbitMQ for the scenarios run on both (BENCH_BROKER)
+app = Celery("bench", broker=os.environ.get("BENCH_BROKER") or REDIS)
 app.conf.update(
     scheduler_kafka_bootstrap_servers=os.environ.get("BENCH_KAFKA", "127.0.0.1:9092"),
     scheduler_kafka_topic=os.environ.get("BENCH_TOPIC", "bench"),

@@ -22,7 +22,7 @@ from benchmarks import peers_longterm
 from benchmarks.context import Context
 from benchmarks.cpu import CpuMeter, CpuUse, add_rows, local_services
 from benchmarks.failover import first_starts
-from benchmarks.harness import Stack, stack
+from benchmarks.harness import RABBITMQ_URL, Stack, stack
 from benchmarks.populate import populate
 from benchmarks.report import Section
 from benchmarks.stats import Figure, ratio
@@ -47,9 +47,11 @@ class Drain:
     cpu_tasks: int  # task bodies started while *cpu* was measured
 
 
-def drain(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_seconds: float) -> Drain:
-    """Fill a backlog of *tasks* over *ordering_ids* (seq order = schedule order per id), drain it."""
-    with stack(ctx.tmp) as s:
+def drain(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_seconds: float,
+          broker: str | None = None) -> Drain:
+    """Fill a backlog of *tasks* over *ordering_ids* (seq order = schedule order per id), drain it
+    (released to the Celery *broker*; None: Redis)."""
+    with stack(ctx.tmp, broker=broker) as s:
         app = s.use_client()
         base = time.time() + ctx.pick(1, 5)
         tasks, fill_rate = populate(s, app, _backlog(tasks, ordering_ids, base), fill_seconds)
@@ -124,18 +126,21 @@ def peer_drain(ctx: Context, peer: str, tasks: int, ordering_ids: int, window: f
             peers_longterm.clean(s.name)
 
 
-def celery_drain(ctx: Context, tasks: int, ordering_ids: int, window: float) -> Drain:
+def celery_drain(ctx: Context, tasks: int, ordering_ids: int, window: float,
+                 broker: str | None = None) -> Drain:
     """The floor: the same task bodies as plain Celery messages already queued, then drained.
 
     No scheduler at all: what Celery's workers alone execute on this machine bounds any
     scheduler that releases to them.
     """
-    with stack(ctx.tmp, init=False) as s:
+    with stack(ctx.tmp, init=False, broker=broker) as s:
         app = s.use_client()
         now = time.time()
         started = time.monotonic()
-        for i in range(tasks):
-            app.plain.apply_async((f"o{i % ordering_ids}", i, now), queue=s.name)
+        with app.app.connection_for_write(broker) as connection:
+            for i in range(tasks):
+                app.plain.apply_async((f"o{i % ordering_ids}", i, now), queue=s.name,
+                                      connection=connection)
         fill_rate = tasks / (time.monotonic() - started)
         launched = time.time()
         workers = [s.worker(wait=False) for _ in range(WORKERS)]
@@ -201,6 +206,18 @@ def _six(ctx: Context, runs: int, window: int) -> Section:
     six.add("celery_scheduler / Celery alone", Figure.of(
         [d.rate / f.rate if f.rate else float("nan") for d, f in zip(drains, floor, strict=True)], "%"))
     add_rows(six, "Celery alone", [d.cpu for d in floor], [d.cpu_tasks for d in floor])
+    # the same two with RabbitMQ as the Celery broker
+    rabbit = [drain(ctx, backlog_tasks, ids, window, fill_seconds, RABBITMQ_URL) for _ in range(runs)]
+    _rows(six, f"celery_scheduler on RabbitMQ, {rabbit[0].tasks:,} tasks, {ids:,} ordering ids x 10",
+          rabbit)
+    add_rows(six, "celery_scheduler on RabbitMQ", [d.cpu for d in rabbit], [d.cpu_tasks for d in rabbit])
+    rabbit_floor = [celery_drain(ctx, backlog_tasks, ids, window, RABBITMQ_URL) for _ in range(runs)]
+    _rows(six, f"Celery alone on RabbitMQ, {backlog_tasks:,} queued plain tasks", rabbit_floor)
+    six.add("celery_scheduler on RabbitMQ / Celery alone on RabbitMQ", Figure.of(
+        [d.rate / f.rate if f.rate else float("nan") for d, f in zip(rabbit, rabbit_floor, strict=True)],
+        "%"))
+    add_rows(six, "Celery alone on RabbitMQ", [d.cpu for d in rabbit_floor],
+             [d.cpu_tasks for d in rabbit_floor])
     for peer in (PROCRASTINATE, LONGTERM):
         peers = [peer_drain(ctx, peer, backlog_tasks, ids, window, fill_seconds) for _ in range(runs)]
         _peer_rows(six, peer, peers, drains, f"{peers[0].tasks:,} tasks, {ids:,} ordering ids x 10",
@@ -223,8 +240,10 @@ def _six(ctx: Context, runs: int, window: int) -> Section:
         f"tasks stored with apply_async(eta=...) one by one; once all are overdue, {WORKERS} solo "
         "Celery workers and then its command (once a second) start. Filling stops after the same "
         "time as ours.",
+        "on RabbitMQ: the same, with RabbitMQ as the Celery broker of the dispatcher and workers "
+        "(threads pool, one task at a time: README, Brokers), and of the plain tasks.",
         "CPU: user + system CPU time of each part (dispatcher or scheduler command, workers, and "
-        "the Kafka, Cassandra, Redis and PostgreSQL processes) from the first task start to the "
+        "the Kafka, Cassandra, Redis, RabbitMQ and PostgreSQL processes) from the first task start to the "
         "end of the wait, divided by the task bodies started meanwhile; machine busy = share of "
         "all cores not idle (whatever runs, this run or not). Near 100% busy, CPU is the limit "
         "and these rows say who spends it.",

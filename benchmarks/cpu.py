@@ -27,6 +27,7 @@ SERVICES = {
     "Kafka": "kafka.Kafka",
     "Redis": "redis-server",
     "PostgreSQL": "bin/postgres",  # the postmaster; its backends are its children
+    "RabbitMQ": "rabbit",  # the Erlang VM running it
 }
 
 
@@ -48,11 +49,12 @@ def local_services() -> dict[str, list[int]]:
     """The pids of the Kafka, Cassandra, Redis and (when it runs) PostgreSQL the benchmarks use."""
     from urllib.parse import urlparse
 
-    from benchmarks.harness import KAFKA, POSTGRES, REDIS_URL
+    from benchmarks.harness import KAFKA, POSTGRES, RABBITMQ_URL, REDIS_URL
 
     return service_pids({"Kafka": int(KAFKA.rpartition(":")[2]), "Cassandra": 9042,
                          "Redis": urlparse(REDIS_URL).port or 6379,
-                         "PostgreSQL": urlparse(POSTGRES).port or 5432})
+                         "PostgreSQL": urlparse(POSTGRES).port or 5432,
+                         "RabbitMQ": urlparse(RABBITMQ_URL).port or 5672})
 
 
 def _cpu_seconds(pids: Iterable[int], children: bool = True) -> float:

@@ -25,13 +25,16 @@ from confluent_kafka import Consumer, TopicPartition
 from benchmarks import execlog
 from benchmarks.execlog import Start
 
-__all__ = ["KAFKA", "POSTGRES", "REDIS_URL", "REPO", "Stack", "committed_and_end", "stack"]
+__all__ = ["KAFKA", "POSTGRES", "RABBITMQ_URL", "REDIS_URL", "REPO", "Stack", "committed_and_end",
+           "stack"]
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA = os.environ.get("BENCH_KAFKA", "127.0.0.1:9092")
 # One Redis database for the benchmarks' Celery broker and RQ queues; every key a run
 # creates names the run's stack, and is deleted at the end.
 REDIS_URL = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
+# RabbitMQ, for the scenarios run on both brokers (scripts/services up rabbitmq)
+RABBITMQ_URL = os.environ.get("BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 # The PostgreSQL server (no database named) of procrastinate, the one peer that needs it; each
 # stack of that peer creates a database named after itself, and drops it at the end.
 POSTGRES = os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
@@ -50,7 +53,8 @@ class ProcessFailed(RuntimeError):
 class Stack:
     """One scheduler topic, keyspace and Celery queue, with its processes and execution log."""
 
-    def __init__(self, tmp: Path, *, partitions: int = 12, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, *, partitions: int = 12, env: dict[str, str] | None = None,
+                 broker: str | None = None) -> None:
         self.name = f"bench_{uuid.uuid4().hex[:10]}"
         self.tmp = tmp
         self.execlog = tmp / f"{self.name}.execlog"
@@ -58,6 +62,10 @@ class Stack:
                     "BENCH_QUEUE": self.name, "BENCH_EXECLOG": str(self.execlog),
                     "BENCH_PARTITIONS": str(partitions), "BENCH_REDIS": REDIS_URL,
                     "BENCH_KAFKA": KAFKA, **(env or {})}
+        # the Celery broker of this stack's dispatchers and workers (None: Redis)
+        self.broker = broker
+        if broker is not None:
+            self.env["BENCH_BROKER"] = broker
         self.partitions = partitions
         self.processes: list[subprocess.Popen[bytes]] = []
         self.logs: dict[int, Path] = {}
@@ -134,6 +142,8 @@ class Stack:
 
     def worker(self, pool: str = "solo", env: dict[str, str] | None = None, wait: bool = True
                ) -> subprocess.Popen[bytes]:
+        if self.broker is not None and self.broker.startswith("amqp") and pool == "solo":
+            pool = "threads"  # one task at a time too; solo stalls on RabbitMQ (README: Brokers)
         index = len(self.processes)
         marker = self.tmp / f"{self.name}-worker-{index}.ready"
         process = self.spawn("worker", [
@@ -213,6 +223,8 @@ class Stack:
 
             drop_scheduler(self.name, self.name)
         clean_redis(self.name)
+        if self.broker is not None and self.broker.startswith("amqp"):
+            delete_queue(self.broker, self.name)
         with contextlib.suppress(FileNotFoundError):
             self.execlog.unlink()
         log(f"cleaned up {self.name} in {time.monotonic() - started:.1f}s")
@@ -233,6 +245,14 @@ def clean_redis(name: str) -> None:
         members = [m for m in connection.smembers(shared) if name.encode() in m]
         if members:
             connection.srem(shared, *members)
+
+
+def delete_queue(url: str, name: str) -> None:
+    """Delete the RabbitMQ queue *name* (what a scenario left in it goes too)."""
+    from benchmarks import app
+
+    with app.app.connection_for_write(url) as connection, contextlib.suppress(Exception):
+        connection.default_channel.queue_delete(name)
 
 
 def committed_and_end(topic: str, group: str, partitions: int) -> tuple[int, int]:

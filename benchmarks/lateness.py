@@ -24,7 +24,7 @@ from benchmarks import peers_longterm
 from benchmarks.context import Context, feed, utc
 from benchmarks.cpu import CpuMeter, CpuUse, add_rows, local_services
 from benchmarks.execlog import Start
-from benchmarks.harness import REDIS_URL, Stack, log, stack
+from benchmarks.harness import RABBITMQ_URL, REDIS_URL, Stack, log, stack
 from benchmarks.report import Section
 from benchmarks.stats import Figure, percentile, ratio
 
@@ -35,6 +35,9 @@ WORKERS = 2
 PROCRASTINATE = "procrastinate"
 LONGTERM = "celery-longterm-scheduler"
 SYSTEMS = ("celery_scheduler", "Celery eta=", "RQ enqueue_at", PROCRASTINATE, LONGTERM)
+# The same two again with RabbitMQ as the Celery broker, at 100/s only (3b).
+ON_RABBITMQ = " on RabbitMQ"
+RABBITMQ_SYSTEMS = (f"celery_scheduler{ON_RABBITMQ}", f"Celery eta={ON_RABBITMQ}")
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,10 @@ def systems(ctx: Context, name: str, env: dict[str, str] | None = None
     of a task's identity: our uniqueness key, procrastinate's queueing lock, the task or job
     id for the others.
     """
+    broker = RABBITMQ_URL if name.endswith(ON_RABBITMQ) else None
+    name = name.removesuffix(ON_RABBITMQ)
     scheduler = name == "celery_scheduler"
-    with stack(ctx.tmp, init=scheduler, env=env) as s:
+    with stack(ctx.tmp, init=scheduler, env=env, broker=broker) as s:
         app = s.use_client()
         if name == PROCRASTINATE:
             with _procrastinate(s) as publish:
@@ -103,11 +108,17 @@ def systems(ctx: Context, name: str, env: dict[str, str] | None = None
 
             yield s, publish, flush_all
         elif name == "Celery eta=":
+            connection = app.app.connection_for_write(broker) if broker else None
+
             def publish(seq: int, due: float) -> None:
                 app.plain.apply_async((f"o{seq % ORDERING_IDS}", seq, due), eta=utc(due), queue=s.name,
-                                      task_id=f"{s.name}-{seq}")
+                                      task_id=f"{s.name}-{seq}", connection=connection)
 
-            yield s, publish, lambda: None
+            try:
+                yield s, publish, lambda: None
+            finally:
+                if connection is not None:
+                    connection.release()
         elif name == LONGTERM:
             peers_longterm.ticker(s)
 
@@ -193,11 +204,12 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
     return outcome
 
 
-def _ratios(section: Section, ours: list[Outcome], peer: list[Outcome], name: str) -> None:
+def _ratios(section: Section, ours: list[Outcome], peer: list[Outcome], name: str,
+            us: str = "celery_scheduler") -> None:
     """Our lateness over the peer's, run by run (runs in the same order on the same machine);
     n/a where the peer's is not above zero (it started tasks before they were due)."""
     for q in (50, 99):
-        section.add(f"celery_scheduler / {name}: lateness p{q}",
+        section.add(f"{us} / {name}: lateness p{q}",
                     Figure.of([ratio(a.ms(q), b.ms(q)) if b.ms(q) > 0 else math.nan
                                for a, b in zip(ours, peer, strict=False)], "x", 1))
 
@@ -260,24 +272,36 @@ def run(ctx: Context) -> list[Section]:
     slow_runs, fast_runs = ctx.pick(1, 2), 1
     results: dict[str, tuple[list[Outcome], list[Outcome]]] = {}
     errors = []
-    for system in SYSTEMS:
+    for system in SYSTEMS + RABBITMQ_SYSTEMS:
+        both = system in SYSTEMS  # the RabbitMQ ones run 3b only
         try:
             with systems(ctx, system) as (s, publish, flush):
                 results[system] = (
                     [measure(s, publish, flush, slow, (k + 1) * 10_000_000) for k in range(slow_runs)],
-                    [measure(s, publish, flush, fast, (k + 10) * 10_000_000) for k in range(fast_runs)])
+                    [measure(s, publish, flush, fast, (k + 10) * 10_000_000)
+                     for k in range(fast_runs if both else 0)])
         except Exception as exc:
             errors.append(f"{system}: {type(exc).__name__}: {exc}"[:500])
     three = Section("3", f"Release lateness at {fast.rate:g} due tasks/s for {fast.duration:g} s")
     three_b = Section("3b", f"Release lateness at {slow.rate:g} due tasks/s for {slow.duration:g} s")
     for system, (slow_outcomes, fast_outcomes) in results.items():
-        _rows(three, system, fast_outcomes, 20, 100)
+        if fast_outcomes:
+            _rows(three, system, fast_outcomes, 20, 100)
         _rows(three_b, system, slow_outcomes, None, 20)
     for section, pick in ((three, 1), (three_b, 0)):
         ours = results.get("celery_scheduler")
         for peer in SYSTEMS[1:]:
             if ours is not None and peer in results:
                 _ratios(section, ours[pick], results[peer][pick], peer)
+    rabbit, rabbit_eta = (results.get(name) for name in RABBITMQ_SYSTEMS)
+    if rabbit is not None and rabbit_eta is not None:
+        _ratios(three_b, rabbit[0], rabbit_eta[0], RABBITMQ_SYSTEMS[1], RABBITMQ_SYSTEMS[0])
+    ours = results.get("celery_scheduler")
+    if rabbit is not None and ours is not None:
+        on_redis = Figure.of([ratio(a.ms(99), b.ms(99)) for a, b in zip(rabbit[0], ours[0], strict=False)],
+                             "x", 1)
+        three_b.add(f"{RABBITMQ_SYSTEMS[0]} / celery_scheduler on Redis: lateness p99", on_redis,
+                    "≤ 2x", on_redis.median <= 2)
     method = [
         f"task i is due at t0 + i/rate and published {fast.lead:g} s before it is due "
         f"(batched form for celery_scheduler); {ORDERING_IDS} ordering ids; the task body logs its "
@@ -295,6 +319,9 @@ def run(ctx: Context) -> list[Section]:
         "idle over that time. Near 100% busy, queueing for CPU is what makes tasks late.",
         f"{WORKERS} workers per system (Celery: --pool=solo; RQ: SimpleWorker, RQ's own scheduler "
         "via enqueue_at and --with-scheduler); celery_scheduler: one dispatcher, 12 partitions.",
+        "'on RabbitMQ' (3b only): celery_scheduler and Celery eta= with RabbitMQ as the Celery "
+        "broker (workers on the threads pool, one task at a time: README, Brokers); the ratio to "
+        "celery_scheduler on Redis is run by run.",
         f"procrastinate: defer with schedule_at, lock = the ordering id (its jobs of one lock run "
         f"one at a time, as ours do) and queueing_lock = the task's key (a second waiting job with "
         f"it is refused, as ours are), one by one through its synchronous connector; {WORKERS} "
