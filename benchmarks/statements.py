@@ -1,0 +1,93 @@
+"""What a task costs at a steady light load: CPU per part, and Cassandra statements per table.
+
+::
+
+    python -m benchmarks.statements [--rate 100] [--seconds 20]
+
+One dispatcher and two solo workers on the local services; tasks due at *rate* a second,
+each scheduled 5 s ahead over 1,000 ordering ids. Prints the CPU per task of the
+dispatcher, the workers and each service from the first schedule call to 3 s after the
+last due time, and how many reads and writes each of the scheduler's tables took (from
+Cassandra's own per-table counters, ``system_views``), per task and per second. The
+statements per task are the figure the performance work counts; the reads and writes that
+do not grow with the rate (lease renewals, schedule reads) show as their rate per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from cassandra.cluster import Cluster
+
+from benchmarks.context import feed, utc
+from benchmarks.cpu import _cpu_seconds, local_services
+from benchmarks.harness import stack
+
+ORDERING_IDS = 1000
+LEAD = 5.0
+_VIEWS = ("local_read_latency", "local_write_latency", "local_scan_latency")
+
+
+def _counts(session: object, keyspace: str) -> dict[tuple[str, str], int]:
+    found: dict[tuple[str, str], int] = {}
+    for view in _VIEWS:
+        rows = session.execute(  # type: ignore[attr-defined]
+            f"SELECT table_name, count FROM system_views.{view} WHERE keyspace_name = %s", (keyspace,))
+        for row in rows:
+            found[(view.split("_")[1], row.table_name)] = row.count
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.statements", description=__doc__)
+    parser.add_argument("--rate", type=float, default=100.0, help="tasks due a second")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long tasks fall due")
+    args = parser.parse_args(argv)
+    cluster = Cluster(["127.0.0.1"])
+    session = cluster.connect()
+    services = local_services()
+    with stack(Path(tempfile.mkdtemp(prefix="celery-scheduler-statements-"))) as s:
+        dispatcher = s.dispatcher()
+        workers = [s.worker(), s.worker()]
+        app = s.use_client()
+        time.sleep(3)  # started and settled: count from here
+        before = {name: _cpu_seconds(pids) for name, pids in services.items()}
+        parts_before = (_cpu_seconds([dispatcher.pid]), _cpu_seconds([w.pid for w in workers]))
+        counted = _counts(session, s.name)
+        started = time.time()
+
+        def publish(seq: int, due: float) -> None:
+            app.record.schedule((f"o{seq % ORDERING_IDS}", seq, due), {}, at=utc(due), wait=False)
+
+        t0, total, _ = feed(publish, args.rate, args.seconds, LEAD)
+        from celery_scheduler import flush
+
+        flush(app.app, 60)
+        while time.time() < t0 + args.seconds + 3:
+            time.sleep(0.2)
+        elapsed = time.time() - started
+        ran = len({x.seq for x in s.starts()})
+        after = {name: _cpu_seconds(pids) for name, pids in services.items()}
+        dispatcher_cpu = _cpu_seconds([dispatcher.pid]) - parts_before[0]
+        workers_cpu = _cpu_seconds([w.pid for w in workers]) - parts_before[1]
+        counts = _counts(session, s.name)
+    cluster.shutdown()
+    print(f"{total} tasks due at {args.rate:g}/s for {args.seconds:g}s, {ran} ran; "
+          f"counted over {elapsed:.1f}s")
+    print(f"  {'dispatcher':12} {dispatcher_cpu * 1000 / total:7.3f} ms CPU per task")
+    print(f"  {'workers':12} {workers_cpu * 1000 / total:7.3f} ms CPU per task")
+    for name in after:
+        print(f"  {name:12} {(after[name] - before[name]) * 1000 / total:7.3f} ms CPU per task")
+    print("  Cassandra statements (kind, table): count, per task, per second")
+    for key in sorted(counts):
+        grown = counts[key] - counted.get(key, 0)
+        if grown:
+            print(f"    {key[0]:5} {key[1]:18} {grown:7d} {grown / total:6.2f} {grown / elapsed:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
