@@ -69,9 +69,16 @@ def _registered_task(name: str, module: str) -> ScheduledTask:
     return _REGISTRY[name]
 
 
-def registered() -> Mapping[str, ScheduledTask]:
-    """Return the scheduled tasks defined in this process, by Celery task name."""
-    return dict(_REGISTRY)
+def registered(app: Any = None) -> Mapping[str, ScheduledTask]:
+    """Return the scheduled tasks defined in this process, by Celery task name.
+
+    With *app*, only those of that Celery app (in its task registry): what a dispatcher
+    running *app* may release.
+    """
+    if app is None:
+        return dict(_REGISTRY)
+    tasks = app.tasks
+    return {name: task for name, task in _REGISTRY.items() if name in tasks}
 
 
 def _resolver(spec: KeySpec | None, what: str, binder: Binder, task: str

@@ -103,7 +103,7 @@ class Dispatcher:
                  settings: Settings | None = None, metrics: Metrics | None = None) -> None:
         self.app = app
         app.tasks  # noqa: B018 - finalizes the app: DurableEtaTask tasks register when bound
-        names = set(registered())
+        names = set(registered(app))  # the app's own: another app's tasks are not released
         if not names:
             logger.warning(
                 "no @scheduled_task is registered in this process: only delayed Kafka messages "

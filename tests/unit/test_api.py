@@ -234,3 +234,20 @@ def test_signed_calls_carry_a_verifiable_signature() -> None:
     finally:
         app.conf.update(scheduler_signing_keys={}, scheduler_signing_key_id=None)
         vars(app).pop("_celery_scheduler_settings", None)
+
+
+def test_a_dispatcher_releases_only_its_own_apps_scheduled_tasks() -> None:
+    from celery import Celery
+
+    from celery_scheduler.api import registered
+
+    other = Celery("other-app", set_as_current=False)
+
+    @scheduled_task(ordering_id="who")
+    @other.task(name="other_app.greet", shared=False)  # only the other app has it
+    def greet(who: str) -> str:
+        return who
+
+    assert "other_app.greet" in registered() and remind.name in registered()
+    assert "other_app.greet" not in registered(app) and remind.name in registered(app)
+    assert "other_app.greet" in registered(other)  # (and the shared tasks, as Celery shares them)
