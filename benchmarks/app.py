@@ -20,7 +20,7 @@ from celery_longterm_scheduler import Task as LongtermTask
 
 from benchmarks.execlog import write_start
 from celery_scheduler import scheduled_task
-from celery_scheduler.bridge import HEADER
+from celery_scheduler.wire import HEADER
 
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 # celery-longterm-scheduler wants a Redis database of its own (one sorted set for all tasks)

@@ -100,8 +100,8 @@ class Stack:
     def store(self) -> Any:
         """The package's Cassandra store for this keyspace (closed by the caller)."""
         from benchmarks import app
-        from celery_scheduler.client import open_store
         from celery_scheduler.config import get_settings
+        from celery_scheduler.store import open_store
 
         return open_store(get_settings(app.app).replace(kafka_topic=self.name, cassandra_keyspace=self.name))
 

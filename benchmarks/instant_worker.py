@@ -19,9 +19,9 @@ from kombu.messaging import Consumer
 
 from benchmarks.app import EXECLOG, RELEASED_HEADER, app
 from benchmarks.execlog import write_start
-from celery_scheduler.bridge import HEADER, parse_header
-from celery_scheduler.completion import Outcome, OutcomeProducer
 from celery_scheduler.config import get_settings
+from celery_scheduler.wire import HEADER, Outcome, parse_header
+from celery_scheduler.worker import OutcomeProducer
 
 PREFETCH = 2000
 

@@ -54,19 +54,22 @@ except ImportError:  # pragma: no cover - depends on the environment
 from celery import Celery  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
-from celery_scheduler import bridge, scheduled_task  # noqa: E402
+from celery_scheduler import release as releasing  # noqa: E402
+from celery_scheduler import scheduled_task, wire  # noqa: E402
 from celery_scheduler.api import registered  # noqa: E402
-from celery_scheduler.client import SchedulerClient, now_ms, open_store, set_client  # noqa: E402
-from celery_scheduler.completion import Outcome, outcome_topic  # noqa: E402
+from celery_scheduler.client import SchedulerClient, set_client  # noqa: E402
+from celery_scheduler.clock import now_ms  # noqa: E402
 from celery_scheduler.config import get_settings  # noqa: E402
 from celery_scheduler.dispatcher.engine import Engine, PublishMany  # noqa: E402
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic  # noqa: E402
-from celery_scheduler.dispatcher.process import engine_settings  # noqa: E402
+from celery_scheduler.dispatcher.service import engine_settings  # noqa: E402
 from celery_scheduler.dispatcher.timetable import Loaded  # noqa: E402
 from celery_scheduler.envelope import encode  # noqa: E402
 from celery_scheduler.partitioner import partition_for  # noqa: E402
+from celery_scheduler.store import open_store  # noqa: E402
 from celery_scheduler.store.base import Operation, Put  # noqa: E402
 from celery_scheduler.tasklog.kafka import create_topic  # noqa: E402
+from celery_scheduler.wire import Outcome, outcome_topic  # noqa: E402
 
 PARTITIONS = 12
 
@@ -224,7 +227,7 @@ def _raw_insert_rate(store: Any, rows: list[tuple[Any, ...]]) -> float:
     return len(rows) / (time.perf_counter() - started)
 
 
-def _dispatcher_parts(app: Celery, name: str, publish: Callable[[Loaded, bridge.Release], None],
+def _dispatcher_parts(app: Celery, name: str, publish: Callable[[Loaded, wire.Release], None],
                       publish_many: PublishMany | None = None
                       ) -> tuple[Any, Engine, Consumer, Ingest]:
     settings = get_settings(app)
@@ -298,9 +301,9 @@ def profile_backlog(args: argparse.Namespace) -> None:
         last_seq: dict[str, int] = {}
         disorder: list[str] = []
 
-        publisher = bridge.Publisher(app, settings.lease_seconds)  # as a dispatcher keeps one
+        publisher = releasing.Publisher(app, settings.lease_seconds)  # as a dispatcher keeps one
 
-        def sent(task: Loaded, release: bridge.Release) -> None:
+        def sent(task: Loaded, release: wire.Release) -> None:
             ordering_id, seq = task.envelope.args
             if last_seq.get(ordering_id, -1) >= seq:
                 disorder.append(f"{ordering_id}: {seq} after {last_seq[ordering_id]}")
@@ -308,11 +311,11 @@ def profile_backlog(args: argparse.Namespace) -> None:
             # what a worker's completion notice would tell the engine
             engine.outcome(Outcome(task.key, task.partition, release.attempt, True, None))
 
-        def publish(task: Loaded, release: bridge.Release) -> None:
+        def publish(task: Loaded, release: wire.Release) -> None:
             publisher.publish(task.envelope, release)
             sent(task, release)
 
-        def publish_many(items: list[tuple[Loaded, bridge.Release]]) -> list[Exception | None]:
+        def publish_many(items: list[tuple[Loaded, wire.Release]]) -> list[Exception | None]:
             results = publisher.publish_many([(task.envelope, release) for task, release in items])
             for (task, release), error in zip(items, results, strict=True):
                 if error is None:

@@ -355,7 +355,7 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
                 "copies that run outside the scheduler's ordering; the scheduler owns retries "
                 "of scheduled runs (scheduler_max_attempts), so give max_retries a number",
                 stacklevel=2)
-        from celery_scheduler.completion import guard_stale_releases, install_worker_hooks
+        from celery_scheduler.worker import guard_stale_releases, install_worker_hooks
 
         install_worker_hooks()  # workers that import this task report its outcomes
         guard_stale_releases(celery_task)  # and run only the current release of a key

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
+from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.envelope import Envelope, encode
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
+from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import Position, TaskLog
 
@@ -24,10 +25,6 @@ __all__ = ["SchedulerClient", "get_client"]
 
 _CLIENT_ATTRIBUTE = "_celery_scheduler_client"
 _client_lock = threading.Lock()
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class SchedulerClient:
@@ -94,20 +91,6 @@ class SchedulerClient:
         self._task_log = self._store = None
 
 
-def open_store(settings: Settings) -> ScheduleStore:
-    """Connect to the Cassandra schedule store that *settings* describe."""
-    from celery_scheduler.store.cassandra import CassandraScheduleStore
-
-    s = settings
-    return CassandraScheduleStore(
-        s.cassandra_contact_points, s.cassandra_keyspace, port=s.cassandra_port,
-        replication=dict(s.cassandra_replication), consistency=s.cassandra_consistency,
-        serial_consistency=s.cassandra_serial_consistency,
-        bucket_seconds=s.bucket_seconds, status_ttl=s.status_ttl,
-        username=s.cassandra_username, password=s.cassandra_password,
-        use_ssl=s.cassandra_ssl, request_timeout=s.cassandra_request_timeout)
-
-
 def get_client(app: Any) -> SchedulerClient:
     """Return the scheduler client of Celery *app*, creating it on first use."""
     client = getattr(app, _CLIENT_ATTRIBUTE, None)
@@ -127,4 +110,4 @@ def set_client(app: Any, client: SchedulerClient | None) -> SchedulerClient | No
     return previous
 
 
-__all__ += ["Position", "now_ms", "open_store", "set_client"]
+__all__ += ["Position", "set_client"]

@@ -39,21 +39,22 @@ from typing import Any
 
 from kombu.utils.json import loads as kombu_loads
 
-from celery_scheduler.bridge import CELERY_RETRIES_EXHAUSTED, Release
-from celery_scheduler.client import SchedulerClient, now_ms, set_client
-from celery_scheduler.completion import Outcome
+from celery_scheduler.client import SchedulerClient, set_client
+from celery_scheduler.clock import FakeClock, now_ms
 from celery_scheduler.config import get_settings
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
-from celery_scheduler.dispatcher.process import engine_settings
+from celery_scheduler.dispatcher.service import engine_settings
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
+from celery_scheduler.release import CELERY_RETRIES_EXHAUSTED
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
+from celery_scheduler.wire import Outcome, Release
 
 __all__ = ["Execution", "SchedulerRecorder", "SchedulerTesting", "scheduler_testing"]
 
@@ -83,16 +84,6 @@ class Execution:
     @property
     def succeeded(self) -> bool:
         return bool(self.result.state == "SUCCESS")
-
-
-class FakeClock:
-    """Epoch milliseconds that move only when told to."""
-
-    def __init__(self, start_ms: int) -> None:
-        self.ms = start_ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 class SchedulerTesting:

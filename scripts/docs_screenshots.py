@@ -34,7 +34,8 @@ from click.testing import CliRunner
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from celery_scheduler import bridge, scheduled_task  # noqa: E402
+from celery_scheduler import release as releasing  # noqa: E402
+from celery_scheduler import scheduled_task, wire  # noqa: E402
 from celery_scheduler.cli import scheduler as scheduler_command  # noqa: E402
 from celery_scheduler.envelope import ScheduleEnvelope  # noqa: E402
 from celery_scheduler.keys import TaskKey  # noqa: E402
@@ -124,8 +125,8 @@ def flower(browser: str) -> None:
         for n in range(6):
             key = TaskKey(f"customer-{n:02d}", now + n * 1000, "step-1")
             envelope = ScheduleEnvelope(key, "proj.send_reminder", [key.ordering_id, "step-1"])
-            release = bridge.Release(key, n % 12, 1, 1, now + 300_000)
-            bridge.publish(flowerproj.app, envelope, release, 300)
+            release = wire.Release(key, n % 12, 1, 1, now + 300_000)
+            releasing.publish(flowerproj.app, envelope, release, 300)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/tasks", timeout=5) as answer:

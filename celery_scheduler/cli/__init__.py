@@ -26,7 +26,8 @@ from typing import Any
 
 import click
 
-from celery_scheduler.client import get_client, now_ms, open_store
+from celery_scheduler.client import get_client
+from celery_scheduler.clock import now_ms
 from celery_scheduler.config import get_settings
 from celery_scheduler.envelope import CancelEnvelope
 from celery_scheduler.errors import (
@@ -35,6 +36,7 @@ from celery_scheduler.errors import (
     TopicMissingError,
 )
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
+from celery_scheduler.store import open_store
 
 __all__ = ["scheduler"]
 
@@ -80,9 +82,9 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
     """Create the Kafka topic and the Cassandra keyspace and tables (idempotent)."""
     from confluent_kafka.admin import AdminClient
 
-    from celery_scheduler.completion import outcome_topic
     from celery_scheduler.dispatcher.ingest import dead_letter_topic
     from celery_scheduler.tasklog.kafka import client_config, create_topic, topic_partitions
+    from celery_scheduler.wire import outcome_topic
 
     settings = get_settings(_app(ctx))
     try:
@@ -182,8 +184,8 @@ def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str, 
     import logging
     import signal
 
-    from celery_scheduler.dispatcher.process import Dispatcher
-    from celery_scheduler.dispatcher.process import check as check_dependencies
+    from celery_scheduler.dispatcher.service import Dispatcher
+    from celery_scheduler.dispatcher.service import check as check_dependencies
 
     app = _app(ctx)
     app.loader.import_default_modules()  # register the app's scheduled tasks

@@ -31,8 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from celery_scheduler.bridge import Release, publish_each
-from celery_scheduler.completion import Outcome
+from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import LeaseUpkeep
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
@@ -52,7 +51,9 @@ from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import ReleaseNotSentError, SchedulerError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
+from celery_scheduler.release import publish_each
 from celery_scheduler.store.base import ScheduleStore, State, StoredTask
+from celery_scheduler.wire import Outcome, Release
 
 __all__ = ["Engine", "EngineSettings"]
 
@@ -69,7 +70,7 @@ class Engine(LeaseUpkeep, Settling):
 
     def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
                  settings: EngineSettings | None = None,
-                 clock: Callable[[], int] | None = None, metrics: Metrics | None = None,
+                 clock: Clock | None = None, metrics: Metrics | None = None,
                  publish_many: PublishMany | None = None) -> None:
         self.store = store
         self.publish = publish
@@ -77,7 +78,7 @@ class Engine(LeaseUpkeep, Settling):
         self.publish_many: PublishMany = publish_many or (lambda items: publish_each(self.publish, items))
         self.owner = owner
         self.settings = settings or EngineSettings()
-        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.clock = clock or now_ms
         self.timetable = Timetable()
         # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
         self.claims = Claims()

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.envelope import CancelEnvelope, Envelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
@@ -138,7 +139,7 @@ class Ingest:
                  dead_letters: DeadLetterSink, partitions: Callable[[], int], *,
                  allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
                  max_bytes: int | None = None, batch_size: int = 1000,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Clock | None = None) -> None:
         self.consumer = consumer
         self.store = store
         self.engine = engine
@@ -148,7 +149,7 @@ class Ingest:
         self.signer = signer
         self.max_bytes = max_bytes
         self.batch_size = batch_size
-        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.clock = clock or now_ms
         self.persisted_count = 0
         self.paused: dict[int, str] = {}  # partition -> topic, paused until its lease is held
         self._assigned: list[TopicPartition] = []  # newly assigned: not paused by us

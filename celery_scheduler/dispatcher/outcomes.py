@@ -1,7 +1,7 @@
 """The dispatcher's outcome reader: workers' reports, from the outcomes topic to the engine.
 
 Workers produce each outcome to the partition of ``<topic>.outcomes`` numbered like the
-task's schedule partition (see :mod:`celery_scheduler.completion`). The dispatcher that
+task's schedule partition (see :mod:`celery_scheduler.worker`). The dispatcher that
 owns schedule partition *p* reads outcomes partition *p*, from the offset committed for it,
 and hands each batch to its engine. The engine applies the outcomes (the next task of an
 ordering id goes at once) and writes them to Cassandra; only once those writes are
@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from celery_scheduler.completion import Outcome
+from celery_scheduler.wire import Outcome
 
 __all__ = ["OutcomeBatch", "OutcomeReader"]
 

@@ -10,7 +10,6 @@ import logging
 import random
 from collections.abc import Callable
 
-from celery_scheduler.completion import Outcome
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Window
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
@@ -19,6 +18,7 @@ from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import RunTimes, ScheduleStore, State, TaskStatus
+from celery_scheduler.wire import Outcome
 
 __all__ = ["Settling"]
 

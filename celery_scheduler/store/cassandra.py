@@ -11,7 +11,6 @@ survives the loss of a replica. cassandra-driver exceptions are translated into
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from cassandra.cluster import Cluster, Session
 from cassandra.concurrent import execute_concurrent_with_args
 
+from celery_scheduler import clock
 from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
 from celery_scheduler.errors import EnvelopeDecodeError
 from celery_scheduler.keys import TaskKey
@@ -313,7 +313,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         (written by an incompatible version) cannot run either, and is recorded as failed.
         """
         keys = [TaskKey(row.ordering_id, to_ms(row.at), row.unique_key) for row, _ in remnants]
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         statement_sets: list[tuple[int, Statements]] = []
         for (row, error), key, status in zip(remnants, keys, self.statuses(keys), strict=True):
             state = settled_state(status, partition, bucket)

@@ -24,7 +24,7 @@ from typing import Any
 from celery import Celery
 
 from celery_scheduler import scheduled_task
-from celery_scheduler.bridge import HEADER, parse_header
+from celery_scheduler.wire import HEADER, parse_header
 from tests.apps.dispatching import log, unique_seq
 
 BROKER_URL = os.environ.get("CELERY_SCHEDULER_CHAOS_BROKER", "redis://127.0.0.1:16379/1")

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from celery_scheduler.bridge import HEADER, Release
 from celery_scheduler.store.base import State
+from celery_scheduler.wire import HEADER, Release
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.services import REPO
 

@@ -17,10 +17,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_scheduler.bridge import Publisher, Release
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.release import Publisher
+from celery_scheduler.wire import Release
 
 pytestmark = [pytest.mark.redis]
 

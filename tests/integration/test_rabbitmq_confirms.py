@@ -16,11 +16,12 @@ import pytest
 from celery import Celery
 from kombu import Connection, Queue
 
-from celery_scheduler import bridge
-from celery_scheduler.bridge import Publisher, Release
+from celery_scheduler import release as releasing
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.release import Publisher
+from celery_scheduler.wire import Release
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -133,7 +134,7 @@ def test_messages_rabbitmq_refuses_are_not_sent(rabbitmq_url: str, unique_name: 
 
 def test_releases_whose_confirm_never_comes_are_uncertain(rabbitmq_url: str, queue: Queue,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bridge, "CONFIRM_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(releasing, "CONFIRM_TIMEOUT_SECONDS", 1.0)
     host, port = rabbitmq_url.rsplit("@", 1)[1].rstrip("/").split(":")
     proxy = Proxy((host, int(port)))
     url = f"{rabbitmq_url.rsplit('@', 1)[0]}@127.0.0.1:{proxy.port}//"

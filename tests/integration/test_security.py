@@ -22,10 +22,10 @@ import pytest
 import redis
 
 from celery_scheduler.api import ScheduleHandle
-from celery_scheduler.client import open_store
 from celery_scheduler.config import Settings
 from celery_scheduler.errors import StoreUnavailableError, TaskLogUnavailableError
 from celery_scheduler.partitioner import partition_for
+from celery_scheduler.store import open_store
 from celery_scheduler.store.base import State
 from tests.integration import dispatch_fixtures
 from tests.integration.dispatch_fixtures import Scheduler

@@ -17,12 +17,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery_scheduler.client import open_store
 from celery_scheduler.config import get_settings
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
+from celery_scheduler.store import open_store
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.dispatch_fixtures import schedule as schedule  # the fixtures
 from tests.integration.dispatch_fixtures import scheduler as scheduler

@@ -9,8 +9,6 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from celery_scheduler.bridge import Release
-from celery_scheduler.completion import Outcome
 from celery_scheduler.dispatcher import pace as pace_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
@@ -21,6 +19,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import Cursor, State, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.wire import Outcome, Release
 
 NOW = 1_893_456_000_000
 

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import TopicPartition
 
-from celery_scheduler.bridge import LEASE_MARGIN_SECONDS, Release
-from celery_scheduler.completion import STALE_MARGIN_MS, Outcome
 from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher import ingest as ingest_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
@@ -35,9 +33,12 @@ from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryPolicy, ScheduleEnvelope, encode
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.release import LEASE_MARGIN_SECONDS
 from celery_scheduler.store.base import Cursor, RunTimes, State, StoredTask, TaskStatus
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
+from celery_scheduler.wire import Outcome, Release
+from celery_scheduler.worker import STALE_MARGIN_MS
 
 START_MS = 1_893_456_000_000
 TICK_MS = 50

@@ -9,7 +9,7 @@ import pytest
 from cassandra import AuthenticationFailed
 from cassandra.cluster import NoHostAvailable
 
-from celery_scheduler.dispatcher.process import when_available
+from celery_scheduler.dispatcher.service import when_available
 from celery_scheduler.errors import (
     ScheduleStoreError,
     StoreUnavailableError,

@@ -23,26 +23,24 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
 from celery.exceptions import Ignore
 
-from celery_scheduler.bridge import HEADER, parse_header
-from celery_scheduler.client import get_client, now_ms
+from celery_scheduler.client import get_client
+from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings
 from celery_scheduler.errors import SchedulerError
-from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import State
+from celery_scheduler.wire import HEADER, Outcome, outcome_topic, parse_header
 from celery_scheduler.worker_advice import warn_on_ready
 
-__all__ = ["Outcome", "OutcomeProducer", "guard_stale_releases", "install_worker_hooks",
-           "is_current_release", "outcome_topic", "report"]
+__all__ = ["OutcomeProducer", "guard_stale_releases", "install_worker_hooks",
+           "is_current_release", "report"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,42 +53,6 @@ STALE_MARGIN_MS = 5_000
 STARTED = "celery_scheduler_started_ms"
 _installed = threading.Lock()
 _hooks_connected = False
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One attempt's result, as a dispatcher receives it."""
-
-    key: TaskKey
-    partition: int
-    attempt: int
-    succeeded: bool
-    error: str | None
-    started_ms: int = 0  # when the attempt's body started on the worker (0: not reported)
-    finished_ms: int = 0  # when it returned or raised
-
-    def encode(self) -> bytes:
-        key = self.key
-        return json.dumps({"o": key.ordering_id, "t": key.scheduled_ms, "u": key.uniqueness_key,
-                           "p": self.partition, "a": self.attempt, "s": self.succeeded,
-                           "x": self.error, "b": self.started_ms, "f": self.finished_ms},
-                          ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-    @classmethod
-    def decode(cls, data: str | bytes) -> Outcome | None:
-        try:
-            d = json.loads(data)
-            # "b" and "f" are missing from workers of earlier versions
-            return cls(TaskKey(str(d["o"]), int(d["t"]), str(d["u"])), int(d["p"]), int(d["a"]),
-                       bool(d["s"]), d["x"] if isinstance(d["x"], str) else None,
-                       int(d.get("b") or 0), int(d.get("f") or 0))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
-
-
-def outcome_topic(topic: str) -> str:
-    """Where workers report outcomes: one partition for each partition of *topic*."""
-    return f"{topic}.outcomes"
 
 
 class OutcomeProducer:

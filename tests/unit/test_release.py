@@ -4,9 +4,10 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from celery_scheduler.bridge import CELERY_RETRIES_EXHAUSTED, HEADER, Release, parse_header, publish
 from celery_scheduler.envelope import ScheduleEnvelope, encode_arguments
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.release import CELERY_RETRIES_EXHAUSTED, publish
+from celery_scheduler.wire import HEADER, Release, parse_header
 
 KEY = TaskKey("customer-42", 1_893_456_000_000, "welcome")
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)

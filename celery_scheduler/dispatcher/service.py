@@ -20,10 +20,9 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-from celery_scheduler import bridge
+from celery_scheduler import release as releasing
+from celery_scheduler import wire
 from celery_scheduler.api import registered
-from celery_scheduler.client import open_store
-from celery_scheduler.completion import outcome_topic
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
@@ -38,7 +37,9 @@ from celery_scheduler.errors import (
 )
 from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
+from celery_scheduler.store import open_store
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
+from celery_scheduler.wire import outcome_topic
 
 __all__ = ["Dispatcher", "check", "engine_settings", "when_available"]
 
@@ -126,7 +127,7 @@ class Dispatcher:
         self.store = when_available("Cassandra", lambda: open_store(s), deadline, self.stopping)
         self.store.check_schema()  # a keyspace made by an older version: run init first
         self.metrics = metrics or Metrics()
-        self.publisher = bridge.Publisher(app, s.lease_seconds)  # the engine thread's only
+        self.publisher = releasing.Publisher(app, s.lease_seconds)  # the engine thread's only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many)
         self.store.fence_writes(self.engine.write_fence)
@@ -172,12 +173,12 @@ class Dispatcher:
         """How many partitions the scheduler topic has."""
         return self._partitions
 
-    def _publish(self, task: Loaded, release: bridge.Release) -> None:
+    def _publish(self, task: Loaded, release: wire.Release) -> None:
         [error] = self._publish_many([(task, release)])
         if error is not None:
             raise error
 
-    def _publish_many(self, items: list[tuple[Loaded, bridge.Release]]) -> list[Exception | None]:
+    def _publish_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Exception | None]:
         """Each release to Celery, or for a delayed message to Kafka; results in *items*' order."""
         messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
         if not messages:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kombu.utils.json import loads as _kombu_loads
@@ -19,14 +18,12 @@ from kombu.utils.json import loads as _kombu_loads
 from celery_scheduler.confirms import Confirms, supports_confirms
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
-from celery_scheduler.keys import TaskKey
+from celery_scheduler.wire import HEADER, Release
 
-__all__ = ["HEADER", "Publisher", "Release", "parse_header", "publish", "publish_each"]
+__all__ = ["Publisher", "publish", "publish_each"]
 
 T = TypeVar("T")
 
-# Message header naming the task key and attempt of a released task.
-HEADER = "celery_scheduler"
 # A released task is killed (hard time limit) this many seconds before its lease ends, so a
 # hung task never overlaps with its own re-release.
 LEASE_MARGIN_SECONDS = 5.0
@@ -40,41 +37,6 @@ ARGS_REPR_LIMIT = 1024
 # How long a step waits for RabbitMQ to confirm its releases; the unconfirmed ones are then
 # uncertain (released again when their lease ends).
 CONFIRM_TIMEOUT_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class Release:
-    """What the worker needs: which key and attempt, whose partition, and until when it may start.
-
-    ``lease_until_ms`` is the end of the attempt's lease: the dispatcher releases the key
-    again then if no outcome came, so a copy of this message that a worker gets later (one
-    the broker gave back long after) is stale without asking anyone. 0 in headers written
-    before it was carried.
-    """
-
-    key: TaskKey
-    partition: int
-    attempt: int
-    epoch: int
-    lease_until_ms: int = 0
-
-    def header(self) -> str:
-        key = self.key
-        return json.dumps({"o": key.ordering_id, "t": key.scheduled_ms, "u": key.uniqueness_key,
-                           "p": self.partition, "a": self.attempt, "e": self.epoch,
-                           "l": self.lease_until_ms}, ensure_ascii=False, separators=(",", ":"))
-
-
-def parse_header(value: object) -> Release | None:
-    """Read a ``celery_scheduler`` header; None if absent or not ours."""
-    if not isinstance(value, str):
-        return None
-    try:
-        data = json.loads(value)
-        return Release(TaskKey(str(data["o"]), int(data["t"]), str(data["u"])), int(data["p"]),
-                       int(data["a"]), int(data["e"]), int(data.get("l", 0)))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def _tagged(value: Any) -> bool:
