@@ -40,6 +40,7 @@ class FencedTimestamps:
 
     def __init__(self) -> None:
         self.fence: Callable[[int], float | None] = lambda partition: None
+        self.wall: Callable[[], float] = time.time  # seconds since the epoch
         self._lock = threading.Lock()
         self._last: dict[int | None, int] = {}
         self._local = threading.local()
@@ -55,7 +56,7 @@ class FencedTimestamps:
 
     def __call__(self) -> int:
         partition: int | None = getattr(self._local, "partition", None)
-        stamp = int(time.time() * 1_000_000)
+        stamp = int(self.wall() * 1_000_000)
         limit = None if partition is None else self.fence(partition)
         if limit is not None:
             stamp = min(stamp, int(limit * 1_000_000))

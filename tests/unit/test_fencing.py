@@ -18,19 +18,20 @@ def _now_us() -> int:
 
 
 def test_timestamps_are_now_until_the_fence_then_held_there_in_order() -> None:
+    wall = [time.time()]  # the wall clock the stamps read, moved by hand
     stamps = FencedTimestamps()
-    fence = time.time() + 0.05
+    stamps.wall = lambda: wall[0]
+    fence = wall[0] + 0.05
     stamps.fence = lambda partition: fence
-    before = _now_us()
     with stamps.writing(0):
-        assert before <= stamps() <= int(fence * 1_000_000)  # within the lease: now
-        time.sleep(0.1)
+        assert stamps() == int(wall[0] * 1_000_000)  # within the lease: now
+        wall[0] += 0.1  # past the lease's end
         held = [stamps() for _ in range(3)]
     limit = int(fence * 1_000_000)
-    assert limit <= held[0] < held[1] < held[2] < limit + 1000  # past it: held, in order
+    assert held == [limit, limit + 1, limit + 2]  # past it: held, in order
     stamps.fence = lambda partition: None
     with stamps.writing(0):
-        assert stamps() >= _now_us() - 1000  # no lease: now again
+        assert stamps() == int(wall[0] * 1_000_000)  # no lease: now again
 
 
 def test_each_partition_is_held_at_its_own_fence() -> None:

@@ -4,6 +4,9 @@ A long chaos run left the client's producer, after repeated Kafka restarts, acce
 and never reporting on them again: every later schedule call of that process failed. The
 task log now replaces a producer that holds a record long past its delivery timeout, or that
 reported a fatal error.
+
+The task log's poll thread is not started here: each test runs its check itself, at the
+time it names, so none waits on a timer.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ class SilentProducer:
         self.produced.append(value)
 
     def poll(self, timeout: float = 0) -> int:
-        time.sleep(min(timeout, 0.05))
         return 0
 
     def purge(self) -> None:
@@ -44,18 +46,27 @@ class SilentProducer:
 @pytest.fixture
 def log(monkeypatch: pytest.MonkeyPatch) -> Iterator[KafkaTaskLog]:
     monkeypatch.setattr(kafka, "STUCK_GRACE", 1.0)
+    monkeypatch.setattr(KafkaTaskLog, "_poll_forever", lambda self: None)  # the tests check
     log = KafkaTaskLog("127.0.0.1:1", "topic", timeout=1.0)  # nothing listens: never delivers
     log._partitions = 6  # no metadata request
     yield log
     log._closed.set()
 
 
+def _later(log: KafkaTaskLog) -> float:
+    """A monotonic time past the point where a record held since now counts as stuck."""
+    return time.monotonic() + log._stuck_after + 1
+
+
 def test_a_producer_that_never_reports_is_replaced(log: KafkaTaskLog) -> None:
     silent = SilentProducer()
     log._producer = silent
     future = log.publish_async("o1", b"record")
+    log._check(time.monotonic())
+    assert log.replaced == 0 and not future.done()  # not overdue yet
+    log._check(_later(log))
     with pytest.raises(TaskLogUnavailableError, match="producer was replaced"):
-        future.result(timeout=10)
+        future.result(timeout=0)
     assert log.replaced == 1 and silent.purged
     assert log._producer is not silent
 
@@ -67,27 +78,28 @@ def test_a_producer_that_never_reports_is_replaced(log: KafkaTaskLog) -> None:
 def test_a_fatal_error_replaces_the_producer(log: KafkaTaskLog) -> None:
     first = log._producer
     log._on_error(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
-    deadline = time.monotonic() + 5
-    while log.replaced == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    log._check(time.monotonic())
     assert log.replaced == 1 and log._producer is not first
 
 
 def test_an_ordinary_error_does_not(log: KafkaTaskLog) -> None:
     first = log._producer
     log._on_error(KafkaError(KafkaError._TRANSPORT, "broker down"))
-    time.sleep(1.5)
+    log._check(time.monotonic())
     assert log.replaced == 0 and log._producer is first
 
 
 def test_a_producer_whose_records_keep_failing_is_replaced(log: KafkaTaskLog) -> None:
     first = log._producer
     future = log.publish_async("o1", b"record")  # nothing listens: it times out after 1 s
+    deadline = time.monotonic() + 10
+    while not future.done() and time.monotonic() < deadline:
+        first.poll(0.1)  # serves the delivery report, as the poll thread would
     # the error says the record may have been written after all, and what to do about it
     with pytest.raises(TaskLogUnavailableError,
                        match=r"did not acknowledge.*the task may still run.*the same task key runs once"):
-        future.result(timeout=10)
-    deadline = time.monotonic() + 10
-    while log.replaced == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+        future.result(timeout=0)
+    log._check(time.monotonic())
+    assert log.replaced == 0  # one failure is not yet a producer that keeps failing
+    log._check(_later(log))
     assert log.replaced == 1 and log._producer is not first
