@@ -60,9 +60,10 @@ class KafkaDelivery:
         results: list[Exception | None] = []
         refused: list[Outcome] = []
         for envelope, release in items:
-            started = now_ms()
+            started, topic = now_ms(), "?"
             try:
                 message = DelayedMessage.of(envelope)
+                topic = message.topic
                 self._producer.produce(
                     message.topic, message.value, key=message.key,
                     headers=[*message.headers, (KEY_HEADER, str(release.key).encode("utf-8"))],
@@ -71,7 +72,9 @@ class KafkaDelivery:
                 results.append(ReleaseNotSentError(f"the Kafka producer's queue is full: {exc}"))
                 continue
             except (KafkaException, EnvelopeDecodeError, TypeError, ValueError) as exc:
-                refused.append(_outcome(release, started, f"Kafka refused the message: {exc}"))
+                # a topic the client already knows is missing is refused here, not reported
+                refused.append(_outcome(release, started,
+                                        f"Kafka refused the message for topic {topic!r}: {exc}"))
             results.append(None)
         self._producer.poll(0)
         if refused:
