@@ -95,9 +95,10 @@ def due_soon(count: int, store: ScheduleStore, now_ms: int, buckets: int = 30) -
 
 def consumer_lag(settings: Settings, timeout: float = 10.0) -> dict[int, int | None]:
     """Per partition, how many records the dispatchers' group has not committed yet."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     from celery_scheduler.tasklog.kafka import client_config, topic_partitions
+    from celery_scheduler.tasklog.reader import kafka_errors
 
     consumer = Consumer({**client_config(settings.kafka_bootstrap_servers, settings.kafka_options),
                          "group.id": settings.kafka_topic + DISPATCHER_GROUP_SUFFIX,
@@ -105,14 +106,12 @@ def consumer_lag(settings: Settings, timeout: float = 10.0) -> dict[int, int | N
     try:
         count = topic_partitions(consumer, settings.kafka_topic, timeout)  # type: ignore[arg-type]
         wanted = [TopicPartition(settings.kafka_topic, n) for n in range(count)]
-        try:
+        with kafka_errors("say the dispatchers' offsets"):
             committed = consumer.committed(wanted, timeout=timeout)
             lags: dict[int, int | None] = {}
             for tp in committed:
                 low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
                 lags[tp.partition] = high - (tp.offset if tp.offset >= 0 else low)
-        except KafkaException as exc:
-            raise TaskLogUnavailableError(f"Kafka did not say the dispatchers' offsets: {exc}") from exc
         return lags
     finally:
         consumer.close()
@@ -304,6 +303,7 @@ def read_dead_letters(settings: Settings, reason: str | None = None,
 
     from celery_scheduler.dispatcher.ingest import dead_letter_topic
     from celery_scheduler.tasklog.kafka import client_config, topic_partitions
+    from celery_scheduler.tasklog.reader import kafka_errors
 
     topic = dead_letter_topic(settings.kafka_topic)
     consumer = Consumer({**client_config(settings.kafka_bootstrap_servers, settings.kafka_options),
@@ -311,12 +311,14 @@ def read_dead_letters(settings: Settings, reason: str | None = None,
                          "enable.partition.eof": True})
     try:
         count = topic_partitions(consumer, topic, timeout)  # type: ignore[arg-type]
-        ends = {n: consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout)[1]
-                for n in range(count)}
-        consumer.assign([TopicPartition(topic, n, OFFSET_BEGINNING) for n in range(count)])
+        with kafka_errors(f"read {topic}"):
+            ends = {n: consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout)[1]
+                    for n in range(count)}
+            consumer.assign([TopicPartition(topic, n, OFFSET_BEGINNING) for n in range(count)])
         left = {n for n, end in ends.items() if end > 0}
         while left:
-            message = consumer.poll(timeout)
+            with kafka_errors(f"read {topic}"):
+                message = consumer.poll(timeout)
             if message is None:
                 raise TaskLogUnavailableError(f"Kafka stopped answering while {topic} was read")
             error = message.error()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.engine import Engine
@@ -41,6 +41,7 @@ from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.signing import Signer
 from celery_scheduler.store.base import Cancel, Operation, Put, Retry, ScheduleStore, StoredTask
 from celery_scheduler.tasklog.base import TaskLogReader
+from celery_scheduler.tasklog.reader import kafka_errors
 
 __all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record",
            "dead_letter_topic"]
@@ -118,10 +119,11 @@ class DeadLetters:
             if error is not None:
                 self._errors.append(str(error))
 
-        self.producer.produce(self.topic, key=record.key, value=record.value,
-                              headers=[("reason", reason.encode("utf-8")),
-                                       ("source", record.source.encode("utf-8"))],
-                              on_delivery=on_delivery)
+        with kafka_errors(f"dead-letter record {record.source}"):
+            self.producer.produce(self.topic, key=record.key, value=record.value,
+                                  headers=[("reason", reason.encode("utf-8")),
+                                           ("source", record.source.encode("utf-8"))],
+                                  on_delivery=on_delivery)
         self.count += 1
         self.metrics.dead_lettered()
 
@@ -166,7 +168,7 @@ class Ingest:
         if self._assigned:
             # a partition paused before it was revoked and then assigned again starts paused
             fresh, self._assigned = self._assigned, []
-            with contextlib.suppress(KafkaException):
+            with contextlib.suppress(TaskLogError):
                 self.consumer.resume(fresh)
         ready = [TopicPartition(topic, partition) for partition, topic in self.paused.items()
                  if self.engine.may_persist(partition)]
@@ -179,7 +181,7 @@ class Ingest:
         """Read *records* (the first unwritten one of each partition) again once leased."""
         for record in records.values():
             tp = TopicPartition(record.topic, record.partition, record.offset)
-            with contextlib.suppress(KafkaException):  # revoked meanwhile: its new owner reads it
+            with contextlib.suppress(TaskLogError):  # revoked meanwhile: its new owner reads it
                 self.consumer.seek(tp)
                 self.consumer.pause([tp])
                 self.paused[record.partition] = record.topic
@@ -190,7 +192,7 @@ class Ingest:
         self._resume_leased()
         try:
             messages = self.consumer.consume(self.batch_size, timeout)
-        except KafkaException as exc:
+        except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
             return 0
         if not messages:
@@ -241,12 +243,12 @@ class Ingest:
             if last:
                 self.consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.offset + 1)
                                               for r in last.values()], asynchronous=True)
-        except (SchedulerError, KafkaException) as exc:
+        except SchedulerError as exc:  # TaskLogError included
             # Nothing of this batch counts as done: read it again (the writes are idempotent).
             logger.warning("could not persist a batch (%s); it will be applied again", exc)
             for record in first.values():
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
-                with contextlib.suppress(KafkaException):
+                with contextlib.suppress(TaskLogError):
                     self.consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
             time.sleep(1.0)
             return 0

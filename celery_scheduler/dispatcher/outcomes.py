@@ -22,8 +22,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from celery_scheduler.errors import TaskLogError
+from celery_scheduler.tasklog.reader import kafka_errors
 from celery_scheduler.wire import Outcome
 
 __all__ = ["OutcomeBatch", "OutcomeReader"]
@@ -90,7 +92,8 @@ class OutcomeReader:
         if not new:
             return
         with self._lock:
-            self._consumer.incremental_assign(new)
+            with kafka_errors("assign outcome partitions"):
+                self._consumer.incremental_assign(new)
             self._assigned.update(tp.partition for tp in new)
 
     def revoke(self, partitions: Iterable[int]) -> None:
@@ -100,7 +103,8 @@ class OutcomeReader:
             return
         with self._lock:
             self._commit(set(gone), asynchronous=False)
-            self._consumer.incremental_unassign([TopicPartition(self.topic, n) for n in gone])
+            with kafka_errors("unassign outcome partitions"):
+                self._consumer.incremental_unassign([TopicPartition(self.topic, n) for n in gone])
             self._assigned.difference_update(gone)
             for number in gone:
                 self._committed.pop(number, None)
@@ -131,7 +135,8 @@ class OutcomeReader:
             if not self._assigned:
                 messages: list[Any] = []
             else:
-                messages = self._consumer.consume(BATCH, POLL_SECONDS)
+                with kafka_errors("read outcomes"):
+                    messages = self._consumer.consume(BATCH, POLL_SECONDS)
         if not self._assigned:
             time.sleep(POLL_SECONDS)
         outcomes: list[Outcome] = []
@@ -160,11 +165,12 @@ class OutcomeReader:
         if not due:
             return
         try:
-            if asynchronous:
-                self._consumer.commit(offsets=due, asynchronous=True)
-            else:
-                self._consumer.commit(offsets=due, asynchronous=False)
-        except KafkaException as exc:  # read again by the next owner: harmless
+            with kafka_errors("commit outcome offsets"):
+                if asynchronous:
+                    self._consumer.commit(offsets=due, asynchronous=True)
+                else:
+                    self._consumer.commit(offsets=due, asynchronous=False)
+        except TaskLogError as exc:  # read again by the next owner: harmless
             logger.info("Kafka did not take an outcome offset commit (%s)", exc)
             return
         for tp in due:
@@ -173,4 +179,5 @@ class OutcomeReader:
     def close(self) -> None:
         with self._lock:
             self._commit(set(self._assigned), asynchronous=False)
-            self._consumer.close()
+            with kafka_errors("close the outcome reader"):
+                self._consumer.close()

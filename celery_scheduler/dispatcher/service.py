@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 
 from celery_scheduler import release as releasing
 from celery_scheduler import wire
@@ -33,12 +33,14 @@ from celery_scheduler.errors import (
     ConfigurationError,
     SchedulerError,
     StoreUnavailableError,
+    TaskLogError,
     TaskLogUnavailableError,
 )
 from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store import open_store
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
+from celery_scheduler.tasklog.reader import KafkaTaskLogReader
 from celery_scheduler.wire import outcome_topic
 
 __all__ = ["Dispatcher", "check", "engine_settings", "when_available"]
@@ -163,7 +165,8 @@ class Dispatcher:
             "heartbeat.interval.ms": 1500,
             "on_commit": _log_commit_failure,
         })
-        self.ingest = Ingest(self.consumer, self.store, self.engine,
+        self.reader = KafkaTaskLogReader(self.consumer)
+        self.ingest = Ingest(self.reader, self.store, self.engine,
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
                              lambda: self._partitions, allowed=names.__contains__,
                              signer=s.signer, max_bytes=s.max_envelope_bytes)
@@ -231,13 +234,13 @@ class Dispatcher:
     def _shutdown(self) -> None:
         logger.info("dispatcher %s leaving the group", self.owner)
         try:
-            self.consumer.close()  # commits nothing new; triggers the revoke hand-over
-        except KafkaException as exc:
+            self.reader.close()  # commits nothing new; triggers the revoke hand-over
+        except TaskLogError as exc:
             logger.warning("closing the consumer: %s", exc)
         self.engine.stop()
         try:
             self.outcomes.close()
-        except KafkaException as exc:
+        except TaskLogError as exc:
             logger.warning("closing the outcome reader: %s", exc)
         self.publisher.close()
         self.delivery.close()
