@@ -2,7 +2,7 @@
 
 ::
 
-    python -m benchmarks.statements [--rate 100] [--seconds 20]
+    python -m benchmarks.statements [--rate 100] [--seconds 20] [--threads]
 
 One dispatcher and two solo workers on the local services; tasks due at *rate* a second,
 each scheduled 5 s ahead over 1,000 ordering ids. Prints the CPU per task of the
@@ -11,6 +11,11 @@ last due time, and how many reads and writes each of the scheduler's tables took
 Cassandra's own per-table counters, ``system_views``), per task and per second. The
 statements per task are the figure the performance work counts; the reads and writes that
 do not grow with the rate (lease renewals, schedule reads) show as their rate per second.
+
+``--rate 0`` schedules nothing: the CPU each part spends a second with the dispatcher and
+workers idle is the share of the per-task figures at light load that does not grow with
+the rate. ``--threads`` adds, for Cassandra and Kafka, the thread pools that took the most
+CPU (``benchmarks.threads``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from cassandra.cluster import Cluster
@@ -25,6 +31,7 @@ from cassandra.cluster import Cluster
 from benchmarks.context import feed, utc
 from benchmarks.cpu import _cpu_seconds, local_services
 from benchmarks.harness import stack
+from benchmarks.threads import thread_cpu, top_groups
 
 ORDERING_IDS = 1000
 LEAD = 5.0
@@ -45,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.statements", description=__doc__)
     parser.add_argument("--rate", type=float, default=100.0, help="tasks due a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long tasks fall due")
+    parser.add_argument("--threads", action="store_true",
+                        help="the busiest thread pools of Cassandra and Kafka")
     args = parser.parse_args(argv)
     cluster = Cluster(["127.0.0.1"])
     session = cluster.connect()
@@ -57,15 +66,20 @@ def main(argv: list[str] | None = None) -> int:
         before = {name: _cpu_seconds(pids) for name, pids in services.items()}
         parts_before = (_cpu_seconds([dispatcher.pid]), _cpu_seconds([w.pid for w in workers]))
         counted = _counts(session, s.name)
+        pools = {name: [thread_cpu(pid) for pid in services[name]] for name in ("Cassandra", "Kafka")
+                 if args.threads and services.get(name)}
         started = time.time()
 
         def publish(seq: int, due: float) -> None:
             app.record.schedule((f"o{seq % ORDERING_IDS}", seq, due), {}, at=utc(due), wait=False)
 
-        t0, total, _ = feed(publish, args.rate, args.seconds, LEAD)
-        from celery_scheduler import flush
+        if args.rate > 0:
+            t0, total, _ = feed(publish, args.rate, args.seconds, LEAD)
+            from celery_scheduler import flush
 
-        flush(app.app, 60)
+            flush(app.app, 60)
+        else:
+            t0, total = time.time(), 0
         while time.time() < t0 + args.seconds + 3:
             time.sleep(0.2)
         elapsed = time.time() - started
@@ -74,18 +88,27 @@ def main(argv: list[str] | None = None) -> int:
         dispatcher_cpu = _cpu_seconds([dispatcher.pid]) - parts_before[0]
         workers_cpu = _cpu_seconds([w.pid for w in workers]) - parts_before[1]
         counts = _counts(session, s.name)
+        busiest = {name: top_groups(sum(snapshots, Counter()),
+                                    sum((thread_cpu(pid) for pid in services[name]), Counter()),
+                                    elapsed)
+                   for name, snapshots in pools.items()}
     cluster.shutdown()
+    per_task = max(total, 1)  # --rate 0: per task columns are not meaningful
     print(f"{total} tasks due at {args.rate:g}/s for {args.seconds:g}s, {ran} ran; "
           f"counted over {elapsed:.1f}s")
-    print(f"  {'dispatcher':12} {dispatcher_cpu * 1000 / total:7.3f} ms CPU per task")
-    print(f"  {'workers':12} {workers_cpu * 1000 / total:7.3f} ms CPU per task")
-    for name in after:
-        print(f"  {name:12} {(after[name] - before[name]) * 1000 / total:7.3f} ms CPU per task")
+    print(f"  {'part':12} {'ms/task':>8} {'ms/s':>8}")
+    used = {"dispatcher": dispatcher_cpu, "workers": workers_cpu,
+            **{name: after[name] - before[name] for name in after}}
+    for name, seconds in used.items():
+        print(f"  {name:12} {seconds * 1000 / per_task:8.3f} {seconds * 1000 / elapsed:8.1f}")
+    for name, groups in busiest.items():
+        print(f"  {name} threads (ms CPU a second): "
+              + ", ".join(f"{group} {ms:.0f}" for group, ms in groups))
     print("  Cassandra statements (kind, table): count, per task, per second")
     for key in sorted(counts):
         grown = counts[key] - counted.get(key, 0)
         if grown:
-            print(f"    {key[0]:5} {key[1]:18} {grown:7d} {grown / total:6.2f} {grown / elapsed:8.1f}")
+            print(f"    {key[0]:5} {key[1]:18} {grown:7d} {grown / per_task:6.2f} {grown / elapsed:8.1f}")
     return 0
 
 
