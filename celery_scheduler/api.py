@@ -46,7 +46,8 @@ from celery_scheduler.keys import TaskKey, check_key_part
 from celery_scheduler.store.base import TaskStatus
 from celery_scheduler.tasklog.base import Position
 
-__all__ = ["ScheduleHandle", "ScheduledTask", "constant", "registered", "scheduled_task"]
+__all__ = ["KeySpec", "ScheduleHandle", "ScheduledTask", "as_scheduled", "constant", "flush",
+           "registered", "scheduled_task"]
 
 
 @dataclass(frozen=True)
@@ -383,5 +384,3 @@ def flush(app: Any, timeout: float | None = None) -> int:
     """Wait until every ``wait=False`` schedule call of *app* is acknowledged by Kafka."""
     return get_client(app).flush(timeout)
 
-
-__all__ += ["KeySpec", "as_scheduled", "flush"]

@@ -19,9 +19,9 @@ from celery_scheduler.envelope import Envelope, encode
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
-from celery_scheduler.tasklog.base import Position, TaskLog
+from celery_scheduler.tasklog.base import TaskLog
 
-__all__ = ["SchedulerClient", "get_client"]
+__all__ = ["SchedulerClient", "get_client", "set_client"]
 
 _CLIENT_ATTRIBUTE = "_celery_scheduler_client"
 _client_lock = threading.Lock()
@@ -109,5 +109,3 @@ def set_client(app: Any, client: SchedulerClient | None) -> SchedulerClient | No
     setattr(app, _CLIENT_ATTRIBUTE, client)
     return previous
 
-
-__all__ += ["Position", "set_client"]

@@ -22,23 +22,23 @@ def _raise(code: int, text: str) -> None:
 
 
 def test_an_unreachable_broker_is_unavailable_naming_what_failed() -> None:
-    with pytest.raises(TaskLogUnavailableError, match="Kafka could not commit offsets: brokers down"):
-        with kafka_errors("commit offsets"):
-            _raise(KafkaError._ALL_BROKERS_DOWN, "brokers down")
+    with (pytest.raises(TaskLogUnavailableError, match="Kafka could not commit offsets: brokers down"),
+          kafka_errors("commit offsets")):
+        _raise(KafkaError._ALL_BROKERS_DOWN, "brokers down")
 
 
 def test_another_kafka_error_is_a_task_log_error_but_not_an_outage() -> None:
-    with pytest.raises(TaskLogError, match="Kafka could not seek partition 3") as raised:
-        with kafka_errors("seek partition 3"):
-            _raise(KafkaError._STATE, "Erroneous state")
+    with (pytest.raises(TaskLogError, match="Kafka could not seek partition 3") as raised,
+          kafka_errors("seek partition 3")):
+        _raise(KafkaError._STATE, "Erroneous state")
     assert not isinstance(raised.value, TaskLogUnavailableError)
     assert isinstance(raised.value.__cause__, KafkaException)  # the driver's error is kept
 
 
 def test_a_full_producer_queue_is_unavailable() -> None:
-    with pytest.raises(TaskLogUnavailableError, match="queue is full"):
-        with kafka_errors("dead-letter record t/0@1"):
-            raise BufferError("Local: Queue full")
+    with (pytest.raises(TaskLogUnavailableError, match="queue is full"),
+          kafka_errors("dead-letter record t/0@1")):
+        raise BufferError("Local: Queue full")
 
 
 class FailingConsumer(Consumer):
