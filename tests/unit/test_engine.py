@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
+from celery_scheduler.clock import FakeClock as Clock
 from celery_scheduler.dispatcher import pace as pace_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
@@ -20,21 +21,12 @@ from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import Cursor, State, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.wire import Outcome, Release
-
-NOW = 1_893_456_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = NOW
-
-    def __call__(self) -> int:
-        return self.ms
+from tests.unit.fakes import NOW
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(NOW)
 
 
 @pytest.fixture

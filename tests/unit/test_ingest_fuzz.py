@@ -15,20 +15,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put
 from celery_scheduler.store.memory import MemoryScheduleStore
-
-PARTITIONS = 6
-NOW = 1_893_456_000_000
-
-
-class FakeProducer:
-    def __init__(self) -> None:
-        self.records: list[tuple[Any, Any, Any]] = []
-
-    def produce(self, topic: str, key: Any, value: Any, headers: Any, on_delivery: Any) -> None:
-        self.records.append((key, value, dict(headers)["reason"]))
-
-    def flush(self, timeout: float) -> int:
-        return 0
+from tests.unit.fakes import NOW, PARTITIONS, FakeProducer
 
 
 def ingest() -> tuple[Ingest, FakeProducer, MemoryScheduleStore]:

@@ -7,9 +7,6 @@ subset of them may have landed. The chaos run found a later task of an ordering 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
 from celery_scheduler.envelope import ScheduleEnvelope, encode
@@ -18,57 +15,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put, StoredTask
 from celery_scheduler.store.memory import MemoryScheduleStore
-from tests.unit.test_ingest_fuzz import NOW, PARTITIONS, FakeProducer
-
-
-class Message:
-    def __init__(self, ordering_id: str, offset: int, value: bytes) -> None:
-        self._key, self._offset, self._value = ordering_id.encode(), offset, value
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return "t"
-
-    def partition(self) -> int:
-        return partition_for(self._key, PARTITIONS)
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> None:
-        return None
-
-
-class Consumer:
-    def __init__(self, messages: list[Message]) -> None:
-        self.messages = messages
-        self.committed: list[Any] = []
-        self.sought: list[Any] = []
-        self.paused: set[int] = set()
-
-    def consume(self, count: int, timeout: float) -> list[Message]:
-        messages, self.messages = self.messages, []
-        return messages
-
-    def commit(self, offsets: Any, asynchronous: bool) -> None:
-        self.committed.append(offsets)
-
-    def seek(self, partition: Any) -> None:
-        self.sought.append(partition)
-
-    def pause(self, partitions: list[Any]) -> None:
-        self.paused |= {tp.partition for tp in partitions}
-
-    def resume(self, partitions: list[Any]) -> None:
-        self.paused -= {tp.partition for tp in partitions}
+from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
 
 
 class HalfDownStore(MemoryScheduleStore):
@@ -84,14 +31,6 @@ class HalfDownStore(MemoryScheduleStore):
         if len(results) < len(operations):
             raise StoreUnavailableError("Cassandra went down during the round")
         return results
-
-
-def leased_engine(store: MemoryScheduleStore, partitions: Iterable[int]) -> Engine:
-    """An engine (not running: stepped here) that holds the leases of *partitions*."""
-    engine = Engine(store, lambda task, release: None, "test", clock=lambda: NOW)
-    engine.assign(partitions)
-    engine.step()
-    return engine
 
 
 def test_a_failed_round_stops_the_later_tasks_of_its_ordering_ids() -> None:

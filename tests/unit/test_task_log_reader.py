@@ -13,8 +13,7 @@ from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader, kafka_errors
-from tests.unit.test_ingest_fuzz import NOW, PARTITIONS, FakeProducer
-from tests.unit.test_ingest_order import Consumer, Message, leased_engine
+from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
 
 
 def _raise(code: int, text: str) -> None:
