@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 from cassandra.cluster import Cluster
@@ -48,6 +47,10 @@ def _counts(session: object, keyspace: str) -> dict[tuple[str, str], int]:
     return found
 
 
+def _threads(pids: list[int]) -> dict[int, tuple[str, int]]:
+    return {tid: thread for pid in pids for tid, thread in thread_cpu(pid).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.statements", description=__doc__)
     parser.add_argument("--rate", type=float, default=100.0, help="tasks due a second")
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         before = {name: _cpu_seconds(pids) for name, pids in services.items()}
         parts_before = (_cpu_seconds([dispatcher.pid]), _cpu_seconds([w.pid for w in workers]))
         counted = _counts(session, s.name)
-        pools = {name: [thread_cpu(pid) for pid in services[name]] for name in ("Cassandra", "Kafka")
+        pools = {name: _threads(services[name]) for name in ("Cassandra", "Kafka")
                  if args.threads and services.get(name)}
         started = time.time()
 
@@ -88,10 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         dispatcher_cpu = _cpu_seconds([dispatcher.pid]) - parts_before[0]
         workers_cpu = _cpu_seconds([w.pid for w in workers]) - parts_before[1]
         counts = _counts(session, s.name)
-        busiest = {name: top_groups(sum(snapshots, Counter()),
-                                    sum((thread_cpu(pid) for pid in services[name]), Counter()),
-                                    elapsed)
-                   for name, snapshots in pools.items()}
+        busiest = {name: top_groups(before_threads, _threads(services[name]), elapsed)
+                   for name, before_threads in pools.items()}
     cluster.shutdown()
     per_task = max(total, 1)  # --rate 0: per task columns are not meaningful
     print(f"{total} tasks due at {args.rate:g}/s for {args.seconds:g}s, {ran} ran; "

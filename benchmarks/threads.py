@@ -4,6 +4,11 @@ The JVM names its native threads after the Java ones (``CompactionExec``, ``Nati
 ``GC Thread#0``, ...), so the groups show where Cassandra's or Kafka's CPU goes without a
 profiler attached: request handling, compaction, memtable flushes, garbage collection.
 Python threads have no native names before 3.14; a Python process shows as one group.
+
+CPU is counted per thread and grouped by the name each thread has at the end of the window:
+Cassandra's shared pool threads rename themselves after the stage they work for
+(``ReadStage``, ``MutationStage``, ``Native-Transport-Requests``), so the split between those
+stages is approximate, while the total of each thread is exact.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ def group_of(name: str) -> str:
     return _NUMBERED.sub("", name.strip()) or name
 
 
-def thread_cpu(pid: int) -> Counter[str]:
-    """CPU ticks so far of each thread group of *pid* (threads that ended are not counted)."""
-    groups: Counter[str] = Counter()
+def thread_cpu(pid: int) -> dict[int, tuple[str, int]]:
+    """Per thread of *pid*: its name and its CPU ticks so far (threads that ended are gone)."""
+    threads: dict[int, tuple[str, int]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text()
@@ -34,13 +39,18 @@ def thread_cpu(pid: int) -> Counter[str]:
             fields = (task / "stat").read_text().rpartition(")")[2].split()
         except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended meanwhile
-        groups[group_of(name)] += int(fields[11]) + int(fields[12])
-    return groups
+        threads[int(task.name)] = (name.strip(), int(fields[11]) + int(fields[12]))
+    return threads
 
 
-def top_groups(before: Counter[str], after: Counter[str], seconds: float, count: int = 8
-               ) -> list[tuple[str, float]]:
-    """The *count* thread groups that used the most CPU between the snapshots, in ms a second."""
-    grown = Counter({name: after[name] - before.get(name, 0) for name in after})
+def top_groups(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+               seconds: float, count: int = 8) -> list[tuple[str, float]]:
+    """The *count* thread groups that used the most CPU between the snapshots, in ms a second.
+
+    A thread started in between counts from zero; one that ended in between is not counted.
+    """
+    grown: Counter[str] = Counter()
+    for tid, (name, ticks) in after.items():
+        grown[group_of(name)] += ticks - before.get(tid, ("", 0))[1]
     return [(name, used * 1000 / _TICKS / seconds) for name, used in grown.most_common(count)
             if used > 0]
