@@ -63,6 +63,8 @@ Publish = Callable[[Loaded, Release], None]
 # Publishes a step's releases in order; for each, None (sent), ReleaseNotSentError (certainly
 # not sent: released again soon) or another error (it may have been sent: it stays released).
 PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
+# What outcomes_read_until says when outcomes reach the engine as they are reported.
+ALL_READ = 2**63 - 1
 
 
 class Engine(LeaseUpkeep, Settling):
@@ -110,9 +112,10 @@ class Engine(LeaseUpkeep, Settling):
         self._outcomes_read: dict[int, int] = {}
         self._outcome_retries: list[Outcome] = []
         self._durable_offsets: dict[int, int] = {}
-        # Whether the outcome reader is keeping up; while it is not, a lease that ends is
-        # not taken to mean that the task's outcome is lost.
-        self.outcomes_current: Callable[[], bool] = lambda: True
+        # Per partition, the time (ms) before which every outcome reported has been read: a
+        # lease is taken to have ended without an outcome only once that time is past its end.
+        # Outcomes handed over directly (as in memory) are all read at once.
+        self.outcomes_read_until: Callable[[int], int] = lambda partition: ALL_READ
 
     # --- called from other threads -------------------------------------------------------
 

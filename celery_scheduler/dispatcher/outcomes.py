@@ -12,6 +12,14 @@ and a crash between a worker's report and its write loses nothing.
 The offsets are committed under a group of their own (``<group>.outcomes``). Its consumer
 never subscribes: partitions are assigned by hand, following the schedule topic's
 assignment, so Kafka's group protocol only keeps the offsets.
+
+A lease that ends without an outcome means the task runs again, so the engine must know
+that the outcome is not merely unread. About once a second the reader asks Kafka where each
+of its partitions ends, and once it has read that far it knows every outcome produced before
+it asked (:meth:`OutcomeReader.read_until`); the engine judges a lease only when that time is
+past the lease's end. A consumer that stops fetching (a client may, after a broker restart,
+with no error: librdkafka issue #5153) shows as a check that does not complete while
+nothing arrives; the reader then replaces its consumer and goes on from where it was.
 """
 
 from __future__ import annotations
@@ -41,6 +49,14 @@ POLL_SECONDS = 0.05
 # Each fetch costs the broker CPU: at 100 tasks/s, a fetch every 10 ms was half of Kafka's
 # CPU per task (3.9 ms against 2.1 ms with 50 ms; 2.0 ms with 100 ms).
 FETCH_WAIT_MS = 50
+# How often the reader asks where its partitions end (seconds): how far behind the time up to
+# which it knows it has read everything may be, when it keeps up.
+CHECK_SECONDS = 1.0
+# A check that has not completed, with nothing read meanwhile, for this long (seconds) means
+# that the consumer has stopped fetching: it is replaced.
+STALL_SECONDS = 5.0
+# Longest a request for the partitions' ends may take (seconds).
+ENDS_TIMEOUT = 2.0
 
 
 class OutcomeBatch:
@@ -66,23 +82,35 @@ class OutcomeReader:
         self.topic = topic
         self._deliver = deliver
         self._durable = durable
-        self._consumer = Consumer({
+        self._config = {
             **config,
             "group.id": group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
+            # The end of each partition is reported: how the reader knows it has read it all.
+            "enable.partition.eof": True,
             # Gather up to FETCH_WAIT_MS of outcomes per fetch: a fetch per record (the
             # default answers as soon as one byte is there) costs the broker more CPU than
             # the task it reports; the wait adds at most that to an ordering id's next release.
             "fetch.wait.max.ms": FETCH_WAIT_MS,
             "fetch.min.bytes": 1 << 20,
             **{key: value for key, value in config.items() if key.startswith("fetch.")},
-        })
+        }
+        self._consumer = Consumer(self._config)
         self._lock = threading.Lock()  # the consumer: assignments come from another thread
         self._assigned: set[int] = set()
         self._committed: dict[int, int] = {}
-        self.last_read_mono = time.monotonic()  # when the last read came back
+        # Per partition: the offset it is known to be read up to (messages and ends reported),
+        # and the wall time (ms) before which every outcome produced to it has been read.
+        self._reached: dict[int, int] = {}
+        self._read_until: dict[int, int] = {}
+        # The check under way: when it was asked (wall ms; monotonic), and the partitions'
+        # ends (None until Kafka answers).
+        self._check: tuple[int, float, dict[int, int] | None] | None = None
+        self._next_check = 0.0
+        self._progress_mono = time.monotonic()  # when something was last read
+        self.replaced = 0  # consumers replaced because they stopped fetching
         self._thread: threading.Thread | None = None
 
     def assign(self, partitions: Iterable[int]) -> None:
@@ -95,6 +123,9 @@ class OutcomeReader:
             with kafka_errors("assign outcome partitions"):
                 self._consumer.incremental_assign(new)
             self._assigned.update(tp.partition for tp in new)
+            for tp in new:
+                self._read_until[tp.partition] = 0
+            self._check, self._next_check = None, 0.0  # a check that covers them, at once
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Commit what is stored of *partitions*, then stop reading them."""
@@ -108,6 +139,15 @@ class OutcomeReader:
             self._assigned.difference_update(gone)
             for number in gone:
                 self._committed.pop(number, None)
+                self._reached.pop(number, None)
+                self._read_until.pop(number, None)
+
+    def read_until(self, partition: int) -> int:
+        """The wall time (ms) before which every outcome produced to *partition* has been read.
+
+        0 for a partition not read yet; a partition not assigned here has nothing to read.
+        """
+        return self._read_until.get(partition, 0)
 
     def start(self, stopped: threading.Event) -> threading.Thread:
         self._thread = threading.Thread(target=self._run, args=(stopped,), daemon=True,
@@ -120,6 +160,7 @@ class OutcomeReader:
         while not stopped.is_set():
             try:
                 self.read_once()
+                self.check()
                 now = time.monotonic()
                 if now >= next_commit:
                     next_commit = now + 0.5
@@ -144,7 +185,9 @@ class OutcomeReader:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._note_reached(message.partition(), message.offset())
+                else:
                     logger.warning("reading outcomes: %s", error)
                 continue
             offsets[message.partition()] = message.offset() + 1
@@ -153,10 +196,74 @@ class OutcomeReader:
                 logger.warning("ignoring an outcome record that is not one: %r", message.value()[:200])
                 continue
             outcomes.append(outcome)
-        self.last_read_mono = time.monotonic()
         if offsets:
             self._deliver(OutcomeBatch(outcomes, offsets))
+            for number, offset in offsets.items():
+                self._note_reached(number, offset)
         return len(outcomes)
+
+    def _note_reached(self, partition: int, offset: int) -> None:
+        if partition in self._assigned and offset > self._reached.get(partition, -1):
+            self._reached[partition] = offset
+            self._progress_mono = time.monotonic()
+
+    def check(self) -> None:
+        """Advance :meth:`read_until` where the last check's ends are read; replace a stalled
+        consumer; ask for the ends again when it is time."""
+        now = time.monotonic()
+        if not self._assigned:
+            self._check = None
+            return
+        if self._check is None:
+            if now < self._next_check:
+                return
+            self._check = (int(time.time() * 1000), now, None)
+        asked_ms, asked_mono, ends = self._check
+        if ends is None:
+            ends = self._ends()
+            if ends is not None:
+                self._check = (asked_ms, asked_mono, ends)
+        if ends is not None:
+            for number, end in ends.items():
+                if number in self._assigned and self._reached.get(number, -1) >= end:
+                    self._read_until[number] = max(self._read_until.get(number, 0), asked_ms)
+            if all(self._read_until.get(n, 0) >= asked_ms for n in self._assigned):
+                self._check, self._next_check = None, now + CHECK_SECONDS
+                return
+        if now - max(asked_mono, self._progress_mono) > STALL_SECONDS:
+            self._replace_consumer(ends)
+
+    def _ends(self) -> dict[int, int] | None:
+        """Each assigned partition's end offset, or None if Kafka does not say in time."""
+        with self._lock:
+            asked = [TopicPartition(self.topic, number, -1) for number in sorted(self._assigned)]
+            try:
+                with kafka_errors("ask where the outcome partitions end"):
+                    answer = self._consumer.offsets_for_times(asked, timeout=ENDS_TIMEOUT)
+            except TaskLogError as exc:
+                logger.info("%s", exc)
+                return None
+        return {tp.partition: tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
+
+    def _replace_consumer(self, ends: dict[int, int] | None) -> None:
+        """A new consumer, reading each partition from where this one got to."""
+        with self._lock:
+            behind = {n: (self._reached.get(n), (ends or {}).get(n)) for n in sorted(self._assigned)}
+            logger.warning("the outcome reader has read nothing for %.0fs while behind "
+                           "(partition: (read up to, end) %s); replacing its Kafka consumer",
+                           STALL_SECONDS, behind)
+            old, self._consumer = self._consumer, Consumer(self._config)
+            # closed aside: a consumer in that state may take long to close
+            threading.Thread(target=_close_quietly, args=(old,), daemon=True,
+                             name="celery-scheduler-outcomes-close").start()
+            # from the next offset not read, or (none read) from the committed offset
+            start = [TopicPartition(self.topic, n, self._reached[n]) if n in self._reached
+                     else TopicPartition(self.topic, n) for n in sorted(self._assigned)]
+            with kafka_errors("assign outcome partitions"):
+                self._consumer.incremental_assign(start)
+            self.replaced += 1
+        self._check, self._next_check = None, 0.0
+        self._progress_mono = time.monotonic()
 
     def _commit(self, partitions: set[int], asynchronous: bool) -> None:
         durable = self._durable()
@@ -181,3 +288,11 @@ class OutcomeReader:
             self._commit(set(self._assigned), asynchronous=False)
             with kafka_errors("close the outcome reader"):
                 self._consumer.close()
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    try:
+        with kafka_errors("close a stalled outcome consumer"):
+            consumer.close()
+    except TaskLogError as exc:
+        logger.info("%s", exc)

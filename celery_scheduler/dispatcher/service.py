@@ -53,9 +53,6 @@ T = TypeVar("T")
 INGEST_FETCH_WAIT_MS = 100
 # Consumer group of all dispatchers of one scheduler topic.
 DEFAULT_GROUP_SUFFIX = ".dispatchers"
-# The outcome reader is behind when its reads have not come back for this long (seconds): a
-# lease that ends meanwhile may have its outcome in the topic, unread.
-OUTCOMES_BEHIND_SECONDS = 5.0
 
 
 def engine_settings(settings: Settings) -> EngineSettings:
@@ -149,7 +146,7 @@ class Dispatcher:
                 "how to make them match")
         self.outcomes = OutcomeReader(base, outcome_topic(s.kafka_topic), f"{self.group_id}.outcomes",
                                       self.engine.outcomes, self.engine.durable_outcome_offsets)
-        self.engine.outcomes_current = self._outcomes_current
+        self.engine.outcomes_read_until = self.outcomes.read_until
         self.consumer = Consumer({
             # A schedule record is rarely due the moment it is read: gather up to 100 ms of
             # records per fetch instead of one fetch per record, which cost the broker more
@@ -194,9 +191,6 @@ class Dispatcher:
                 for i, result in zip(indexes, sent, strict=True):
                     results[i] = result
         return results
-
-    def _outcomes_current(self) -> bool:
-        return time.monotonic() - self.outcomes.last_read_mono < OUTCOMES_BEHIND_SECONDS
 
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
         self.ingest.assigned(partitions)

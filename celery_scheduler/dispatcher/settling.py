@@ -24,6 +24,10 @@ __all__ = ["Settling"]
 
 logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines are the engine's
 
+# How long a task whose lease ended waits before it is judged again (ms), while outcomes
+# reported before the end may still be unread.
+OUTCOME_WAIT_MS = 1000
+
 
 class Settling:
     """The engine's outcome handling (a mixin of :class:`~celery_scheduler.dispatcher.engine.Engine`)."""
@@ -35,7 +39,7 @@ class Settling:
     metrics: Metrics
     partitions: dict[int, Partition]
     completed_count: int
-    outcomes_current: Callable[[], bool]
+    outcomes_read_until: Callable[[int], int]
     _window: Window
     _last_poll_ms: int
     _succeeded: dict[TaskKey, Loaded]
@@ -110,12 +114,16 @@ class Settling:
         earlier = [task for task in tasks if task.awaiting_outcome]
         if not earlier:
             return tasks
-        if not self.outcomes_current():  # their outcomes may be in the topic, unread
+        unread = {task.key for task in earlier if not self._outcome_read(task)}
+        if unread:  # their outcomes may be in the topic, unread
             now = self.clock()
-            for task in earlier:
-                self.timetable.defer(task.key, now + 1000)
-                del open_[task.key]
-            return [task for task in tasks if not task.awaiting_outcome]
+            for key in unread:
+                self.timetable.defer(key, now + OUTCOME_WAIT_MS)
+                del open_[key]
+            earlier = [task for task in earlier if task.key not in unread]
+            tasks = [task for task in tasks if task.key not in unread]
+            if not earlier:
+                return tasks
         statuses = self.store.statuses([task.key for task in earlier])
         settled = set()
         for task, status in zip(earlier, statuses, strict=True):
@@ -173,6 +181,10 @@ class Settling:
             for task, status in zip(chunk, self.store.statuses([t.key for t in chunk]), strict=True):
                 self._settle_polled(task, status, now)
 
+    def _outcome_read(self, task: Loaded) -> bool:
+        """Whether every outcome reported before *task*'s lease ended has been read."""
+        return self.outcomes_read_until(task.partition) >= task.lease_until_ms
+
     def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int) -> None:
         if self._outcome_stored(task, status):
             return
@@ -184,8 +196,8 @@ class Settling:
             self._drop(task.key)
             return
         if task.released_ms and now >= task.lease_until_ms:
-            if not self.outcomes_current():
-                task.next_poll_ms = now + 1000  # its outcome may be in the topic, unread
+            if not self._outcome_read(task):
+                task.next_poll_ms = now + OUTCOME_WAIT_MS  # its outcome may be in the topic, unread
                 return
             logger.warning("no outcome for %s within its lease; releasing it again", task.key)
             self._apply_outcome(task, False, "lease expired without an outcome")

@@ -707,12 +707,16 @@ def test_a_lease_end_while_the_outcome_reader_is_behind_does_not_release_again(
     h = Harness(store, clock, lease_seconds=10.0)
     key = h.schedule("a", 0)
     h.step()
-    current = [False]
-    h.engine.outcomes_current = lambda: current[0]
+    released_at = h.clock()
+    read_until = [0]
+    h.engine.outcomes_read_until = lambda partition: read_until[0]
     for _ in range(20):
         h.step(1000)
+    read_until[0] = released_at + 9_000  # read up to a second before the lease's end
+    for _ in range(3):
+        h.step(1000)
     assert h.released == [(key, 1)]
-    current[0] = True
+    read_until[0] = released_at + 10_000  # read up to its end: no outcome came
     for _ in range(3):
         h.step(1000)
     assert h.released == [(key, 1), (key, 2)]
