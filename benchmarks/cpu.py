@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import psutil
 
-from benchmarks.report import Section
+from benchmarks.report import Row, Section
 from benchmarks.stats import Figure
 
-__all__ = ["CpuMeter", "CpuUse", "add_rows", "local_services", "service_pids"]
+__all__ = ["COST_TARGETS", "CpuMeter", "CpuUse", "add_cost_targets", "add_rows", "local_services",
+           "service_pids"]
 
 # How each local service's process is recognised (scripts/services starts them).
 SERVICES = {
@@ -121,16 +122,39 @@ class CpuMeter:
         return CpuUse(seconds, time.monotonic() - self._wall, share)
 
 
-def add_rows(section: Section, label: str, uses: list[CpuUse], tasks: list[int]) -> None:
-    """Rows: the machine's busy share, then CPU ms per task of each part and in all."""
+def add_rows(section: Section, label: str, uses: list[CpuUse], tasks: list[int]) -> dict[str, Row]:
+    """Rows: the machine's busy share, then CPU ms per task of each part and in all; returns
+    the per-part rows by part, for the caller to set targets on."""
     cores = psutil.cpu_count() or 1
     section.add(f"{label}: machine CPU busy (all {cores} cores)",
                 Figure.of([u.busy for u in uses], "%", 0))
     parts = list(uses[0].seconds) if uses else []
+    rows = {}
     for part in parts:
-        section.add(f"{label}: CPU per task, {part}",
-                    Figure.of([u.ms_per_task(n)[part] for u, n in zip(uses, tasks, strict=True)], "ms", 2))
+        rows[part] = section.add(
+            f"{label}: CPU per task, {part}",
+            Figure.of([u.ms_per_task(n)[part] for u, n in zip(uses, tasks, strict=True)], "ms", 2))
     section.add(f"{label}: CPU per task, all parts",
                 Figure.of([sum(u.ms_per_task(n).values()) for u, n in zip(uses, tasks, strict=True)],
                           "ms", 2))
+    return rows
 
+
+# What a scheduled task may cost, in ms of CPU per task (3b and 6): the dispatcher's and
+# Cassandra's own, and the workers' beyond what plain Celery's workers spend in the same run.
+COST_TARGETS = {"dispatcher": 1.0, "Cassandra": 1.5}
+WORKER_OVERHEAD_TARGET = 0.5
+
+
+def add_cost_targets(section: Section, rows: dict[str, Row], ours: list[tuple[CpuUse, int]],
+                     peer: list[tuple[CpuUse, int]], peer_label: str) -> None:
+    """Marks our per-part rows against COST_TARGETS and adds the workers' CPU per task beyond
+    the peer's (plain Celery on the same load), run by run."""
+    for part, limit in COST_TARGETS.items():
+        row = rows.get(part)
+        if row is not None:
+            row.target, row.met = f"≤ {limit:g} ms", row.figure.median <= limit
+    extra = Figure.of([use.ms_per_task(n).get("workers", math.nan) - p.ms_per_task(m).get("workers", math.nan)
+                       for (use, n), (p, m) in zip(ours, peer, strict=False)], "ms", 2)
+    section.add(f"celery_scheduler: CPU per task, workers, minus {peer_label}'s in the same run", extra,
+                f"≤ +{WORKER_OVERHEAD_TARGET:g} ms", extra.median <= WORKER_OVERHEAD_TARGET)

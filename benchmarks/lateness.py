@@ -22,10 +22,10 @@ import redis
 
 from benchmarks import peers_longterm
 from benchmarks.context import Context, feed, utc
-from benchmarks.cpu import CpuMeter, CpuUse, add_rows, local_services
+from benchmarks.cpu import CpuMeter, CpuUse, add_cost_targets, add_rows, local_services
 from benchmarks.execlog import Start
 from benchmarks.harness import RABBITMQ_URL, REDIS_URL, Stack, log, stack
-from benchmarks.report import Section
+from benchmarks.report import Row, Section
 from benchmarks.stats import Figure, percentile, ratio
 
 __all__ = ["Load", "Outcome", "measure", "run", "systems"]
@@ -205,13 +205,15 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
 
 
 def _ratios(section: Section, ours: list[Outcome], peer: list[Outcome], name: str,
-            us: str = "celery_scheduler") -> None:
+            us: str = "celery_scheduler") -> Row:
     """Our lateness over the peer's, run by run (runs in the same order on the same machine);
-    n/a where the peer's is not above zero (it started tasks before they were due)."""
-    for q in (50, 99):
-        section.add(f"{us} / {name}: lateness p{q}",
-                    Figure.of([ratio(a.ms(q), b.ms(q)) if b.ms(q) > 0 else math.nan
-                               for a, b in zip(ours, peer, strict=False)], "x", 1))
+    n/a where the peer's is not above zero (it started tasks before they were due). Returns
+    the p99 row."""
+    rows = [section.add(f"{us} / {name}: lateness p{q}",
+                        Figure.of([ratio(a.ms(q), b.ms(q)) if b.ms(q) > 0 else math.nan
+                                   for a, b in zip(ours, peer, strict=False)], "x", 1))
+            for q in (50, 99)]
+    return rows[-1]
 
 
 # the part a process counts in, by the kind it was spawned as (its log's name says)
@@ -228,7 +230,8 @@ def _parts(s: Stack) -> dict[str, list[int]]:
 
 
 def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: float | None,
-          p99_target: float | None) -> None:
+          p99_target: float | None) -> dict[str, Row]:
+    """The system's rows; returns its CPU-per-task rows by part (empty without CPU figures)."""
     ours = system == "celery_scheduler"
     p50 = Figure.of([o.ms(50) for o in outcomes], "ms", 1)
     p99 = Figure.of([o.ms(99) for o in outcomes], "ms", 1)
@@ -247,7 +250,9 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
                         Figure.of([percentile(o.to_release, q) * 1000 for o in outcomes], "ms", 1))
             section.add(f"{system}: of which published to body started, p{q}",
                         Figure.of([percentile(o.after_release, q) * 1000 for o in outcomes], "ms", 1))
-    section.add(f"{system}: tasks run by the deadline", Figure.of([o.ran for o in outcomes], "%", 1))
+    ran = section.add(f"{system}: tasks run by the deadline", Figure.of([o.ran for o in outcomes], "%", 1))
+    if ours:
+        ran.target, ran.met = "≥ 99%", ran.figure.median >= 0.99
     if any(x < 0 for o in outcomes for x in o.lateness):
         section.add(f"{system}: tasks started before their due time",
                     Figure.of([sum(1 for x in o.lateness if x < 0) for o in outcomes]))
@@ -261,7 +266,12 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
         section.add(f"{system}: duplicate executions", Figure.of([o.duplicates for o in outcomes]))
     uses = [o.cpu for o in outcomes if o.cpu is not None]
     if uses and len(uses) == len(outcomes):
-        add_rows(section, system, uses, [len(o.lateness) for o in outcomes])
+        return add_rows(section, system, uses, [len(o.lateness) for o in outcomes])
+    return {}
+
+
+def _cpu(outcomes: list[Outcome]) -> list[tuple[CpuUse, int]]:
+    return [(o.cpu, len(o.lateness)) for o in outcomes if o.cpu is not None]
 
 
 def run(ctx: Context) -> list[Section]:
@@ -284,19 +294,28 @@ def run(ctx: Context) -> list[Section]:
             errors.append(f"{system}: {type(exc).__name__}: {exc}"[:500])
     three = Section("3", f"Release lateness at {fast.rate:g} due tasks/s for {fast.duration:g} s")
     three_b = Section("3b", f"Release lateness at {slow.rate:g} due tasks/s for {slow.duration:g} s")
+    cost_rows: dict[str, Row] = {}
     for system, (slow_outcomes, fast_outcomes) in results.items():
         if fast_outcomes:
             _rows(three, system, fast_outcomes, 20, 100)
-        _rows(three_b, system, slow_outcomes, None, 20)
-    for section, pick in ((three, 1), (three_b, 0)):
-        ours = results.get("celery_scheduler")
+        rows = _rows(three_b, system, slow_outcomes, None, 20)
+        if system == SYSTEMS[0]:
+            cost_rows = rows
+    ours, eta = results.get(SYSTEMS[0]), results.get(SYSTEMS[1])
+    if ours is not None and eta is not None:
+        # what a task costs us beyond what Celery eta= costs on the same load
+        add_cost_targets(three_b, cost_rows, _cpu(ours[0]), _cpu(eta[0]), SYSTEMS[1])
+    # punctuality against Celery's own eta= in the same run: within 3x at 100/s, and no worse
+    # at 1000/s
+    for section, pick, limit in ((three, 1, 1), (three_b, 0, 3)):
         for peer in SYSTEMS[1:]:
             if ours is not None and peer in results:
-                _ratios(section, ours[pick], results[peer][pick], peer)
+                row = _ratios(section, ours[pick], results[peer][pick], peer)
+                if peer == SYSTEMS[1]:
+                    row.target, row.met = f"≤ {limit:g}x", row.figure.median <= limit
     rabbit, rabbit_eta = (results.get(name) for name in RABBITMQ_SYSTEMS)
     if rabbit is not None and rabbit_eta is not None:
         _ratios(three_b, rabbit[0], rabbit_eta[0], RABBITMQ_SYSTEMS[1], RABBITMQ_SYSTEMS[0])
-    ours = results.get("celery_scheduler")
     if rabbit is not None and ours is not None:
         on_redis = Figure.of([ratio(a.ms(99), b.ms(99)) for a, b in zip(rabbit[0], ours[0], strict=False)],
                              "x", 1)
