@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from benchmarks import execlog
 from benchmarks.execlog import Start
@@ -260,7 +260,15 @@ def committed_and_end(topic: str, group: str, partitions: int) -> tuple[int, int
     consumer = Consumer({"bootstrap.servers": KAFKA, "group.id": group})
     try:
         parts = [TopicPartition(topic, p) for p in range(partitions)]
-        committed = sum(max(tp.offset, 0) for tp in consumer.committed(parts, timeout=10))
+        for attempt in range(20):
+            try:
+                committed = sum(max(tp.offset, 0) for tp in consumer.committed(parts, timeout=10))
+                break
+            except KafkaException as exc:
+                # a broker that has just started is still loading its group coordinators
+                if not exc.args[0].retriable() or attempt == 19:
+                    raise
+                time.sleep(0.5)
         end = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
         return committed, end
     finally:
