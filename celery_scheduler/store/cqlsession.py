@@ -31,7 +31,7 @@ from celery_scheduler.store.cql import Statements, consistency_level, row_factor
 from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.schema import ADDED_COLUMNS, check_identifier, keyspace_statements
 
-__all__ = ["CONCURRENCY", "CqlSession"]
+__all__ = ["CONCURRENCY", "CqlSession", "packed"]
 
 # Requests in flight at once for bulk reads and writes.
 CONCURRENCY = 64
@@ -49,6 +49,35 @@ PACK_BYTES = 4096
 # Lightweight transactions use the driver's own row factory: ``was_applied`` accepts only that.
 LWT_PROFILE = "celery_scheduler_lwt"
 
+
+
+def packed(statement_sets: Sequence[tuple[int, Statements]]) -> list[list[tuple[int, Statements]]]:
+    """The (partition, statements) sets grouped into as few requests as they fit.
+
+    Each set goes whole into one group, up to PACK_STATEMENTS statements (so at most that
+    many Cassandra partitions, within the server's warning threshold of 10) and PACK_BYTES
+    of values (it warns above 5 KiB); a set heavier than that is a group of its own. Each
+    request has a fixed cost in the Python driver and in the server, so fewer, fuller
+    requests write the same rows faster.
+    """
+    groups: list[list[tuple[int, Statements]]] = []
+    pending: list[tuple[int, Statements]] = []
+    count = size = 0
+    for partition, statements in statement_sets:
+        weight = sum(len(value) for _, params in statements for value in params
+                     if isinstance(value, (bytes, str)))
+        if weight >= PACK_BYTES:
+            groups.append([(partition, statements)])
+            continue
+        if pending and (count + len(statements) > PACK_STATEMENTS or size + weight > PACK_BYTES):
+            groups.append(pending)
+            pending, count, size = [], 0, 0
+        pending.append((partition, statements))
+        count += len(statements)
+        size += weight
+    if pending:
+        groups.append(pending)
+    return groups
 
 
 class CqlSession:
@@ -153,61 +182,42 @@ class CqlSession:
         self.batches(what, [(partition, statements)])
 
     def batches(self, what: str, statement_sets: Sequence[tuple[int, Statements]]) -> None:
-        """Write each (partition, statements) set, all of them concurrently.
+        """Write each (partition, statements) set, all of them concurrently, as few requests.
 
-        A set shares a request only with sets of the same partition: a request carries one
-        timestamp, and each partition's writes are fenced on their own (see
-        :mod:`celery_scheduler.store.fencing`).
+        Sets of several partitions share a request when one timestamp is within every one's
+        fence (see :mod:`celery_scheduler.store.fencing`); otherwise each partition's sets
+        go in requests of their own, stamped no later than its fence.
         """
-        by_partition: dict[int, list[Statements]] = {}
-        for partition, statements in statement_sets:
-            if statements:
-                by_partition.setdefault(partition, []).append(statements)
-        self.send(what, [(partition, request) for partition, sets in by_partition.items()
-                          for request in self.packed(sets)])
-
-    def packed(self, statement_sets: list[Statements]) -> list[Any]:
-        """The sets as few requests: small sets share unlogged batches.
-
-        Each set goes whole into one batch, up to PACK_STATEMENTS statements (so at most
-        that many Cassandra partitions, within the server's warning threshold of 10) and
-        PACK_BYTES of values (it warns above 5 KiB). Each request has a fixed cost in the
-        Python driver and in the server, so fewer, fuller requests write the same rows faster.
-        """
-        requests: list[Any] = []
-        pending: Statements = []
-        size = 0
-        for statements in statement_sets:
-            weight = sum(len(value) for _, params in statements for value in params
-                         if isinstance(value, (bytes, str)))
-            if weight >= PACK_BYTES:
-                requests += self.grouped(statements)
-                continue
-            if pending and (len(pending) + len(statements) > PACK_STATEMENTS
-                            or size + weight > PACK_BYTES):
-                requests.append(self.batch_statement(pending))
-                pending, size = [], 0
-            pending += statements
-            size += weight
-        if pending:
-            requests.append(self.batch_statement(pending))
-        return requests
-
-    def send(self, what: str, requests: list[tuple[int, Any]]) -> None:
-        """Send the requests with up to CONCURRENCY in flight: one round trip's latency for all.
-
-        Every request is sent from this thread, in the block that names its partition: the
-        driver takes a request's timestamp on the thread that sends it.
-        """
+        sets = [(partition, statements) for partition, statements in statement_sets if statements]
         in_flight: collections.deque[ResponseFuture] = collections.deque()
         with translate_errors(what):
-            for partition, request in requests:
-                if len(in_flight) >= CONCURRENCY:
-                    in_flight.popleft().result()
-                with self._timestamps.writing(partition):
-                    in_flight.append(self.session.execute_async(request))
+            for group in packed(sets):
+                partitions = {partition for partition, _ in group}
+                stamp = self._timestamps.shared(partitions) if len(partitions) > 1 else None
+                if len(partitions) > 1 and stamp is None:  # past a fence: partition by partition
+                    for partition in sorted(partitions):
+                        self._send_group([s for s in group if s[0] == partition], partition, None,
+                                         in_flight)
+                else:
+                    self._send_group(group, next(iter(partitions)), stamp, in_flight)
             while in_flight:
                 in_flight.popleft().result()
+
+    def _send_group(self, group: list[tuple[int, Statements]], partition: int, stamp: int | None,
+                    in_flight: collections.deque[ResponseFuture]) -> None:
+        """Send one packed group, keeping at most CONCURRENCY requests in flight.
+
+        Every request is sent from this thread, in the block that names its partition (or
+        carries the timestamp shared by its partitions): the driver takes a request's
+        timestamp on the thread that sends it.
+        """
+        statements = [statement for _, part in group for statement in part]
+        requests = self.grouped(statements) if len(group) == 1 else [self.batch_statement(statements)]
+        for request in requests:
+            if len(in_flight) >= CONCURRENCY:
+                in_flight.popleft().result()
+            with self._timestamps.writing(partition, stamp):
+                in_flight.append(self.session.execute_async(request))
 
     def lwt(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:
         statement = self.prepare(cql)

@@ -15,13 +15,17 @@ higher timestamp and wins.
 The fence is per partition. Held at the earliest end over all of a process's leases, a
 dispatcher that lost a partition and took it back later would stamp its writes earlier
 than the owner in between, and its completions would lose to that owner's older puts.
+
+A request may still carry the writes of several partitions (:meth:`FencedTimestamps.shared`):
+one timestamp serves them all when it is within every one's fence, which is the case
+whenever the process holds their leases; otherwise each partition's writes go on their own.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 __all__ = ["FencedTimestamps"]
@@ -46,15 +50,33 @@ class FencedTimestamps:
         self._local = threading.local()
 
     @contextmanager
-    def writing(self, partition: int | None) -> Iterator[None]:
-        """Stamp the requests this thread sends within the block as *partition*'s writes."""
-        self._local.partition = partition
+    def writing(self, partition: int | None, stamp: int | None = None) -> Iterator[None]:
+        """Stamp the requests this thread sends within the block as *partition*'s writes, or
+        with *stamp*, one that :meth:`shared` gave."""
+        self._local.partition, self._local.stamp = partition, stamp
         try:
             yield
         finally:
-            self._local.partition = None
+            self._local.partition = self._local.stamp = None
+
+    def shared(self, partitions: Collection[int]) -> int | None:
+        """One timestamp for a request writing all of *partitions*: now, above each one's last
+        write; None if it would pass any partition's fence (send each partition's on its own,
+        where :meth:`__call__` holds it at its fence)."""
+        now = int(self.wall() * 1_000_000)
+        limits = [self.fence(partition) for partition in partitions]
+        with self._lock:
+            stamp = max([now, *(self._last.get(partition, 0) + 1 for partition in partitions)])
+            if any(limit is not None and stamp > int(limit * 1_000_000) for limit in limits):
+                return None
+            for partition in partitions:
+                self._last[partition] = stamp
+        return stamp
 
     def __call__(self) -> int:
+        preset: int | None = getattr(self._local, "stamp", None)
+        if preset is not None:
+            return preset
         partition: int | None = getattr(self._local, "partition", None)
         stamp = int(self.wall() * 1_000_000)
         limit = None if partition is None else self.fence(partition)

@@ -80,3 +80,28 @@ def test_a_partition_taken_back_is_fenced_at_its_own_lease_not_at_one_given_up(
     held_now, given_up = (other.status(envelope.key) for envelope in envelopes)
     assert held_now is not None and held_now.state is State.SUCCEEDED
     assert given_up is not None and given_up.state is State.PENDING  # the late write lost
+
+
+def test_writes_of_partitions_held_now_share_requests_and_stand(
+        stores: tuple[CassandraScheduleStore, CassandraScheduleStore], monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    owner, other = stores
+    owner.fence_writes(lambda partition: time.time() + 10)  # every lease valid for 10 s more
+    now = int(time.time() * 1000)
+    envelopes = [ScheduleEnvelope(TaskKey(f"o{n}", now + 60_000, "u"), "proj.remind") for n in range(4)]
+    stored = [other.put(n, envelope, now) for n, envelope in enumerate(envelopes)]
+    assert None not in stored
+    sent: list[object] = []
+    execute_async = owner._session.execute_async
+
+    def counted(request: object, *args: object, **kwargs: object) -> object:
+        sent.append(request)
+        return execute_async(request, *args, **kwargs)
+
+    monkeypatch.setattr(owner._session, "execute_async", counted)
+    owner.finish_many([task for task in stored if task is not None], State.SUCCEEDED, now)
+    assert len(sent) == 1  # four partitions' rows and statuses in one request
+    for envelope in envelopes:  # stamped after the other's puts: the completions stand
+        status = other.status(envelope.key)
+        assert status is not None and status.state is State.SUCCEEDED
+    assert other.read(0, Cursor(bucket_of(now + 60_000, 60)), 10) == []

@@ -88,3 +88,44 @@ def test_the_engine_fences_each_partition_at_its_lease_end_and_at_giving_it_up(
     engine.step()  # taken back: fenced at the new lease's end
     again = engine.write_fence(1)
     assert again is not None and again > time.time() + 7.0
+
+
+def test_a_shared_stamp_is_now_above_every_partitions_last_write() -> None:
+    wall = [time.time()]
+    stamps = FencedTimestamps()
+    stamps.wall = lambda: wall[0]
+    stamps.fence = lambda partition: wall[0] + 10  # every lease held for 10 s more
+    with stamps.writing(1):
+        first = stamps()
+    shared = stamps.shared({0, 1, 2})
+    assert shared is not None and shared >= int(wall[0] * 1_000_000) and shared > first
+    with stamps.writing(0):
+        assert stamps() > shared  # each partition's later writes still come after it
+    with stamps.writing(None, shared):
+        assert stamps() == shared  # a request sent with it carries it
+
+
+def test_no_stamp_is_shared_past_any_partitions_fence() -> None:
+    wall = [time.time()]
+    stamps = FencedTimestamps()
+    stamps.wall = lambda: wall[0]
+    given_up = wall[0] - 20
+    stamps.fence = {0: wall[0] + 10, 1: given_up}.get
+    assert stamps.shared({0, 1}) is None  # partition 1's writes must stay at its fence
+    with stamps.writing(1):
+        assert stamps() <= int(given_up * 1_000_000) + 1
+    assert stamps.shared({0, 2}) is not None  # 2 was never held: no fence
+
+
+def test_sets_of_several_partitions_are_packed_into_few_requests() -> None:
+    from celery_scheduler.store.cqlsession import PACK_BYTES, PACK_STATEMENTS, packed
+
+    two = [("INSERT a", (b"x",)), ("INSERT b", ("y",))]
+    sets = [(partition % 4, two) for partition in range(12)]
+    groups = packed(sets)
+    per_group = PACK_STATEMENTS // len(two)
+    assert [len(group) for group in groups] == [per_group, per_group, 12 - 2 * per_group]
+    assert [s for group in groups for s in group] == sets  # every set once, whole, in order
+    assert len({partition for partition, _ in groups[0]}) > 1  # partitions share a request
+    heavy = (3, [("INSERT c", (b"z" * PACK_BYTES,))])
+    assert packed([sets[0], heavy, sets[1]]) == [[heavy], [sets[0], sets[1]]]
