@@ -7,7 +7,8 @@
 One dispatcher and two solo workers on the local services; tasks due at *rate* a second,
 each scheduled 5 s ahead over 1,000 ordering ids. Prints the CPU per task of the
 dispatcher, the workers and each service from the first schedule call to 3 s after the
-last due time, how many requests Cassandra took, and how many reads and writes each of the
+last due time, the tasks' lateness (p50, p99: first start - due time), how many requests
+Cassandra took, and how many reads and writes each of the
 scheduler's tables took (from Cassandra's own counters, ``system_views``), per task and per
 second. The
 statements per task are the figure the performance work counts; the reads and writes that
@@ -16,12 +17,17 @@ do not grow with the rate (lease renewals, schedule reads) show as their rate pe
 ``--rate 0`` schedules nothing: the CPU each part spends a second with the dispatcher and
 workers idle is the share of the per-task figures at light load that does not grow with
 the rate. ``--threads`` adds, for Cassandra and Kafka, the thread pools that took the most
-CPU (``benchmarks.threads``).
+CPU (``benchmarks.threads``). ``--py-spy FILE`` samples the dispatcher with py-spy (installed
+separately: ``pip install py-spy``) over the same window, writes its collapsed stacks to FILE
+and prints the functions that took the most of its samples, by own time and with callees.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +37,7 @@ from cassandra.cluster import Cluster
 from benchmarks.context import feed, utc
 from benchmarks.cpu import _cpu_seconds, local_services
 from benchmarks.harness import stack
+from benchmarks.stats import percentile
 from benchmarks.threads import thread_cpu, top_groups
 
 ORDERING_IDS = 1000
@@ -63,12 +70,42 @@ def _threads(pids: list[int]) -> dict[int, tuple[str, int]]:
     return {tid: thread for pid in pids for tid, thread in thread_cpu(pid).items()}
 
 
+def _py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
+                             "--threads", "--nonblocking", "--output", output],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def hot_functions(collapsed: str, top: int = 15) -> tuple[int, list[tuple[str, int, int]]]:
+    """From py-spy's collapsed stacks: the samples, and the *top* functions by own samples,
+    each with (function, own samples, samples with callees)."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        samples = int(count)
+        frames = [frame.split(" (")[0] for frame in stack.split(";")]
+        frames = [frame for frame in frames if not frame.startswith("thread ")]
+        if not frames:
+            continue
+        total += samples
+        own[frames[-1]] += samples
+        for frame in set(frames):
+            inclusive[frame] += samples
+    return total, [(name, count, inclusive[name]) for name, count in own.most_common(top)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.statements", description=__doc__)
     parser.add_argument("--rate", type=float, default=100.0, help="tasks due a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long tasks fall due")
     parser.add_argument("--threads", action="store_true",
                         help="the busiest thread pools of Cassandra and Kafka")
+    parser.add_argument("--py-spy", dest="py_spy", metavar="FILE",
+                        help="sample the dispatcher with py-spy into FILE (collapsed stacks)")
     args = parser.parse_args(argv)
     cluster = Cluster(["127.0.0.1"])
     session = cluster.connect()
@@ -85,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         pools = {name: _threads(services[name]) for name in ("Cassandra", "Kafka")
                  if args.threads and services.get(name)}
         started = time.time()
+        sampler = _py_spy(dispatcher.pid, args.py_spy) if args.py_spy else None
 
         def publish(seq: int, due: float) -> None:
             app.record.schedule((f"o{seq % ORDERING_IDS}", seq, due), {}, at=utc(due), wait=False)
@@ -99,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         while time.time() < t0 + args.seconds + 3:
             time.sleep(0.2)
         elapsed = time.time() - started
-        ran = len({x.seq for x in s.starts()})
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
+            sampler.wait(30)
+        first: dict[int, float] = {}
+        for x in s.starts():
+            first[x.seq] = min(first.get(x.seq, x.lateness), x.lateness)
+        ran = len(first)
         after = {name: _cpu_seconds(pids) for name, pids in services.items()}
         dispatcher_cpu = _cpu_seconds([dispatcher.pid]) - parts_before[0]
         workers_cpu = _cpu_seconds([w.pid for w in workers]) - parts_before[1]
@@ -111,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     per_task = max(total, 1)  # --rate 0: per task columns are not meaningful
     print(f"{total} tasks due at {args.rate:g}/s for {args.seconds:g}s, {ran} ran; "
           f"counted over {elapsed:.1f}s")
+    if first:
+        late = list(first.values())
+        print(f"  lateness p50 {percentile(late, 50) * 1000:.1f} ms, "
+              f"p99 {percentile(late, 99) * 1000:.1f} ms, max {max(late) * 1000:.1f} ms")
     print(f"  {'part':12} {'ms/task':>8} {'ms/s':>8}")
     used = {"dispatcher": dispatcher_cpu, "workers": workers_cpu,
             **{name: after[name] - before[name] for name in after}}
@@ -126,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         grown = counts[key] - counted.get(key, 0)
         if grown:
             print(f"    {key[0]:5} {key[1]:18} {grown:7d} {grown / per_task:6.2f} {grown / elapsed:8.1f}")
+    if args.py_spy:
+        samples, hot = hot_functions(Path(args.py_spy).read_text())
+        print(f"  dispatcher, py-spy: {samples} samples of its busy threads; own %, with callees %")
+        for name, count, inclusive in hot:
+            share = 100 / max(samples, 1)
+            print(f"    {count * share:5.1f} {inclusive * share:5.1f}  {name}")
     return 0
 
 
