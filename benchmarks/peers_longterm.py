@@ -38,9 +38,11 @@ def schedule(app: Any, s: Stack, ordering_id: str, seq: int, due: float, task_id
                              task_id=task_id or f"{s.name}-{seq}")
 
 
-def ticker(s: Stack, interval: float = INTERVAL) -> Any:
-    """Start the process that runs the command's work every *interval* seconds."""
-    process = s.spawn("longterm", [sys.executable, "-m", __name__, "--interval", str(interval)])
+def ticker(s: Stack, interval: float = INTERVAL, aligned: bool = False) -> Any:
+    """Start the process that runs the command's work every *interval* seconds; *aligned*:
+    at the wall clock's multiples of it, as cron runs a job every 5 minutes."""
+    process = s.spawn("longterm", [sys.executable, "-m", __name__, "--interval", str(interval),
+                                   *(["--aligned"] if aligned else [])])
     deadline = time.monotonic() + 60
     while READY not in s.log_of(process):
         s.check_alive()
@@ -67,6 +69,8 @@ def clean(name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="run celery longterm_scheduler's work periodically")
     parser.add_argument("--interval", type=float, default=INTERVAL)
+    parser.add_argument("--aligned", action="store_true",
+                        help="run at the wall clock's multiples of the interval, as cron does")
     args = parser.parse_args(argv)
     from celery_longterm_scheduler import get_scheduler
 
@@ -74,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
     scheduler = get_scheduler(app)
     print(READY, flush=True)
+    if args.aligned:  # cron: the first run at the next multiple of the interval
+        time.sleep(args.interval - time.time() % args.interval)
     next_run = time.monotonic()
     while True:
         scheduler.execute_pending(dt.datetime.now(dt.timezone.utc))
