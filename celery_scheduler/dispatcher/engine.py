@@ -18,9 +18,8 @@ ingest loop, outcomes reported by workers) on a queue, and in between:
 Flow control: at most a window of tasks is in flight (released and not finished) at once,
 so a backlog waits here, oldest first, rather than in the broker's queue, where a task
 could outlive its lease before a worker takes it. The window follows the rate at which
-outcomes come back (``max_in_flight`` fixes it instead).
-
-Owning all state in one thread keeps the ordering rules free of locks.
+outcomes come back (``max_in_flight`` fixes it instead). Owning all state in one thread
+keeps the ordering rules free of locks.
 """
 
 from __future__ import annotations
