@@ -22,6 +22,7 @@ from celery_scheduler.envelope import CELERY_OPTIONS, decode
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.testing import scheduler_testing
 from tests.unit.apps import app, note, remind
+from tests.unit.budget import examples
 
 UTC = dt.timezone.utc
 
@@ -130,7 +131,7 @@ def well_formed_calls(draw: st.DrawFn) -> dict[str, Any]:
             "options": draw(mostly(st.just({}), options))}
 
 
-@hypothesis.settings(max_examples=1000, deadline=None, database=None,
+@hypothesis.settings(max_examples=examples(1000), deadline=None, database=None,
                      suppress_health_check=[hypothesis.HealthCheck.too_slow])
 @hypothesis.given(well_formed_calls() | calls())
 def test_a_call_is_accepted_whole_by_the_dispatcher_or_refused_with_a_package_error(

@@ -21,6 +21,7 @@ from celery_scheduler.envelope import (
 )
 from celery_scheduler.errors import EnvelopeDecodeError, EnvelopeTooLargeError, NotSerializableError
 from celery_scheduler.keys import TaskKey
+from tests.unit.budget import examples
 
 KEY = TaskKey("customer-42", 1_893_456_000_000, "welcome")
 
@@ -138,7 +139,7 @@ def test_invalid_records_raise_the_typed_error(data: bytes, reason: str) -> None
     assert reason in caught.value.reason
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(st.binary(max_size=512))
 def test_decoding_arbitrary_bytes_is_total(data: bytes) -> None:
     with contextlib.suppress(EnvelopeDecodeError):
@@ -152,14 +153,14 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.dictionaries(st.sampled_from(sorted(VALID)), json_values, max_size=9))
 def test_decoding_arbitrary_json_objects_is_total(document: dict[str, object]) -> None:
     with contextlib.suppress(EnvelopeDecodeError):
         decode(json.dumps(document).encode())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(json_values, max_size=5), st.dictionaries(st.text(max_size=10), json_values, max_size=5))
 def test_any_json_arguments_round_trip(args: list[object], kwargs: dict[str, object]) -> None:
     encoded_args, encoded_kwargs = encode_arguments(args, kwargs)

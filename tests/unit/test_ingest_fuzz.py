@@ -15,6 +15,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put
 from celery_scheduler.store.memory import MemoryScheduleStore
+from tests.unit.budget import examples
 from tests.unit.fakes import NOW, PARTITIONS, FakeProducer
 
 
@@ -57,7 +58,7 @@ records = st.one_of(
 )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(st.lists(st.tuples(records, st.integers(0, PARTITIONS - 1), st.booleans()), max_size=20))
 def test_every_record_is_stored_or_dead_lettered_never_an_exception(batch: list[Any]) -> None:
     runner, producer, store = ingest()
