@@ -193,13 +193,16 @@ class CqlSession:
         with translate_errors(what):
             for group in packed(sets):
                 partitions = {partition for partition, _ in group}
-                stamp = self._timestamps.shared(partitions) if len(partitions) > 1 else None
-                if len(partitions) > 1 and stamp is None:  # past a fence: partition by partition
-                    for partition in sorted(partitions):
-                        self._send_group([s for s in group if s[0] == partition], partition, None,
-                                         in_flight)
-                else:
-                    self._send_group(group, next(iter(partitions)), stamp, in_flight)
+                if len(partitions) == 1:
+                    self._send_group(group, group[0][0], None, in_flight)
+                    continue
+                stamp = self._timestamps.shared(partitions)
+                if stamp is not None:
+                    self._send_group(group, group[0][0], stamp, in_flight)
+                    continue
+                for partition in sorted(partitions):  # past a fence: partition by partition
+                    self._send_group([s for s in group if s[0] == partition], partition, None,
+                                     in_flight)
             while in_flight:
                 in_flight.popleft().result()
 
