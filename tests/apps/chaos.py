@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from celery import Celery
+from confluent_kafka import KafkaException, TopicPartition
 
 from celery_scheduler import scheduled_task
 from celery_scheduler.wire import HEADER, parse_header
@@ -80,8 +81,13 @@ class _CommitFirst:
     def consume(self, *args: Any, **kwargs: Any) -> Any:
         messages = self._consumer.consume(*args, **kwargs)
         if messages:
-            with contextlib.suppress(Exception):  # nothing committable yet
-                self._consumer.commit(asynchronous=False)  # the positions past the batch
+            past = {(m.topic(), m.partition()): m.offset() + 1 for m in messages if not m.error()}
+            offsets = [TopicPartition(topic, partition, offset)
+                       for (topic, partition), offset in past.items()]
+            # the Kafka consumer behind the reader port, so the commit is done when it returns
+            consumer = getattr(self._consumer, "consumer", self._consumer)
+            with contextlib.suppress(KafkaException):  # revoked meanwhile
+                consumer.commit(offsets=offsets, asynchronous=False)
             time.sleep(1.0)  # a slow Cassandra write after the commit: a kill lands here
         return messages
 
