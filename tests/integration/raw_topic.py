@@ -38,7 +38,7 @@ def own_scheduler(tmp: Path, kafka: str, name: str, *init_args: str, **env: str)
     try:
         yield scheduler
     finally:
-        scheduler.stop_all()
+        scheduler.stop_all(kill_workers=True)
         drop_scheduler(name, name)
 
 

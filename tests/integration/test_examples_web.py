@@ -46,7 +46,7 @@ def run_example(kafka_bootstrap: str, cassandra_contact: str, redis_url: str, un
 
     yield run
     for processes in started:
-        processes.stop_all()
+        processes.stop_all(kill_workers=True)
     if started:
         drop_scheduler(unique_name, unique_name)
 

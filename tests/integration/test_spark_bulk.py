@@ -157,8 +157,9 @@ def test_migration_moves_every_task_to_a_topic_with_another_partition_count(
     old = scheduler.dispatcher()
     now = time.time()
     # due after the old dispatcher stops: only the new topic's may release them
-    soon = [schedule.record.schedule_at(dt.datetime.fromtimestamp(now + 60 + seq, UTC), f"move-{o}",
-                                        seq, scheduled_for=now + 60 + seq)
+    due = now + 20
+    soon = [schedule.record.schedule_at(dt.datetime.fromtimestamp(due + seq, UTC), f"move-{o}",
+                                        seq, scheduled_for=due + seq)
             for o in range(5) for seq in range(4)]
     later = [schedule.record.schedule_at(dt.datetime.fromtimestamp(now + 86_400, UTC), f"far-{n}", n)
              for n in range(50)]
@@ -168,6 +169,7 @@ def test_migration_moves_every_task_to_a_topic_with_another_partition_count(
         time.sleep(0.5)
     old.terminate()  # step 1: the old topic's dispatchers stop
     old.wait(timeout=30)
+    assert time.time() < due, "the old dispatcher stopped after the first task was due"
 
     name = scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"] + "_b"
     target = Scheduler({**scheduler.env, "CELERY_SCHEDULER_TEST_TOPIC": name,
@@ -194,5 +196,5 @@ def test_migration_moves_every_task_to_a_topic_with_another_partition_count(
         assert all(s.partition == partition_for(h.key.ordering_id, 4)
                    for s, h in zip(statuses, later, strict=True) if s)
     finally:
-        target.stop_all()
+        target.stop_all(kill_workers=True)
         drop_scheduler(name, name)

@@ -162,7 +162,7 @@ def wheel_app(installed: Path, kafka_bootstrap: str, cassandra_contact: str, red
     processes = AppProcesses(env, execlog=tmp_path / "none", tmp=tmp_path, python=str(installed),
                              cwd=directory, app="wheelapp")
     yield processes
-    processes.stop_all()
+    processes.stop_all(kill_workers=True)
     drop_scheduler(unique_name, unique_name)
 
 
