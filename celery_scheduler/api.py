@@ -27,6 +27,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from celery.local import PromiseProxy, Proxy
+
 from celery_scheduler.arguments import Binder
 from celery_scheduler.calls import call_digest, check_options, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient, get_client
@@ -195,6 +197,29 @@ class ScheduledTask:
         self._ordering_id = _resolver(ordering_id, "ordering id", self._binder, self.name)
         self._uniqueness_key = _resolver(uniqueness_key, "uniqueness key", self._binder, self.name)
         self._retry = retry
+        self._resolved: Any = None  # the task behind @app.task's proxy, once it resolved
+        self._zone: tuple[Any, Any] = (None, None)  # an app and its timezone, read once
+
+    def _app(self) -> Any:
+        """The task's Celery app, without the proxy's cost on every call where it can be saved.
+
+        ``@app.task`` returns a proxy that resolves to one task object for good: it is looked
+        through once. ``@shared_task``'s proxy finds the current app's task on each use.
+        """
+        task = self._resolved
+        if task is None:
+            task = self.task
+            if isinstance(task, PromiseProxy):
+                task = self._resolved = task._get_current_object()
+            elif not isinstance(task, Proxy):
+                self._resolved = task
+        return task._get_app()
+
+    def _timezone(self, app: Any) -> Any:
+        zone = self._zone
+        if zone[0] is not app:  # Celery, too, reads an app's timezone once
+            zone = self._zone = (app, app.timezone)
+        return zone[1]
 
     # --- Celery behaviour is unchanged ---------------------------------------------------
 
@@ -215,7 +240,7 @@ class ScheduledTask:
 
     @property
     def client(self) -> SchedulerClient:
-        return get_client(self.task._get_app())
+        return get_client(self._app())
 
     def schedule_at(self, when: dt.datetime, *args: Any, **kwargs: Any) -> ScheduleHandle:
         """Run ``task(*args, **kwargs)`` at *when*; returns once Kafka acknowledged the call.
@@ -247,12 +272,11 @@ class ScheduledTask:
         >>> send_reminder.schedule(("customer-42",), {"reminder_kind": "x"},  # doctest: +SKIP
         ...                        countdown=60, queue="mail", wait=False)
         """
-        client = self.client
-        envelope = self.build(args or (), kwargs or {}, at=at, countdown=countdown,
-                              ordering_id=ordering_id, uniqueness_key=uniqueness_key,
-                              retry=retry, options=options, client=client)
-        return ScheduleHandle(client, envelope, client.publish(envelope, wait=wait),
-                              app=self.task._get_app())
+        app = self._app()
+        client = get_client(app)
+        envelope = self._build(args or (), kwargs or {}, at, countdown, ordering_id,
+                               uniqueness_key, retry, options, client, app)
+        return ScheduleHandle(client, envelope, client.publish(envelope, wait=wait), app=app)
 
     def build(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
               at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
@@ -260,17 +284,26 @@ class ScheduledTask:
               retry: RetryPolicy | None = None, options: Mapping[str, Any] | None = None,
               client: SchedulerClient | None = None) -> ScheduleEnvelope:
         """Validate a call and return its envelope without publishing it."""
-        client = client or self.client
+        app = self._app()
+        return self._build(args, kwargs, at, countdown, ordering_id, uniqueness_key, retry,
+                           options, client or get_client(app), app)
+
+    def _build(self, args: Sequence[Any], kwargs: Mapping[str, Any], at: dt.datetime | None,
+               countdown: float | dt.timedelta | None, ordering_id: str | None,
+               uniqueness_key: str | None, retry: RetryPolicy | None,
+               options: Mapping[str, Any] | None, client: SchedulerClient, app: Any
+               ) -> ScheduleEnvelope:
         settings = client.settings
         current = client.clock()
-        scheduled_ms = scheduled_ms_of(at, countdown, current, self.task._get_app().timezone,
+        scheduled_ms = scheduled_ms_of(at, countdown, current, self._timezone(app),
                                        settings.grace_seconds)
-        if not isinstance(args, (list, tuple)):
+        if type(args) is not tuple and not isinstance(args, (list, tuple)):
             raise ScheduleError(f"args of task {self.name} must be a list or tuple, got "
                                 f"{type(args).__name__} {args!r:.200}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
-        if not isinstance(kwargs, Mapping) or any(type(name) is not str for name in kwargs):
+        if not isinstance(kwargs, Mapping) or (
+                kwargs and any(type(name) is not str for name in kwargs)):
             raise ScheduleError(f"kwargs of task {self.name} must be a mapping with string keys, "
                                 f"got {kwargs!r:.200}")
         try:
@@ -296,7 +329,7 @@ class ScheduledTask:
             unique = call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
         return ScheduleEnvelope(
             key=TaskKey(ordering, scheduled_ms, unique), task=self.name, args=encoded_args,
-            kwargs=encoded_kwargs, options=check_options(options or {}),
+            kwargs=encoded_kwargs, options=check_options(options) if options else {},
             retry=retry or self._retry or settings.retry_policy, enqueued_ms=current)
 
     def cancel(self, key: TaskKey) -> None:

@@ -33,6 +33,10 @@ def check_key_part(value: object, what: str) -> str:
     >>> check_key_part("customer-42", "ordering id")
     'customer-42'
     """
+    # the usual key, short plain ASCII, passes these cheap tests; anything else the full ones
+    if type(value) is str and 0 < len(value) <= MAX_KEY_LENGTH and value.isascii() \
+            and "\x00" not in value:
+        return value
     if not isinstance(value, str):
         raise InvalidKeyError(
             f"{what} must be a string, got {type(value).__name__} {value!r}; "

@@ -251,3 +251,25 @@ def test_a_dispatcher_releases_only_its_own_apps_scheduled_tasks() -> None:
     assert "other_app.greet" in registered() and remind.name in registered()
     assert "other_app.greet" not in registered(app) and remind.name in registered(app)
     assert "other_app.greet" in registered(other)  # (and the shared tasks, as Celery shares them)
+
+
+def test_a_shared_task_schedules_through_the_current_apps_client() -> None:
+    from celery import Celery, shared_task
+
+    @scheduled_task(ordering_id="who")
+    @shared_task(name="unit.shared_hello")
+    def hello(who: str) -> str:
+        return who
+
+    first, second = Celery("first"), Celery("second")
+    when = in_an_hour()
+    with scheduler_testing(first) as one, scheduler_testing(second) as two:
+        first.set_current()
+        hello.schedule_at(when, "a")
+        second.set_current()
+        hello.schedule_at(when, "b")
+        first.set_current()
+        hello.schedule_at(when, "c")
+    assert [e.key.ordering_id for e in one.pending()] == ["a", "c"]
+    assert [e.key.ordering_id for e in two.pending()] == ["b"]
+    app.set_current()
