@@ -297,7 +297,7 @@ class ScheduledTask:
         current = client.clock()
         scheduled_ms = scheduled_ms_of(at, countdown, current, self._timezone(app),
                                        settings.grace_seconds)
-        if type(args) is not tuple and not isinstance(args, (list, tuple)):
+        if not isinstance(args, (list, tuple)):
             raise ScheduleError(f"args of task {self.name} must be a list or tuple, got "
                                 f"{type(args).__name__} {args!r:.200}")
         if retry is not None and not isinstance(retry, RetryPolicy):

@@ -84,10 +84,9 @@ class _CommitFirst:
             past = {(m.topic(), m.partition()): m.offset() + 1 for m in messages if not m.error()}
             offsets = [TopicPartition(topic, partition, offset)
                        for (topic, partition), offset in past.items()]
-            # the Kafka consumer behind the reader port, so the commit is done when it returns
-            consumer = getattr(self._consumer, "consumer", self._consumer)
+            # on the Kafka consumer behind the reader port, so the commit is done when it returns
             with contextlib.suppress(KafkaException):  # revoked meanwhile
-                consumer.commit(offsets=offsets, asynchronous=False)
+                self._consumer.consumer.commit(offsets=offsets, asynchronous=False)
             time.sleep(1.0)  # a slow Cassandra write after the commit: a kill lands here
         return messages
 
