@@ -7,7 +7,8 @@
 One dispatcher and two solo workers on the local services; tasks due at *rate* a second,
 each scheduled 5 s ahead over 1,000 ordering ids. Prints the CPU per task of the
 dispatcher, the workers and each service from the first schedule call to 3 s after the
-last due time, the tasks' lateness (p50, p99: first start - due time), how many requests
+last due time, the tasks' lateness (p50, p99: first start - due time; of which due time to
+sent by the dispatcher, and sent to started on a worker), how many requests
 Cassandra took, and how many reads and writes each of the
 scheduler's tables took (from Cassandra's own counters, ``system_views``), per task and per
 second. The
@@ -141,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             sampler.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
             sampler.wait(30)
         first: dict[int, float] = {}
+        stages: dict[str, list[float]] = {"due to sent": [], "sent to started": []}
         for x in s.starts():
             first[x.seq] = min(first.get(x.seq, x.lateness), x.lateness)
+            if x.released is not None:
+                stages["due to sent"].append(x.released - x.at)
+                stages["sent to started"].append(x.started - x.released)
         ran = len(first)
         after = {name: _cpu_seconds(pids) for name, pids in services.items()}
         dispatcher_cpu = _cpu_seconds([dispatcher.pid]) - parts_before[0]
@@ -159,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         late = list(first.values())
         print(f"  lateness p50 {percentile(late, 50) * 1000:.1f} ms, "
               f"p99 {percentile(late, 99) * 1000:.1f} ms, max {max(late) * 1000:.1f} ms")
+        for stage, values in stages.items():
+            if values:
+                print(f"    of which {stage}: p50 {percentile(values, 50) * 1000:.1f} ms, "
+                      f"p99 {percentile(values, 99) * 1000:.1f} ms")
     print(f"  {'part':12} {'ms/task':>8} {'ms/s':>8}")
     used = {"dispatcher": dispatcher_cpu, "workers": workers_cpu,
             **{name: after[name] - before[name] for name in after}}

@@ -83,6 +83,9 @@ class Settings:
     # tasks a dispatcher has released and not seen finish, at most; 0 follows the rate at
     # which outcomes come back (about two seconds of the workers' work waits in the broker)
     max_in_flight: int = 0
+    # a due task is marked released in Cassandra up to this long before its due time, and
+    # sent to the broker at that time from a thread of its own (0: marked and sent once due)
+    release_ahead_seconds: float = 0.25
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
 
     # optional HMAC signing of records (see celery_scheduler.signing)
@@ -105,7 +108,7 @@ class Settings:
                     f"{PREFIX}{name} must be positive, got {getattr(self, name)!r}"
                 )
         for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds", "max_in_flight",
-                     "eta_threshold_seconds",
+                     "eta_threshold_seconds", "release_ahead_seconds",
                      "partition_lease_seconds", "lookahead_seconds", "startup_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")

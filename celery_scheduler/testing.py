@@ -107,7 +107,8 @@ class SchedulerTesting:
         # in real time) are held for good, and the engine never waits.
         self.engine = Engine(store, self._publish, "testing", dataclasses.replace(
             engine_settings(settings), tick_seconds=0, lookahead_seconds=LOOKAHEAD_SECONDS,
-            partition_lease_seconds=HELD_SECONDS, ingest_stall_seconds=HELD_SECONDS),
+            partition_lease_seconds=HELD_SECONDS, ingest_stall_seconds=HELD_SECONDS,
+            release_ahead_seconds=0),  # released within run_due(), on this thread
             clock=clock)
         self._ingest = Ingest(self._reader, store, self.engine, self._dead_letters,
                               task_log.partitions, allowed=lambda name: name in app.tasks,

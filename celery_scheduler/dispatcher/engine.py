@@ -34,6 +34,7 @@ from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import LeaseUpkeep
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
+from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Watch, Window
 from celery_scheduler.dispatcher.settling import Settling
@@ -45,6 +46,8 @@ from celery_scheduler.dispatcher.state import (
     Partition,
     Persisted,
     Revocation,
+    Sending,
+    Sent,
 )
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import ReleaseNotSentError, SchedulerError
@@ -115,6 +118,11 @@ class Engine(LeaseUpkeep, Settling):
         # lease is taken to have ended without an outcome only once that time is past its end.
         # Outcomes handed over directly (as in memory) are all read at once.
         self.outcomes_read_until: Callable[[int], int] = lambda partition: ALL_READ
+        # Releases marked ahead of their due time are sent by a thread of their own (ontime.py).
+        self._ahead_ms = int(self.settings.release_ahead_seconds * 1000)
+        self._sender = (OnTimeSender(self.publish_many, self.events.put, self._lease_certain, self.clock,
+                                     self.settings.release_batch)
+                        if self._ahead_ms > 0 else None)
 
     # --- called from other threads -------------------------------------------------------
 
@@ -151,6 +159,8 @@ class Engine(LeaseUpkeep, Settling):
         self.stopped.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._sender is not None:
+            self._sender.stop()
 
     # --- the engine thread ---------------------------------------------------------------
 
@@ -205,7 +215,7 @@ class Engine(LeaseUpkeep, Settling):
         next_due = self.timetable.next_due_ms()
         if next_due is None or self.timetable.in_flight_count() >= self._window.size():
             return self.settings.tick_seconds
-        return max(0.0, min(self.settings.tick_seconds, (next_due - self.clock()) / 1000))
+        return max(0.0, min(self.settings.tick_seconds, (next_due - self._ahead_ms - self.clock()) / 1000))
 
     def _drain_events(self, wait: float) -> None:
         if self._outcome_retries:  # outcomes whose effect a failed write did not store
@@ -240,6 +250,8 @@ class Engine(LeaseUpkeep, Settling):
             self._on_persisted(event.row)
         elif isinstance(event, Cancelled):
             self._on_cancelled(event.key)
+        elif isinstance(event, Sent):
+            self._sent(event.results, event.sent_ms)
         else:
             self._on_outcomes(event)
 
@@ -285,6 +297,9 @@ class Engine(LeaseUpkeep, Settling):
             self._drop(key)
 
     def _revoke(self, request: Revocation) -> None:
+        if self._sender is not None:
+            # what was marked ahead goes at its due time, while the leases are still ours
+            self._sender.settle(request.partitions, self._ahead_ms / 1000 + 5.0)
         try:
             self._store_succeeded()  # while the leases are still ours
             self._outcomes_stored()  # so the reader commits them before it lets go
@@ -315,7 +330,7 @@ class Engine(LeaseUpkeep, Settling):
         room = self._window.size() - self.timetable.in_flight_count()
         if room <= 0:
             return
-        taken = self.timetable.take_due(now, min(room, self.settings.release_batch))
+        taken = self.timetable.take_due(now, min(room, self.settings.release_batch), self._ahead_ms)
         if not taken:
             return
         # Every task taken is now in flight: whatever fails below, the ones not released,
@@ -347,22 +362,25 @@ class Engine(LeaseUpkeep, Settling):
                 self.timetable.defer(task.key, now + 200)
                 del open_[task.key]
         ready = [task for task in ready if task.key in free]
-        lease_until = now + int(self.settings.lease_seconds * 1000)
+        due = {task.key: task.due_ms for task in ready}
+        lease_ms = int(self.settings.lease_seconds * 1000)
         try:
             if ready:
                 # Mark them all released (one round trip for the lot), and only then publish:
                 # a task another dispatcher could see as not released must not be running.
-                self.store.mark_released_many([(t.stored, t.attempts + 1, lease_until) for t in ready],
-                                              now)
+                # One marked ahead is sent at its due time: its lease counts from then.
+                self.store.mark_released_many([(t.stored, t.attempts + 1, max(now, due[t.key]) + lease_ms)
+                                               for t in ready], now)
         finally:
             self.claims.marked(free)
         if ready:
-            self._send_marked(ready, open_, lease_until, now)
+            self._send_marked(ready, open_, due, now)
 
-    def _send_marked(self, ready: list[Loaded], open_: dict[TaskKey, Loaded], lease_until: int,
+    def _send_marked(self, ready: list[Loaded], open_: dict[TaskKey, Loaded], due: dict[TaskKey, int],
                      now: int) -> None:
-        """Publish *ready*, just marked released until *lease_until*."""
-        sending: list[tuple[Loaded, Release]] = []
+        """Publish *ready*, just marked released, each at its *due* time or now if that passed."""
+        sending: list[Sending] = []
+        lease_ms = int(self.settings.lease_seconds * 1000)
         for task in ready:
             del open_[task.key]
             partition = self.partitions.get(task.partition)
@@ -370,25 +388,42 @@ class Engine(LeaseUpkeep, Settling):
                 self.timetable.defer(task.key, now + 200)
                 continue
             assert partition.lease is not None
-            attempt = task.attempts + 1
-            task.attempts, task.lease_until_ms, task.released_ms = attempt, lease_until, now
+            attempt, at = task.attempts + 1, max(now, due[task.key])
+            task.attempts, task.lease_until_ms, task.released_ms = attempt, at + lease_ms, at
             if attempt == 1:
-                task.first_released_ms = now
+                task.first_released_ms = at
             task.next_poll_ms = 0
-            sending.append((task, Release(task.key, task.partition, attempt, partition.lease.epoch,
-                                          lease_until)))
+            sending.append(Sending(task, Release(task.key, task.partition, attempt, partition.lease.epoch,
+                                                 at + lease_ms), due[task.key]))
         if not sending:
             return
+        if self._sender is not None:
+            self._sender.hand(sending)  # sent at their due time; Sent comes back as an event
+            return
+        results = self.publish_many([(item.task, item.release) for item in sending])
+        self._sent(list(zip(sending, results, strict=True)), now)
+
+    def _lease_certain(self, number: int) -> bool:
+        """Whether this process's lease of partition *number* is certainly valid (any thread)."""
+        return time.monotonic() < self._fences.get(number, 0.0)
+
+    def _sent(self, results: list[tuple[Sending, Exception | None]], sent_ms: int) -> None:
+        """Count what was sent; put back what certainly was not."""
         failed: list[tuple[Loaded, Exception]] = []
         uncertain: list[tuple[Loaded, Exception]] = []
-        for (task, release), error in zip(sending, self.publish_many(sending), strict=True):
+        for item, error in results:
+            task, release = item.task, item.release
             if isinstance(error, ReleaseNotSentError):
-                failed.append((task, error))
+                # only while it is still this release in flight here (its partition may
+                # have been revoked meanwhile: its next owner decides)
+                if (self.timetable.get(task.key) is task and self.timetable.is_in_flight(task.key)
+                        and task.attempts == release.attempt):
+                    failed.append((task, error))
                 continue
             if error is not None:
                 uncertain.append((task, error))
             self.released_count += 1
-            self.metrics.released((now - task.due_ms) / 1000 if release.attempt == 1 else 0.0)
+            self.metrics.released((sent_ms - item.due_ms) / 1000 if release.attempt == 1 else 0.0)
         if uncertain:
             # Sending it again now could make two copies of one release that run at once,
             # or run beside the next task of the ordering id once the first copy reports: it
@@ -397,4 +432,4 @@ class Engine(LeaseUpkeep, Settling):
                            "for their outcome or the end of their lease", len(uncertain),
                            uncertain[0][0].key, uncertain[0][1])
         if failed:
-            self._unpublished(failed, now)
+            self._unpublished(failed, sent_ms)

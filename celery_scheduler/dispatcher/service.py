@@ -66,7 +66,8 @@ def engine_settings(settings: Settings) -> EngineSettings:
                           on_exhausted=settings.on_exhausted,
                           max_loaded=settings.max_loaded_per_partition,
                           lookahead_seconds=settings.lookahead_seconds,
-                          max_in_flight=settings.max_in_flight)
+                          max_in_flight=settings.max_in_flight,
+                          release_ahead_seconds=settings.release_ahead_seconds)
 
 
 def _log_commit_failure(error: KafkaError | None, partitions: list[Any]) -> None:

@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 
 from celery_scheduler.dispatcher.loader import PartitionLoader
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
+from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Lease, StoredTask
+from celery_scheduler.wire import Release
 
-__all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "Revocation"]
+__all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "Revocation",
+           "Sending", "Sent"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class EngineSettings:
     # The ingest loop of this process not back for this long: it hangs (a Kafka client call
     # that never returns), so its partitions' new tasks go unread; give their leases up.
     ingest_stall_seconds: float = 60.0
+    # Mark a task released up to this long before it is due, and send it at its due time
+    # from a thread of its own (see ``ontime``); 0 marks and sends it in one go once due.
+    release_ahead_seconds: float = 0.0
 
 
 @dataclass
@@ -70,5 +76,26 @@ class Cancelled:
     key: TaskKey
 
 
+@dataclass(frozen=True)
+class Sending:
+    """A release marked in the store, to be sent to the broker at *due_ms*."""
+
+    task: Loaded
+    release: Release
+    due_ms: int
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What became of releases handed to the on-time sender, each sent (or not) at *sent_ms*.
+
+    Per release: None (sent), ReleaseNotSentError (certainly not sent) or another error
+    (it may have been sent).
+    """
+
+    results: list[tuple[Sending, Exception | None]]
+    sent_ms: int
+
+
 # Workers' outcomes arrive as the OutcomeBatch the outcome reader made.
-Event = Assigned | Revocation | Persisted | Cancelled | OutcomeBatch
+Event = Assigned | Revocation | Persisted | Cancelled | OutcomeBatch | Sent

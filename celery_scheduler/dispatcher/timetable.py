@@ -154,22 +154,34 @@ class Timetable:
         if head is not None and queue.in_flight is None and not head.blocked:
             heapq.heappush(self._heap, (head.due_ms, next(self._tie), ordering_id))
 
-    def take_due(self, now_ms: int, limit: int | None = None) -> list[Loaded]:
-        """Return the releasable tasks due by *now_ms* (one per ordering id), marked in flight."""
+    def take_due(self, now_ms: int, limit: int | None = None, ahead_ms: int = 0) -> list[Loaded]:
+        """Return the releasable tasks due by *now_ms* (one per ordering id), marked in flight.
+
+        With *ahead_ms*, also those due within that much after *now_ms*, except a task whose
+        earlier release's lease has not ended: it is due only once that copy can no longer
+        be running.
+        """
         released: list[Loaded] = []
-        while self._heap and self._heap[0][0] <= now_ms:
-            due_ms, _, ordering_id = heapq.heappop(self._heap)
+        awaiting: list[tuple[int, int, str]] = []
+        while self._heap and self._heap[0][0] <= now_ms + ahead_ms:
+            entry = heapq.heappop(self._heap)
+            due_ms, _, ordering_id = entry
             queue = self._queues.get(ordering_id)
             head = queue.head() if queue is not None else None
             if queue is None or head is None or queue.in_flight is not None or head.blocked:
                 continue
             if head.due_ms != due_ms:  # stale entry; the current one is in the heap as well
                 continue
+            if due_ms > now_ms and head.awaiting_outcome:
+                awaiting.append(entry)
+                continue
             queue.in_flight = head
             self._in_flight += 1
             released.append(head)
             if limit is not None and len(released) >= limit:
                 break
+        for entry in awaiting:
+            heapq.heappush(self._heap, entry)
         return released
 
     def next_due_ms(self) -> int | None:

@@ -1,0 +1,137 @@
+"""Sending marked releases at their due time, from a thread of its own.
+
+A task is marked released in the store before anything may run it, and that round trip
+waits behind whatever else the engine thread is doing (recording successes, renewing
+leases, reading the schedule). Sent the moment it is marked, a task is as late as all of
+that. With ``release_ahead_seconds`` the engine marks a task that much before it is due and
+hands it here; this thread sends it to the broker at its due time, never before. Its
+lateness is then the broker's and the worker's, and the engine's next batch is marked
+while this one is sent.
+
+A release is sent only while its partition's lease is certain (the engine's fence, by this
+process's monotonic clock); otherwise it is reported not sent, and the engine puts the task
+back, its attempt not spent. Every hand-over is reported to the engine as a
+:class:`~celery_scheduler.dispatcher.state.Sent` event, in the order it was sent.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.dispatcher.state import Sending, Sent
+from celery_scheduler.dispatcher.timetable import Loaded
+from celery_scheduler.errors import ReleaseNotSentError
+from celery_scheduler.wire import Release
+
+__all__ = ["OnTimeSender"]
+
+logger = logging.getLogger(__name__)
+
+PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
+
+
+class OnTimeSender:
+    """Holds marked releases until they are due, then publishes them."""
+
+    def __init__(self, publish_many: PublishMany, report: Callable[[Sent], None],
+                 lease_certain: Callable[[int], bool], clock: Clock | None = None,
+                 batch: int = 500) -> None:
+        self._publish_many = publish_many
+        self._report = report
+        self._lease_certain = lease_certain
+        self._clock = clock or now_ms
+        self._batch = batch
+        self._heap: list[tuple[int, int, Sending]] = []
+        self._tie = itertools.count()
+        self._waiting: collections.Counter[int] = collections.Counter()  # per partition, not sent yet
+        self._changed = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._serve, name="celery-scheduler-sender", daemon=True)
+        self._thread.start()
+
+    def hand(self, items: Iterable[Sending]) -> None:
+        """Send each of *items* at its due time (at once if that has passed)."""
+        with self._changed:
+            for item in items:
+                heapq.heappush(self._heap, (item.due_ms, next(self._tie), item))
+                self._waiting[item.task.partition] += 1
+            self._changed.notify_all()
+
+    def waiting(self) -> int:
+        """How many releases wait to be sent."""
+        with self._changed:
+            return len(self._heap)
+
+    def settle(self, partitions: Iterable[int], timeout: float) -> bool:
+        """Wait until nothing of *partitions* waits to be sent; False if *timeout* came first."""
+        numbers = set(partitions)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while any(self._waiting[n] for n in numbers):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopped:
+                    return False
+                self._changed.wait(remaining)
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+        self._thread.join(timeout)
+
+    def _next(self) -> list[Sending] | None:
+        """The releases due now (waiting until some are); None once stopped."""
+        with self._changed:
+            while not self._stopped:
+                if self._heap:
+                    wait = (self._heap[0][0] - self._clock()) / 1000
+                    if wait <= 0:
+                        break
+                    self._changed.wait(wait)
+                else:
+                    self._changed.wait()
+            if self._stopped:
+                return None
+            now = self._clock()
+            due: list[Sending] = []
+            while self._heap and self._heap[0][0] <= now and len(due) < self._batch:
+                due.append(heapq.heappop(self._heap)[2])
+            return due
+
+    def _serve(self) -> None:
+        while (due := self._next()) is not None:
+            try:
+                self._report(self._send(due))
+            finally:
+                with self._changed:
+                    self._waiting.subtract(item.task.partition for item in due)
+                    self._changed.notify_all()
+
+    def _send(self, due: list[Sending]) -> Sent:
+        results: dict[int, Exception | None] = {}
+        certain: list[int] = []
+        for index, item in enumerate(due):
+            if self._lease_certain(item.task.partition):
+                certain.append(index)
+            else:
+                results[index] = ReleaseNotSentError(
+                    f"the lease of partition {item.task.partition} was not certain at the due time")
+        if certain:
+            try:
+                sent = self._publish_many([(due[i].task, due[i].release) for i in certain])
+            except Exception as exc:  # reported: the engine decides
+                # whether the broker took them is not known: they stay released, and their
+                # outcomes or the end of their leases decide, as for any uncertain send
+                logger.warning("sending %d release(s) failed: %s", len(certain), exc, exc_info=True)
+                sent = [exc] * len(certain)
+            for index, error in zip(certain, sent, strict=True):
+                results[index] = error
+        return Sent([(item, results[index]) for index, item in enumerate(due)], self._clock())

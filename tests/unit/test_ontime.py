@@ -1,0 +1,157 @@
+"""Releases marked ahead of their due time and sent at it, by the engine's sender thread.
+
+These run on the real clock: the sender waits in real time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from celery_scheduler.clock import now_ms
+from celery_scheduler.dispatcher.engine import Engine, EngineSettings
+from celery_scheduler.dispatcher.ontime import OnTimeSender
+from celery_scheduler.dispatcher.state import Sending, Sent
+from celery_scheduler.dispatcher.timetable import Loaded, Timetable
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.errors import ReleaseNotSentError
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import State
+from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.wire import Release
+
+AHEAD_MS = 400
+LEASE_MS = 60_000
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def loaded(ordering_id: str, due_ms: int, partition: int = 0, **fields: int) -> Loaded:
+    return Loaded(partition, ScheduleEnvelope(TaskKey(ordering_id, due_ms, "u"), "t"), **fields)
+
+
+class Sends:
+    """The publish side of an engine: when each release reached it (wall clock, ms)."""
+
+    def __init__(self) -> None:
+        self.at: dict[TaskKey, int] = {}
+
+    def __call__(self, task: Loaded, release: Release) -> None:
+        self.at[task.key] = now_ms()
+
+
+def engine_with(store: MemoryScheduleStore, sends: Sends) -> Engine:
+    engine = Engine(store, sends, "owner-1", EngineSettings(
+        tick_seconds=0.01, release_ahead_seconds=AHEAD_MS / 1000, lease_seconds=LEASE_MS / 1000))
+    engine.assign([0])
+    engine.step()  # takes the lease
+    assert engine.partitions[0].lease is not None
+    return engine
+
+
+def schedule(store: MemoryScheduleStore, engine: Engine, ordering_id: str, due_ms: int) -> TaskKey:
+    stored = store.put(0, ScheduleEnvelope(TaskKey(ordering_id, due_ms, "u"), "t"), now_ms())
+    assert stored is not None
+    engine.persisted(stored)
+    return stored.key
+
+
+def test_take_due_ahead_takes_what_falls_due_within_it_but_no_task_whose_earlier_copy_is_leased(
+) -> None:
+    table = Timetable()
+    soon, later = loaded("a", 1_150), loaded("b", 1_300)
+    leased = loaded("c", 1_000, attempts=1, lease_until_ms=1_100)  # a previous owner's release
+    for task in (soon, later, leased):
+        table.add(task)
+    assert table.take_due(1_000) == []
+    assert table.take_due(1_000, ahead_ms=200) == [soon]
+    # the leased one is due once its lease has ended, however far ahead is looked
+    assert table.take_due(1_099, ahead_ms=1_000) == [later]
+    assert table.take_due(1_100) == [leased]
+
+
+def test_a_task_is_marked_ahead_and_sent_at_its_due_time_not_before() -> None:
+    store, sends = MemoryScheduleStore(), Sends()
+    engine = engine_with(store, sends)
+    try:
+        due = now_ms() + AHEAD_MS - 100
+        key = schedule(store, engine, "a", due)
+        engine.step()
+        status = store.status(key)
+        assert status is not None and status.state is State.RELEASED
+        assert key not in sends.at  # marked, not sent: it is not due yet
+        wait_for(lambda: key in sends.at)
+        assert sends.at[key] >= due
+        task = engine.timetable.get(key)
+        assert task is not None
+        assert task.lease_until_ms == due + LEASE_MS  # its lease counts from its due time
+        assert engine.released_count == 0
+        engine.step()  # the Sent event
+        assert engine.released_count == 1
+    finally:
+        engine.stop()
+
+
+def test_a_release_whose_lease_is_not_certain_at_its_due_time_is_put_back_unspent() -> None:
+    store, sends = MemoryScheduleStore(), Sends()
+    engine = engine_with(store, sends)
+    try:
+        key = schedule(store, engine, "a", now_ms() + 200)
+        engine.step()
+        assert engine.timetable.is_in_flight(key)
+        engine._forget_fence(0)  # as if the lease ran out before the due time
+        wait_for(lambda: engine._sender is not None and engine._sender.waiting() == 0)
+        time.sleep(0.05)
+        engine.step()
+        assert key not in sends.at
+        task = engine.timetable.get(key)
+        assert task is not None and task.attempts == 0 and not engine.timetable.is_in_flight(key)
+        status = store.status(key)
+        assert status is not None and status.state is State.PENDING and status.attempts == 0
+    finally:
+        engine.stop()
+
+
+def test_a_revocation_sends_what_was_marked_ahead_before_it_gives_the_lease_up() -> None:
+    store, sends = MemoryScheduleStore(), Sends()
+    engine = engine_with(store, sends)
+    due = now_ms() + 250
+    key = schedule(store, engine, "a", due)
+    engine.step()
+    assert key not in sends.at
+    assert engine.revoke([0])
+    assert key in sends.at and sends.at[key] >= due
+    assert store.acquire_lease(0, "owner-2", 10_000, now_ms()) is not None  # given up
+    engine.stop()
+
+
+def test_the_sender_sends_each_release_at_its_due_time_in_due_order() -> None:
+    sent: list[Sent] = []
+    published: list[tuple[TaskKey, int]] = []
+
+    def publish_many(items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
+        published.extend((task.key, now_ms()) for task, _ in items)
+        return [None] * len(items)
+
+    sender = OnTimeSender(publish_many, sent.append, lambda partition: partition == 0)
+    try:
+        start = now_ms()
+        items = [Sending(loaded(f"o{offset}", start + offset, partition=partition),
+                         Release(TaskKey(f"o{offset}", start + offset, "u"), partition, 1, 1, 0),
+                         start + offset)
+                 for offset, partition in ((300, 0), (-50, 0), (150, 0), (200, 1))]
+        sender.hand(items)
+        assert sender.settle([0, 1], timeout=5.0)
+        assert [key.ordering_id for key, _ in published] == ["o-50", "o150", "o300"]
+        for key, at in published:
+            assert at >= key.scheduled_ms
+        results = {item.task.key.ordering_id: error for event in sent for item, error in event.results}
+        assert results["o300"] is None and results["o-50"] is None
+        assert isinstance(results["o200"], ReleaseNotSentError)  # partition 1's lease: not certain
+    finally:
+        sender.stop()
