@@ -150,7 +150,11 @@ class ScheduleHandle:
         return self._client.store.status(self.key)
 
     def cancel(self) -> None:
-        """Ask for the task not to run; takes effect unless it was already released."""
+        """Ask for the task not to run; takes effect unless it was already released.
+
+        A dispatcher releases a task up to ``scheduler_release_ahead_seconds`` (0.25 s)
+        before its due time (it sends it at that time): a cancel must reach it before then.
+        """
         self._client.publish(CancelEnvelope(self.key, self._client.clock()))
 
     def retry(self) -> None:

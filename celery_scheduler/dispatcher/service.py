@@ -132,7 +132,7 @@ class Dispatcher:
         self.store = when_available("Cassandra", lambda: open_store(s), deadline, self.stopping)
         self.store.check_schema()  # a keyspace made by an older version: run init first
         self.metrics = metrics or Metrics()
-        self.publisher = releasing.Publisher(app, s.lease_seconds)  # the engine thread's only
+        self.publisher = releasing.Publisher(app, s.lease_seconds)  # used by one thread only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many)
         self.store.fence_writes(self.engine.write_fence)
