@@ -83,10 +83,9 @@ class Settings:
     # tasks a dispatcher has released and not seen finish, at most; 0 follows the rate at
     # which outcomes come back (about two seconds of the workers' work waits in the broker)
     max_in_flight: int = 0
-    # a task is marked released in Cassandra up to this long before its due time and sent
-    # from a thread of its own, to Celery at once with its due time as its eta, a delayed
-    # Kafka message at that time (0: marked once due and sent at once, without an eta)
-    release_ahead_seconds: float = 1.0
+    # a due task is marked released in Cassandra up to this long before its due time, and
+    # sent to the broker at that time from a thread of its own (0: marked and sent once due)
+    release_ahead_seconds: float = 0.25
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
 
     # optional HMAC signing of records (see celery_scheduler.signing)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kombu.utils.json import loads as _kombu_loads
@@ -67,17 +67,14 @@ def _shown(value: Any) -> str:
 
 def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
             now: dt.datetime | None = None, producer: Any = None,
-            declared: set[tuple[Any, ...]] | None = None, eta_ms: int | None = None) -> None:
+            declared: set[tuple[Any, ...]] | None = None) -> None:
     """Send *envelope*'s task to Celery for *release* (through *producer*, if given).
 
     With *declared* (the routes this producer's connection has declared already), a route
     is declared by its first message only: Celery would declare the queue again for every
-    message, a fifth of the CPU of a release. With *eta_ms* (epoch ms) the message is sent
-    ahead of its due time: the worker that takes it holds it until then.
+    message, a fifth of the CPU of a release.
     """
     options = dict(envelope.options)
-    if eta_ms is not None:
-        options["eta"] = dt.datetime.fromtimestamp(eta_ms / 1000, dt.timezone.utc)
     options.pop("task_id", None)  # sent as the task id below
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
@@ -146,8 +143,7 @@ class Publisher:
     On RabbitMQ (py-amqp) the producer has a connection and channel of its own, in confirm
     mode (see ``confirms``): a release counts as sent once RabbitMQ confirmed it. On other
     brokers it comes from the app's producer pool. Used from one thread (the release
-    engine's, or its sender's when releases are marked ahead). After a failure the producer
-    is let go and the next call takes a fresh one.
+    engine's, or its sender's when releases are marked ahead). After a failure the producer is let go and the next call takes a fresh one.
     """
 
     def __init__(self, app: Any, lease_seconds: float) -> None:
@@ -157,25 +153,22 @@ class Publisher:
         self._confirms: Confirms | None = None  # set while the producer is our RabbitMQ one
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
 
-    def publish(self, envelope: ScheduleEnvelope, release: Release, eta_ms: int | None = None) -> None:
+    def publish(self, envelope: ScheduleEnvelope, release: Release) -> None:
         producer = self._in_use()
         if self._confirms is not None:
-            (error,) = self._publish_confirmed(producer, [(envelope, release)], [eta_ms])
+            (error,) = self._publish_confirmed(producer, [(envelope, release)])
             if error is not None:
                 raise error
             return
         try:
             publish(self.app, envelope, release, self.lease_seconds, producer=producer,
-                    declared=self._declared, eta_ms=eta_ms)
+                    declared=self._declared)
         except Exception:
             self.close()
             raise
 
-    def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]],
-                     etas: Sequence[int | None] | None = None) -> list[Exception | None]:
+    def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]]) -> list[Exception | None]:
         """Publish *items* in order, in one round trip where the broker allows it.
-
-        *etas*, per item: the due time (epoch ms) of one sent ahead of it, else None.
 
         Each result is None (sent), ``ReleaseNotSentError`` (certainly not sent: there was
         no connection, or RabbitMQ refused it) or ``ReleaseUncertainError`` (the connection
@@ -186,39 +179,36 @@ class Publisher:
         the other and confirmed together. Other brokers (or a Redis transport set to retry
         commands, which kombu does not batch) get them one at a time.
         """
-        etas = list(etas) if etas is not None else [None] * len(items)
         try:
             producer = self._connected()
         except Exception as exc:
             self.close()
             return [_not_sent(exc)] * len(items)
         if self._confirms is not None:
-            return self._publish_confirmed(producer, items, etas)
+            return self._publish_confirmed(producer, items)
         if not getattr(producer, "supports_batch_publish", False):
-            return publish_each(lambda item, release: self.publish(item[0], release, item[1]),
-                                [((envelope, eta), release)
-                                 for (envelope, release), eta in zip(items, etas, strict=True)])
+            return publish_each(self.publish, items)
         try:
             # never flushed half-way: the batch is sent whole or counts as not sent
             with producer.batch(max_size=1 << 30):
-                for (envelope, release), eta in zip(items, etas, strict=True):
+                for envelope, release in items:
                     publish(self.app, envelope, release, self.lease_seconds, producer=producer,
-                            declared=self._declared, eta_ms=eta)
+                            declared=self._declared)
         except Exception as exc:
             self.close()
             return [_uncertain(exc)] * len(items)
         return [None] * len(items)
 
-    def _publish_confirmed(self, producer: Any, items: list[tuple[ScheduleEnvelope, Release]],
-                           etas: list[int | None]) -> list[Exception | None]:
+    def _publish_confirmed(self, producer: Any, items: list[tuple[ScheduleEnvelope, Release]]
+                           ) -> list[Exception | None]:
         """Publish *items* without waiting, then wait once for RabbitMQ's confirms of all."""
         confirms = self._confirms
         assert confirms is not None
         tags: list[int] = []
-        for (envelope, release), eta in zip(items, etas, strict=True):
+        for envelope, release in items:
             try:
                 publish(self.app, envelope, release, self.lease_seconds, producer=producer,
-                        declared=self._declared, eta_ms=eta)
+                        declared=self._declared)
             except Exception as exc:
                 self.close()
                 rest = len(items) - len(tags) - 1

@@ -75,8 +75,7 @@ class Engine(LeaseUpkeep, Settling):
     def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
                  settings: EngineSettings | None = None,
                  clock: Clock | None = None, metrics: Metrics | None = None,
-                 publish_many: PublishMany | None = None,
-                 held_by_broker: Callable[[Loaded], bool] | None = None) -> None:
+                 publish_many: PublishMany | None = None) -> None:
         self.store = store
         self.publish = publish
         # the dispatcher sends a step's releases in one round trip where the broker allows
@@ -121,9 +120,8 @@ class Engine(LeaseUpkeep, Settling):
         self.outcomes_read_until: Callable[[int], int] = lambda partition: ALL_READ
         # Releases marked ahead of their due time are sent by a thread of their own (ontime.py).
         self._ahead_ms = int(self.settings.release_ahead_seconds * 1000)
-        # *held_by_broker*: releases the broker holds until their due time, sent at once (ontime.py)
         self._sender = (OnTimeSender(self.publish_many, self.events.put, self._lease_certain, self.clock,
-                                     self.settings.release_batch, held_by_broker)
+                                     self.settings.release_batch)
                         if self._ahead_ms > 0 else None)
 
     # --- called from other threads -------------------------------------------------------
@@ -300,7 +298,7 @@ class Engine(LeaseUpkeep, Settling):
 
     def _revoke(self, request: Revocation) -> None:
         if self._sender is not None:
-            # what was marked ahead is sent, while the leases are still ours
+            # what was marked ahead goes at its due time, while the leases are still ours
             self._sender.settle(request.partitions, self._ahead_ms / 1000 + 5.0)
         try:
             self._store_succeeded()  # while the leases are still ours
@@ -370,7 +368,7 @@ class Engine(LeaseUpkeep, Settling):
             if ready:
                 # Mark them all released (one round trip for the lot), and only then publish:
                 # a task another dispatcher could see as not released must not be running.
-                # One marked ahead runs at its due time: its lease counts from then.
+                # One marked ahead is sent at its due time: its lease counts from then.
                 self.store.mark_released_many([(t.stored, t.attempts + 1, max(now, due[t.key]) + lease_ms)
                                                for t in ready], now)
         finally:
@@ -425,7 +423,6 @@ class Engine(LeaseUpkeep, Settling):
             if error is not None:
                 uncertain.append((task, error))
             self.released_count += 1
-            # (one sent ahead, for the broker to hold until its due time, counts as on time)
             self.metrics.released((sent_ms - item.due_ms) / 1000 if release.attempt == 1 else 0.0)
         if uncertain:
             # Sending it again now could make two copies of one release that run at once,

@@ -6,9 +6,7 @@ leases, reading the schedule). Sent the moment it is marked, a task is as late a
 that. With ``release_ahead_seconds`` the engine marks a task that much before it is due and
 hands it here; this thread sends it to the broker at its due time, never before. Its
 lateness is then the broker's and the worker's, and the engine's next batch is marked
-while this one is sent. A release the broker holds until its due time (a Celery message
-with an ``eta``: the worker that takes it runs it at that time, as Celery's own ``eta=``
-does) is sent at once instead, so the broker's hop is made before the due time too.
+while this one is sent.
 
 A release is sent only while its partition's lease is certain (the engine's fence, by this
 process's monotonic clock); otherwise it is reported not sent, and the engine puts the task
@@ -44,9 +42,8 @@ class OnTimeSender:
 
     def __init__(self, publish_many: PublishMany, report: Callable[[Sent], None],
                  lease_certain: Callable[[int], bool], clock: Clock | None = None,
-                 batch: int = 500, held_by_broker: Callable[[Loaded], bool] | None = None) -> None:
+                 batch: int = 500) -> None:
         self._publish_many = publish_many
-        self._held_by_broker = held_by_broker or (lambda task: False)
         self._report = report
         self._lease_certain = lease_certain
         self._clock = clock or now_ms
@@ -60,13 +57,10 @@ class OnTimeSender:
         self._thread.start()
 
     def hand(self, items: Iterable[Sending]) -> None:
-        """Send each of *items* at its due time (at once if that has passed, or if the
-        broker holds it until then)."""
-        now = self._clock()
+        """Send each of *items* at its due time (at once if that has passed)."""
         with self._changed:
             for item in items:
-                at = now if self._held_by_broker(item.task) else item.due_ms
-                heapq.heappush(self._heap, (at, next(self._tie), item))
+                heapq.heappush(self._heap, (item.due_ms, next(self._tie), item))
                 self._waiting[item.task.partition] += 1
             self._changed.notify_all()
 

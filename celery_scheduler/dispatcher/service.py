@@ -24,7 +24,6 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from celery_scheduler import release as releasing
 from celery_scheduler import wire
 from celery_scheduler.api import registered
-from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
@@ -134,12 +133,8 @@ class Dispatcher:
         self.store.check_schema()  # a keyspace made by an older version: run init first
         self.metrics = metrics or Metrics()
         self.publisher = releasing.Publisher(app, s.lease_seconds)  # used by one thread only
-        # A Celery release marked ahead is sent at once with its due time as its eta: the
-        # worker holds it until then, as for Celery's own eta=. A delayed Kafka message has
-        # nobody to hold it: it is produced at its due time.
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
-                             metrics=self.metrics, publish_many=self._publish_many,
-                             held_by_broker=lambda task: task.envelope.task != MESSAGE_TASK)
+                             metrics=self.metrics, publish_many=self._publish_many)
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
         self.delivery = KafkaDelivery(base, self.engine.outcomes)
@@ -193,22 +188,15 @@ class Dispatcher:
         """Each release to Celery, or for a delayed message to Kafka; results in *items*' order."""
         messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
         if not messages:
-            return self._release_tasks(items)
+            return self.publisher.publish_many([(task.envelope, release) for task, release in items])
         results: list[Exception | None] = [None] * len(items)
         tasks = [i for i in range(len(items)) if i not in set(messages)]
-        sent = self.delivery.deliver([(items[i][0].envelope, items[i][1]) for i in messages])
-        if tasks:
-            sent += self._release_tasks([items[i] for i in tasks])
-        for i, result in zip(messages + tasks, sent, strict=True):
-            results[i] = result
+        for indexes, send in ((messages, self.delivery.deliver), (tasks, self.publisher.publish_many)):
+            if indexes:
+                sent = send([(items[i][0].envelope, items[i][1]) for i in indexes])
+                for i, result in zip(indexes, sent, strict=True):
+                    results[i] = result
         return results
-
-    def _release_tasks(self, items: list[tuple[Loaded, wire.Release]]) -> list[Exception | None]:
-        # A task sent ahead of its release time (see Engine) carries that time as its eta.
-        now = now_ms()
-        return self.publisher.publish_many([(task.envelope, release) for task, release in items],
-                                           [task.released_ms if task.released_ms > now else None
-                                            for task, _ in items])
 
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
         self.ingest.assigned(partitions)

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery, current_task
+from celery import Celery
 
 from celery_scheduler import scheduled_task
 from celery_scheduler.eta import DurableEtaTask
@@ -74,8 +74,7 @@ def unique_seq(ordering_id: str, seq: int, *args: object, **kwargs: object) -> s
 @scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
 @app.task(name="dispatching.record")
 def record(ordering_id: str, seq: int, duration: float = 0.0, scheduled_for: float = 0.0) -> int:
-    # the eta of a release sent ahead of its due time, which the worker held until then
-    log("start", ordering_id, seq, scheduled_for=scheduled_for, eta=current_task.request.eta)
+    log("start", ordering_id, seq, scheduled_for=scheduled_for)
     if duration:
         time.sleep(duration)
     log("end", ordering_id, seq)

@@ -155,24 +155,3 @@ def test_the_sender_sends_each_release_at_its_due_time_in_due_order() -> None:
         assert isinstance(results["o200"], ReleaseNotSentError)  # partition 1's lease: not certain
     finally:
         sender.stop()
-
-
-def test_a_release_the_broker_holds_until_its_due_time_is_sent_at_once() -> None:
-    published: list[tuple[str, int]] = []
-
-    def publish_many(items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
-        published.extend((task.key.ordering_id, now_ms()) for task, _ in items)
-        return [None] * len(items)
-
-    sender = OnTimeSender(publish_many, lambda sent: None, lambda partition: True,
-                          held_by_broker=lambda task: task.key.ordering_id == "celery")
-    try:
-        start = now_ms()
-        sender.hand([Sending(loaded(name, start + 300), Release(TaskKey(name, start + 300, "u"), 0, 1, 1, 0),
-                             start + 300) for name in ("kafka", "celery")])
-        assert sender.settle([0], timeout=5.0)
-        assert [name for name, _ in published] == ["celery", "kafka"]
-        sent = dict(published)
-        assert sent["celery"] < start + 300 <= sent["kafka"]
-    finally:
-        sender.stop()

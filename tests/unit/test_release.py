@@ -21,12 +21,12 @@ class RecordingApp:
         self.sent.append((name, options))
 
 
-def released(options: dict[str, Any], lease: float = 300.0, args: list[Any] | None = None,
-             eta_ms: int | None = None) -> dict[str, Any]:
+def released(options: dict[str, Any], lease: float = 300.0, args: list[Any] | None = None
+             ) -> dict[str, Any]:
     encoded_args, encoded_kwargs = encode_arguments(args or ["customer-42"], {"kind": "welcome"})
     envelope = ScheduleEnvelope(KEY, "proj.remind", encoded_args, encoded_kwargs, options)
     app = RecordingApp()
-    publish(app, envelope, Release(KEY, 3, 2, 7), lease, now=NOW, eta_ms=eta_ms)
+    publish(app, envelope, Release(KEY, 3, 2, 7), lease, now=NOW)
     [(name, sent)] = app.sent
     assert name == "proj.remind"
     return sent
@@ -58,13 +58,6 @@ def test_hard_time_limit_stays_below_the_lease() -> None:
     assert released({"time_limit": 60})["time_limit"] == 60.0
     assert released({"time_limit": 600})["time_limit"] == 295.0
     assert released({"soft_time_limit": 900})["soft_time_limit"] == 295.0
-
-
-def test_a_release_sent_ahead_carries_its_due_time_as_its_eta() -> None:
-    assert "eta" not in released({})  # sent once due: runs at once
-    eta = released({}, eta_ms=KEY.scheduled_ms)["eta"]
-    assert eta == dt.datetime(2030, 1, 1, 0, 0, tzinfo=dt.timezone.utc)
-    assert eta.utcoffset() == dt.timedelta(0)  # aware: no worker reads it in its own zone
 
 
 def test_expires_counts_from_the_release() -> None:
