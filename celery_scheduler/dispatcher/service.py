@@ -9,6 +9,7 @@ never release from one partition at the same time.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -219,6 +220,11 @@ class Dispatcher:
         self.consumer.subscribe([s.kafka_topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         sys.setswitchinterval(SWITCH_INTERVAL)  # the process is the dispatcher's alone
+        # What is alive now (modules, the app, the clients) lives as long as the process:
+        # frozen, the collector no longer walks it. A full collection of it held every
+        # thread for 50-85 ms, the sender's too, while tasks fell due.
+        gc.collect()
+        gc.freeze()
         engine_thread = self.engine.start()
         self.outcomes.start(self.stopping)
         try:
