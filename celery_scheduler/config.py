@@ -85,7 +85,7 @@ class Settings:
     max_in_flight: int = 0
     # a due task is marked released in Cassandra up to this long before its due time, and
     # sent to the broker at that time from a thread of its own (0: marked and sent once due)
-    release_ahead_seconds: float = 0.25
+    release_ahead_seconds: float = 0.5
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
 
     # optional HMAC signing of records (see celery_scheduler.signing)

@@ -143,7 +143,8 @@ class Publisher:
     On RabbitMQ (py-amqp) the producer has a connection and channel of its own, in confirm
     mode (see ``confirms``): a release counts as sent once RabbitMQ confirmed it. On other
     brokers it comes from the app's producer pool. Used from one thread (the release
-    engine's, or its sender's when releases are marked ahead). After a failure the producer is let go and the next call takes a fresh one.
+    engine's, or its sender's when releases are marked ahead). After a failure the producer
+    is let go and the next call takes a fresh one.
     """
 
     def __init__(self, app: Any, lease_seconds: float) -> None:
