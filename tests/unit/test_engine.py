@@ -81,6 +81,15 @@ def test_releases_when_due_and_next_after_completion(store: MemoryScheduleStore,
     assert store.status(first).state is State.SUCCEEDED
 
 
+def test_release_lateness_is_the_release_time_minus_the_due_time(store: MemoryScheduleStore,
+                                                                  clock: Clock) -> None:
+    h = Harness(store, clock)
+    h.schedule("a", 100)
+    h.step(350)  # released 250 ms after it fell due
+    assert h.sample("celery_scheduler_release_lateness_seconds_count") == 1
+    assert h.sample("celery_scheduler_release_lateness_seconds_sum") == pytest.approx(0.25)
+
+
 def test_a_finished_task_records_its_first_release_and_the_run_the_worker_reported(
         store: MemoryScheduleStore, clock: Clock) -> None:
     h = Harness(store, clock)
