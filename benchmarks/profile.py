@@ -60,9 +60,10 @@ from celery_scheduler.api import registered  # noqa: E402
 from celery_scheduler.client import SchedulerClient, set_client  # noqa: E402
 from celery_scheduler.clock import now_ms  # noqa: E402
 from celery_scheduler.config import get_settings  # noqa: E402
-from celery_scheduler.dispatcher.engine import Engine, PublishMany  # noqa: E402
+from celery_scheduler.dispatcher.engine import Engine  # noqa: E402
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic  # noqa: E402
 from celery_scheduler.dispatcher.service import engine_settings  # noqa: E402
+from celery_scheduler.dispatcher.state import PublishMany  # noqa: E402
 from celery_scheduler.dispatcher.timetable import Loaded  # noqa: E402
 from celery_scheduler.envelope import encode  # noqa: E402
 from celery_scheduler.partitioner import partition_for  # noqa: E402

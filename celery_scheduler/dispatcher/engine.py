@@ -45,6 +45,7 @@ from celery_scheduler.dispatcher.state import (
     Event,
     Partition,
     Persisted,
+    PublishMany,
     Revocation,
     Sending,
     Sent,
@@ -62,9 +63,6 @@ __all__ = ["Engine", "EngineSettings"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[Loaded, Release], None]
-# Publishes a step's releases in order; for each, None (sent), ReleaseNotSentError (certainly
-# not sent: released again soon) or another error (it may have been sent: it stays released).
-PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
 # What outcomes_read_until says when outcomes reach the engine as they are reported.
 ALL_READ = 2**63 - 1
 

@@ -25,16 +25,13 @@ import time
 from collections.abc import Callable, Iterable
 
 from celery_scheduler.clock import Clock, now_ms
-from celery_scheduler.dispatcher.state import Sending, Sent
-from celery_scheduler.dispatcher.timetable import Loaded
+from celery_scheduler.dispatcher.state import PublishMany, Sending, Sent
 from celery_scheduler.errors import ReleaseNotSentError
-from celery_scheduler.wire import Release
 
 __all__ = ["OnTimeSender"]
 
 logger = logging.getLogger(__name__)
 
-PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
 
 
 class OnTimeSender:

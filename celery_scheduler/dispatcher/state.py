@@ -4,6 +4,7 @@ lease, and the events the other threads of a dispatcher send it (typed, one clas
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from celery_scheduler.dispatcher.loader import PartitionLoader
@@ -13,8 +14,8 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Lease, StoredTask
 from celery_scheduler.wire import Release
 
-__all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "Revocation",
-           "Sending", "Sent"]
+__all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "PublishMany",
+           "Revocation", "Sending", "Sent"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,11 @@ class Cancelled:
     """The ingest loop applied a cancel of *key* (whether or not it removed anything)."""
 
     key: TaskKey
+
+
+# Publishes releases in order; for each, None (sent), ReleaseNotSentError (certainly not
+# sent: released again soon) or another error (it may have been sent: it stays released).
+PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
 
 
 @dataclass(frozen=True)
