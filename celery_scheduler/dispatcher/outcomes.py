@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from celery_scheduler.errors import TaskLogError
-from celery_scheduler.tasklog.reader import kafka_errors
+from celery_scheduler.tasklog.reader import close_quietly, kafka_errors
 from celery_scheduler.wire import Outcome
 
 __all__ = ["OutcomeBatch", "OutcomeReader"]
@@ -254,7 +254,8 @@ class OutcomeReader:
                            STALL_SECONDS, behind)
             old, self._consumer = self._consumer, Consumer(self._config)
             # closed aside: a consumer in that state may take long to close
-            threading.Thread(target=_close_quietly, args=(old,), daemon=True,
+            threading.Thread(target=close_quietly, args=(old, "a stalled outcome consumer"),
+                             daemon=True,
                              name="celery-scheduler-outcomes-close").start()
             # from the next offset not read, or (none read) from the committed offset
             start = [TopicPartition(self.topic, n, self._reached[n]) if n in self._reached
@@ -289,10 +290,3 @@ class OutcomeReader:
             with kafka_errors("close the outcome reader"):
                 self._consumer.close()
 
-
-def _close_quietly(consumer: Consumer) -> None:
-    try:
-        with kafka_errors("close a stalled outcome consumer"):
-            consumer.close()
-    except TaskLogError as exc:
-        logger.info("%s", exc)

@@ -29,6 +29,7 @@ from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
+from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.outcomes import OutcomeReader
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.errors import (
@@ -42,7 +43,7 @@ from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store import open_store
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
-from celery_scheduler.tasklog.reader import KafkaTaskLogReader
+from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_quietly
 from celery_scheduler.wire import outcome_topic
 
 __all__ = ["Dispatcher", "check", "engine_settings", "when_available"]
@@ -154,7 +155,7 @@ class Dispatcher:
         self.outcomes = OutcomeReader(base, outcome_topic(s.kafka_topic), f"{self.group_id}.outcomes",
                                       self.engine.outcomes, self.engine.durable_outcome_offsets)
         self.engine.outcomes_read_until = self.outcomes.read_until
-        self.consumer = Consumer({
+        self._consumer_config = {
             # A schedule record is rarely due the moment it is read: gather up to 100 ms of
             # records per fetch instead of one fetch per record, which cost the broker more
             # CPU than the record (fetch.* in scheduler_kafka_options override this).
@@ -168,8 +169,9 @@ class Dispatcher:
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1500,
             "on_commit": _log_commit_failure,
-        })
-        self.reader = KafkaTaskLogReader(self.consumer)
+        }
+        self.reader = KafkaTaskLogReader(Consumer(self._consumer_config))
+        self.membership = Membership(self._partitions, time.monotonic())
         self.ingest = Ingest(self.reader, self.store, self.engine,
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
                              lambda: self._partitions, allowed=names.__contains__,
@@ -199,13 +201,24 @@ class Dispatcher:
                     results[i] = result
         return results
 
+    @property
+    def consumer(self) -> Consumer:
+        """The Kafka consumer of the dispatchers' group (replaced by :meth:`_rejoin`)."""
+        return self.reader.consumer
+
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
+        if consumer is not self.consumer:  # one replaced, closing aside
+            return
+        self.membership.assigned((p.partition for p in partitions), time.monotonic())
         self.ingest.assigned(partitions)
         self.engine.assign(p.partition for p in partitions)
         self.outcomes.assign(p.partition for p in partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
+        if consumer is not self.consumer:
+            return
         started = time.monotonic()
+        self.membership.revoked((p.partition for p in partitions), started)
         self.ingest.revoked(partitions)
         if not self.engine.revoke(p.partition for p in partitions):
             logger.error("partitions %s were not handed over in time", [p.partition for p in partitions])
@@ -217,8 +230,7 @@ class Dispatcher:
         s = self.settings
         logger.info("dispatcher %s joining group %s on %s (%d partitions)", self.owner,
                     self.group_id, s.kafka_topic, self._partitions)
-        self.consumer.subscribe([s.kafka_topic], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._subscribe()
         sys.setswitchinterval(SWITCH_INTERVAL)  # the process is the dispatcher's alone
         # What is alive now (modules, the app, the clients) lives as long as the process:
         # frozen, the collector no longer walks it. A full collection of it held every
@@ -232,8 +244,40 @@ class Dispatcher:
                 self.ingest.poll_once(0.2)
                 if not engine_thread.is_alive():
                     raise SchedulerError("the release engine stopped unexpectedly")
+                self._keep_membership()
         finally:
             self._shutdown()
+
+    def _subscribe(self) -> None:
+        self.consumer.subscribe([self.settings.kafka_topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+
+    def _keep_membership(self) -> None:
+        """Join the group again with a new consumer if this one seems to be out of it
+        (see :mod:`celery_scheduler.dispatcher.membership`)."""
+        now = time.monotonic()
+        if not self.membership.due(now):
+            return
+        try:
+            leases = self.store.leases()
+        except SchedulerError:
+            return  # Cassandra is away: the leases say nothing now
+        orphaned = self.membership.orphaned(leases, self.engine.clock())
+        if orphaned:
+            self._rejoin(orphaned, now)
+
+    def _rejoin(self, orphaned: list[int], now: float) -> None:
+        logger.warning(
+            "this dispatcher has held no partition for %.0fs while partitions %s have no owner "
+            "(their leases ran out): its Kafka consumer seems to be out of the group; joining "
+            "it again with a new consumer", self.membership.unassigned_for(now), orphaned)
+        old = self.reader.replace(Consumer(self._consumer_config))
+        self.membership.rejoined(now)
+        self._subscribe()
+        # closed aside: a consumer in that state may take long to close; it holds no
+        # partition, and its callbacks no longer reach the engine
+        threading.Thread(target=close_quietly, args=(old, "a consumer out of the group"), daemon=True,
+                         name="celery-scheduler-consumer-close").start()
 
     def stop(self) -> None:
         self.stopping.set()

@@ -10,6 +10,7 @@ handles the package's errors, never the client library's.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Literal
 
@@ -17,7 +18,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
 
-__all__ = ["KafkaTaskLogReader", "kafka_errors"]
+__all__ = ["KafkaTaskLogReader", "close_quietly", "kafka_errors"]
+
+logger = logging.getLogger(__name__)
 
 # Codes that say the brokers could not be reached or answered too late: waiting may cure them.
 _UNAVAILABLE = frozenset({
@@ -74,6 +77,21 @@ class KafkaTaskLogReader:
         with kafka_errors("commit offsets"):
             self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
 
+    def replace(self, consumer: Consumer) -> Consumer:
+        """Read through *consumer* from now on; return the one it replaces (not closed)."""
+        old, self.consumer = self.consumer, consumer
+        return old
+
     def close(self) -> None:
         with kafka_errors("close the consumer"):
             self.consumer.close()
+
+
+def close_quietly(consumer: Consumer, what: str) -> None:
+    """Close *consumer*, one no longer read (often from a thread of its own: a consumer
+    that stopped working may take long to close); its errors are only logged."""
+    try:
+        with kafka_errors(f"close {what}"):
+            consumer.close()
+    except TaskLogError as exc:
+        logger.info("%s", exc)

@@ -1,0 +1,89 @@
+"""Whether this dispatcher's Kafka consumer has fallen out of its group and should join again.
+
+After a broker restart, librdkafka's consumer sometimes times out its session, revokes its
+partitions, and then never gets back into the group: its request to the group coordinator
+waits in a queue that is never sent, and is timed out every minute, for as long as the
+process runs. Kafka then assigns the topic to the group's other members; when there are
+none (every dispatcher hit the same), no partition has an owner and nothing is released
+until a new dispatcher process joins.
+
+A dispatcher that has held no partition for ``unassigned_seconds`` therefore looks at the
+partition leases: one that nobody has renewed for ``orphan_seconds`` past its end has no
+owner. Kafka would have given it to any member of the group, so this dispatcher is taken to
+be out of it and replaces its consumer. A dispatcher that merely has nothing to do (more
+dispatchers than partitions) finds every lease renewed, and keeps its consumer.
+
+Only the decision is here; the dispatcher (:mod:`celery_scheduler.dispatcher.service`) reads
+the leases and replaces the consumer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from celery_scheduler.store.base import Lease
+
+__all__ = ["Membership"]
+
+# How long a dispatcher goes without a partition before it looks at the leases: a rebalance
+# after a member's session times out (6 s) takes a few seconds more.
+UNASSIGNED_SECONDS = 20.0
+# How long past its end a lease must be to count as ownerless: its owner renews it a third
+# of the way through, and another dispatcher's clock may be off by a few seconds.
+ORPHAN_SECONDS = 10.0
+# Between two looks at the leases, and after a new consumer, before it is judged again.
+CHECK_SECONDS = 5.0
+
+
+class Membership:
+    """Tracks this dispatcher's assignment and says when to look at the leases, and what
+    they show. Times are the caller's monotonic seconds and epoch milliseconds."""
+
+    def __init__(self, partitions: int, started: float, *,
+                 unassigned_seconds: float = UNASSIGNED_SECONDS,
+                 orphan_seconds: float = ORPHAN_SECONDS,
+                 check_seconds: float = CHECK_SECONDS) -> None:
+        self.partitions = partitions
+        self.unassigned_seconds = unassigned_seconds
+        self.orphan_ms = int(orphan_seconds * 1000)
+        self.check_seconds = check_seconds
+        self._held: set[int] = set()
+        self._unassigned_since: float | None = started
+        self._next_check = started
+        self.rejoins = 0  # consumers replaced so far
+
+    def assigned(self, partitions: Iterable[int], now: float) -> None:
+        self._held.update(partitions)
+        if self._held:
+            self._unassigned_since = None
+
+    def revoked(self, partitions: Iterable[int], now: float) -> None:
+        self._held.difference_update(partitions)
+        if not self._held and self._unassigned_since is None:
+            self._unassigned_since = now
+
+    def unassigned_for(self, now: float) -> float:
+        """Seconds this dispatcher has held no partition (0 while it holds one)."""
+        return 0.0 if self._unassigned_since is None else now - self._unassigned_since
+
+    def due(self, now: float) -> bool:
+        """Whether to read the leases now: no partition for long enough, and not looked lately."""
+        if self._unassigned_since is None or now - self._unassigned_since < self.unassigned_seconds:
+            return False
+        if now < self._next_check:
+            return False
+        self._next_check = now + self.check_seconds
+        return True
+
+    def orphaned(self, leases: Iterable[Lease], now_ms: int) -> list[int]:
+        """The topic's partitions whose lease nobody holds: none taken, or over for a while."""
+        ends = {lease.partition: lease.expires_ms for lease in leases}
+        return [number for number in range(self.partitions)
+                if ends.get(number, 0) < now_ms - self.orphan_ms]
+
+    def rejoined(self, now: float) -> None:
+        """A new consumer joins: give it as long as a fresh start before judging it."""
+        self.rejoins += 1
+        self._held.clear()
+        self._unassigned_since = now
+        self._next_check = now

@@ -1,0 +1,93 @@
+"""A dispatcher whose Kafka consumer is out of its group, with nobody else to own the
+topic, joins the group again with a new consumer and releases again (real Kafka,
+Cassandra, Redis and a Celery worker)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from celery_scheduler.config import get_settings
+from celery_scheduler.dispatcher.membership import Membership
+from celery_scheduler.dispatcher.service import Dispatcher
+from tests.integration.dispatch_fixtures import Scheduler, schedule, scheduler  # noqa: F401
+
+
+def _held(dispatcher: Dispatcher) -> list[int]:
+    return sorted(n for n, p in dict(dispatcher.engine.partitions).items() if p.lease is not None)
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not within {timeout}s")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def dispatcher(scheduler: Scheduler) -> Iterator[Dispatcher]:  # noqa: F811
+    from tests.apps import dispatching
+
+    settings = get_settings(dispatching.app).replace(
+        kafka_topic=scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"],
+        cassandra_keyspace=scheduler.env["CELERY_SCHEDULER_TEST_KEYSPACE"])
+    running = Dispatcher(dispatching.app, settings=settings)
+    # judged after 2 s without a partition instead of 20, leases ownerless as soon as they end
+    running.membership = Membership(running.partition_count, time.monotonic(),
+                                    unassigned_seconds=2.0, orphan_seconds=0.0, check_seconds=0.5)
+    switch = sys.getswitchinterval()
+    thread = threading.Thread(target=running.run, name="dispatcher", daemon=True)
+    thread.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        thread.join(60)
+        sys.setswitchinterval(switch)  # run() tunes these for a process of its own
+        gc.unfreeze()
+    assert not thread.is_alive()
+
+
+def test_a_dispatcher_out_of_its_group_joins_it_again(
+        scheduler: Scheduler, schedule: Any, dispatcher: Dispatcher,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_scheduler.dispatcher.service")
+    every = list(range(dispatcher.partition_count))
+    _wait(lambda: _held(dispatcher) == every, 60, "leases of every partition")
+    first = dispatcher.consumer
+
+    # Out of the group, as a consumer that lost its session and never got back is: it holds
+    # nothing, and the group has no other member to take the topic. (Left on the thread
+    # that reads it, which serves the revocation.)
+    poll_once = dispatcher.ingest.poll_once
+
+    def leave_then_poll(timeout: float = 0.2) -> int:
+        if dispatcher.consumer is first and first.assignment():
+            first.unsubscribe()
+        return poll_once(timeout)
+
+    dispatcher.ingest.poll_once = leave_then_poll  # type: ignore[method-assign]
+    _wait(lambda: not _held(dispatcher), 30, "the partitions handed over")
+
+    _wait(lambda: dispatcher.membership.rejoins == 1, 30, "a new consumer")
+    assert dispatcher.consumer is not first
+    assert any("seems to be out of the group" in r.getMessage() for r in caplog.records)
+    _wait(lambda: _held(dispatcher) == every, 60, "leases of every partition again")
+
+    # and it releases again: a task scheduled now runs on a worker
+    scheduler.worker()
+    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
+    # (this process's app has its default queue, not the test's)
+    schedule.record.schedule(("rejoined", 0), at=due, queue=scheduler.env["CELERY_SCHEDULER_TEST_QUEUE"])
+    scheduler.wait_for_starts(1, timeout=60)
+    assert [(s["o"], s["seq"]) for s in scheduler.starts()] == [("rejoined", 0)]
+    assert dispatcher.membership.rejoins == 1  # holding partitions, it stays with this consumer

@@ -1,0 +1,60 @@
+"""When a dispatcher without partitions takes its Kafka consumer to be out of the group."""
+
+from __future__ import annotations
+
+from celery_scheduler.dispatcher.membership import Membership
+from celery_scheduler.store.base import Lease
+
+NOW_MS = 1_800_000_000_000
+
+
+def _membership(started: float = 100.0) -> Membership:
+    return Membership(3, started, unassigned_seconds=20, orphan_seconds=10, check_seconds=5)
+
+
+def _lease(partition: int, expires_ms: int) -> Lease:
+    return Lease(partition, "other", 1, expires_ms)
+
+
+def test_leases_are_read_only_after_long_enough_without_a_partition_and_not_too_often() -> None:
+    membership = _membership(started=100.0)
+    assert not membership.due(119.9)
+    assert membership.due(120.0)
+    assert not membership.due(124.9)
+    assert membership.due(125.0)
+
+
+def test_holding_a_partition_stops_the_clock_and_losing_the_last_one_starts_it() -> None:
+    membership = _membership(started=100.0)
+    membership.assigned([0, 1], 101.0)
+    assert membership.unassigned_for(200.0) == 0.0
+    assert not membership.due(200.0)
+    membership.revoked([0], 201.0)
+    assert not membership.due(300.0)  # still holds partition 1
+    membership.revoked([1], 301.0)
+    assert membership.unassigned_for(311.0) == 10.0
+    assert not membership.due(320.9)
+    assert membership.due(321.0)
+
+
+def test_a_partition_is_orphaned_without_a_lease_or_well_past_its_end() -> None:
+    membership = _membership()
+    leases = [_lease(0, NOW_MS + 5_000),      # held
+              _lease(1, NOW_MS - 9_000),      # just over: its owner may be renewing it late
+              _lease(7, 0)]                   # not a partition of the topic (3 of them)
+    assert membership.orphaned(leases, NOW_MS) == [2]
+    assert membership.orphaned(leases, NOW_MS + 2_000) == [1, 2]
+
+
+def test_every_lease_held_means_nothing_is_orphaned() -> None:
+    membership = _membership()
+    assert membership.orphaned([_lease(n, NOW_MS + 1) for n in range(3)], NOW_MS) == []
+
+
+def test_a_new_consumer_is_given_as_long_as_a_fresh_start() -> None:
+    membership = _membership(started=100.0)
+    assert membership.due(130.0)
+    membership.rejoined(130.0)
+    assert membership.rejoins == 1
+    assert not membership.due(149.9)
+    assert membership.due(150.0)
