@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from celery_scheduler.errors import TaskLogError
-from celery_scheduler.tasklog.reader import close_quietly, kafka_errors
+from celery_scheduler.tasklog.reader import close_aside, kafka_errors
 from celery_scheduler.wire import Outcome
 
 __all__ = ["OutcomeBatch", "OutcomeReader"]
@@ -253,10 +253,7 @@ class OutcomeReader:
                            "(partition: (read up to, end) %s); replacing its Kafka consumer",
                            STALL_SECONDS, behind)
             old, self._consumer = self._consumer, Consumer(self._config)
-            # closed aside: a consumer in that state may take long to close
-            threading.Thread(target=close_quietly, args=(old, "a stalled outcome consumer"),
-                             daemon=True,
-                             name="celery-scheduler-outcomes-close").start()
+            close_aside(old, "a stalled outcome consumer")
             # from the next offset not read, or (none read) from the committed offset
             start = [TopicPartition(self.topic, n, self._reached[n]) if n in self._reached
                      else TopicPartition(self.topic, n) for n in sorted(self._assigned)]

@@ -43,7 +43,7 @@ from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store import open_store
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
-from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_quietly
+from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_aside
 from celery_scheduler.wire import outcome_topic
 
 __all__ = ["Dispatcher", "check", "engine_settings", "when_available"]
@@ -274,10 +274,8 @@ class Dispatcher:
         old = self.reader.replace(Consumer(self._consumer_config))
         self.membership.rejoined(now)
         self._subscribe()
-        # closed aside: a consumer in that state may take long to close; it holds no
-        # partition, and its callbacks no longer reach the engine
-        threading.Thread(target=close_quietly, args=(old, "a consumer out of the group"), daemon=True,
-                         name="celery-scheduler-consumer-close").start()
+        # it holds no partition, and its callbacks no longer reach the engine
+        close_aside(old, "a consumer out of the group")
 
     def stop(self) -> None:
         self.stopping.set()

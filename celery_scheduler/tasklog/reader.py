@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Literal
 
@@ -18,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
 
-__all__ = ["KafkaTaskLogReader", "close_quietly", "kafka_errors"]
+__all__ = ["KafkaTaskLogReader", "close_aside", "kafka_errors"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +88,15 @@ class KafkaTaskLogReader:
             self.consumer.close()
 
 
-def close_quietly(consumer: Consumer, what: str) -> None:
-    """Close *consumer*, one no longer read (often from a thread of its own: a consumer
-    that stopped working may take long to close); its errors are only logged."""
-    try:
-        with kafka_errors(f"close {what}"):
-            consumer.close()
-    except TaskLogError as exc:
-        logger.info("%s", exc)
+def close_aside(consumer: Consumer, what: str) -> None:
+    """Close *consumer*, one no longer read, on a thread of its own (a consumer that stopped
+    working may take long to close); its errors are only logged."""
+
+    def close() -> None:
+        try:
+            with kafka_errors(f"close {what}"):
+                consumer.close()
+        except TaskLogError as exc:
+            logger.info("%s", exc)
+
+    threading.Thread(target=close, daemon=True, name="celery-scheduler-consumer-close").start()
