@@ -23,7 +23,6 @@ import importlib
 import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +120,7 @@ class ScheduleHandle:
     """What a schedule call returns: the task key, and status, cancel and retry for it."""
 
     def __init__(self, client: SchedulerClient, envelope: ScheduleEnvelope,
-                 result: Position | Future[Position], app: Any = None) -> None:
+                 result: Position | Ack, app: Any = None) -> None:
         self._client = client
         self.envelope = envelope
         self._result = result
@@ -138,12 +137,12 @@ class ScheduleHandle:
 
     def wait(self, timeout: float | None = None) -> Position:
         """Block until Kafka acknowledged the record (immediate for synchronous calls)."""
-        if isinstance(self._result, Future):
+        if isinstance(self._result, Ack):
             return self._result.result(timeout)
         return self._result
 
     def done(self) -> bool:
-        return not isinstance(self._result, Future) or self._result.done()
+        return not isinstance(self._result, Ack) or self._result.done()
 
     def status(self) -> TaskStatus | None:
         """Current status from the schedule store; None until a dispatcher has stored it."""

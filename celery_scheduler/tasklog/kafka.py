@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -26,7 +25,7 @@ from celery_scheduler.errors import (
     TaskLogUnavailableError,
     TopicMissingError,
 )
-from celery_scheduler.tasklog.base import UNACKNOWLEDGED, Position, TaskLog
+from celery_scheduler.tasklog.base import UNACKNOWLEDGED, Ack, Position, TaskLog
 
 __all__ = ["KafkaTaskLog", "create_topic", "topic_partitions"]
 
@@ -160,8 +159,11 @@ class KafkaTaskLog(TaskLog):
             self._producer = Producer(config)
         except KafkaException as exc:
             raise TaskLogError(f"invalid Kafka producer settings: {exc.args[0]}") from exc
-        self._lock = threading.Lock()  # the producer and the records awaiting their report
-        self._pending: dict[int, tuple[float, Future[Position], str]] = {}  # oldest first
+        # Taken to produce and to replace the producer. A delivery report does not take it: the
+        # report's thread pops its record from _pending (one dict operation, atomic), so that
+        # records and their reports, 30,000 a second, do not contend for it.
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[float, Ack, str]] = {}  # oldest first
         self._ids = itertools.count()
         self._fatal: KafkaError | None = None
         self._failing_since: float | None = None  # first failed report since the last success
@@ -192,8 +194,10 @@ class KafkaTaskLog(TaskLog):
         if fatal is not None:
             self._replace(f"fatal error: {fatal.str()}")
             return
-        with self._lock:
+        try:
             oldest = next(iter(self._pending.values()), None)
+        except RuntimeError:  # a report popped a record meanwhile: look again next time
+            oldest = None
         if oldest is not None and now > oldest[0]:
             self._replace(f"no delivery report for {self._stuck_after:.0f}s")
             return
@@ -206,16 +210,17 @@ class KafkaTaskLog(TaskLog):
     def _replace(self, reason: str) -> None:
         with self._lock:
             old, self._producer = self._producer, Producer(self._config)
-            failed, self._pending = list(self._pending.values()), {}
+            held, self._pending = self._pending, {}
             self.replaced += 1
             self._failing_since = None
+        # a record is the report's or this one's: whichever pops it first
+        failed = [entry for entry in (held.pop(ident, None) for ident in list(held)) if entry]
         logger.warning("replaced the Kafka producer (%s); %d record(s) it held are reported as "
                        "not acknowledged", reason, len(failed))
-        for _, future, key in failed:
-            if not future.done():
-                future.set_exception(TaskLogUnavailableError(
-                    f"Kafka did not acknowledge the record for {key!r}: its producer was replaced "
-                    f"({reason}); " + UNACKNOWLEDGED))
+        for _, ack, key in failed:
+            ack.settle(None, TaskLogUnavailableError(
+                f"Kafka did not acknowledge the record for {key!r}: its producer was replaced "
+                f"({reason}); " + UNACKNOWLEDGED))
         try:
             old.purge()  # drop what it still holds; their reports find nobody waiting
             old.poll(0)
@@ -223,19 +228,18 @@ class KafkaTaskLog(TaskLog):
             pass
 
     def _delivered(self, ident: int, error: KafkaError | None, message: Any) -> None:
-        with self._lock:
-            entry = self._pending.pop(ident, None)
+        entry = self._pending.pop(ident, None)
         if entry is None:  # failed already, when its producer was replaced
             return
-        _, future, key = entry
+        _, ack, key = entry
         if error is None:
             self._failing_since = None
-            future.set_result(Position(message.partition(), message.offset()))
+            ack.settle(Position(message.partition(), message.offset()))
             return
         failure = self._translate(error, key)
         if isinstance(failure, TaskLogUnavailableError) and self._failing_since is None:
             self._failing_since = time.monotonic()
-        future.set_exception(failure)
+        ack.settle(None, failure)
 
     def partitions(self) -> int:
         if self._partitions is None:
@@ -245,24 +249,37 @@ class KafkaTaskLog(TaskLog):
         return self._partitions
 
     def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
-                      ) -> Future[Position]:
+                      ) -> Ack:
         if self._closed.is_set():
             raise TaskLogError("the Kafka task log is closed")
-        self.partitions()  # fails fast, with a clear message, when the topic is missing
-        future: Future[Position] = Future()
-        deadline = time.monotonic() + self.timeout
+        if self._partitions is None:
+            self.partitions()  # fails fast, with a clear message, when the topic is missing
+        ack = Ack()
+        encoded = key.encode("utf-8")
+        listed: list[tuple[str, str | bytes | None]] | None = (
+            list(headers.items()) if headers else None)
+        deadline: float | None = None
         replaced = False
         while True:
+            ident = next(self._ids)
             try:
                 with self._lock:
-                    ident = next(self._ids)
-                    self._producer.produce(self.topic, key=key.encode("utf-8"), value=value,
-                                           headers=list(headers.items()) if headers else None,
-                                           on_delivery=functools.partial(self._delivered, ident))
-                    self._pending[ident] = (time.monotonic() + self._stuck_after, future, key)
-                return future
+                    # listed before it is produced: its report may come at once, on the
+                    # poll thread
+                    pending = self._pending
+                    pending[ident] = (time.monotonic() + self._stuck_after, ack, key)
+                    try:
+                        self._producer.produce(
+                            self.topic, key=encoded, value=value, headers=listed,
+                            on_delivery=functools.partial(self._delivered, ident))
+                    except BaseException:
+                        del pending[ident]
+                        raise
+                return ack
             except BufferError:  # local queue full: wait for deliveries to drain it
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                deadline = now + self.timeout if deadline is None else deadline
+                if now > deadline:
                     raise TaskLogUnavailableError(
                         f"Kafka producer queue stayed full for {self.timeout}s; "
                         "the brokers are not keeping up or not reachable"

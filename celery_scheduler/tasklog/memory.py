@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from concurrent.futures import Future
 from typing import Literal
 
 from confluent_kafka import Message, TopicPartition
 
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.tasklog.base import Position, TaskLog
+from celery_scheduler.tasklog.base import Ack, Position, TaskLog
 
 __all__ = ["MemoryTaskLog", "MemoryTaskLogReader"]
 
@@ -24,15 +23,13 @@ class MemoryTaskLog(TaskLog):
         self._lock = threading.Lock()
 
     def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
-                      ) -> Future[Position]:
+                      ) -> Ack:
         partition = partition_for(key, len(self._records))
         with self._lock:
             self._records[partition].append((key, bytes(value)))
             self.headers[partition].append(dict(headers or {}))
             position = Position(partition, len(self._records[partition]) - 1)
-        future: Future[Position] = Future()
-        future.set_result(position)
-        return future
+        return Ack.of(position)
 
     def flush(self, timeout: float | None = None) -> int:
         return 0

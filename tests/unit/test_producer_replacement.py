@@ -103,3 +103,51 @@ def test_a_producer_whose_records_keep_failing_is_replaced(log: KafkaTaskLog) ->
     assert log.replaced == 0  # one failure is not yet a producer that keeps failing
     log._check(_later(log))
     assert log.replaced == 1 and log._producer is not first
+
+
+class ReportingProducer(SilentProducer):
+    """Keeps each record's delivery report, to serve it when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reports: list[Any] = []
+
+    def produce(self, topic: str, key: bytes, value: bytes, headers: Any, on_delivery: Any) -> None:
+        super().produce(topic, key, value, headers, on_delivery)
+        self.reports.append(on_delivery)
+
+
+class Delivered:
+    def partition(self) -> int:
+        return 4
+
+    def offset(self) -> int:
+        return 99
+
+
+def test_a_report_that_comes_after_the_replacement_changes_nothing(log: KafkaTaskLog) -> None:
+    # Reports do not take the log's lock: each record is either its report's or the
+    # replacement's, whichever takes it first, and its ack is settled once.
+    old = ReportingProducer()
+    log._producer = old
+    first, second = log.publish_async("o1", b"a"), log.publish_async("o2", b"b")
+    old.reports[0](None, Delivered())  # served before the replacement
+    assert first.result(timeout=0) == (4, 99)
+    log._check(_later(log))
+    assert log.replaced == 1 and second.done()
+    old.reports[1](None, Delivered())  # the old producer's late report for a failed record
+    with pytest.raises(TaskLogUnavailableError, match="producer was replaced"):
+        second.result(timeout=0)
+    assert log._pending == {}
+
+
+def test_a_record_the_producer_refuses_is_not_left_waiting(log: KafkaTaskLog) -> None:
+    class Refusing(SilentProducer):
+        def produce(self, topic: str, key: bytes, value: bytes, headers: Any,
+                    on_delivery: Any) -> None:
+            raise kafka.KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+
+    log._producer = Refusing()
+    with pytest.raises(Exception, match="too large"):
+        log.publish_async("o1", b"x")
+    assert log._pending == {}  # listed before it was produced, and taken off again
