@@ -45,7 +45,7 @@ from celery_scheduler.errors import (
 )
 from celery_scheduler.keys import TaskKey, check_key_part
 from celery_scheduler.store.base import TaskStatus
-from celery_scheduler.tasklog.base import Position
+from celery_scheduler.tasklog.base import Ack, Position
 
 __all__ = ["KeySpec", "ScheduleHandle", "ScheduledTask", "as_scheduled", "constant", "flush",
            "registered", "scheduled_task"]
@@ -305,7 +305,7 @@ class ScheduledTask:
                                 f"{type(args).__name__} {args!r:.200}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
-        if not isinstance(kwargs, Mapping) or (
+        if (type(kwargs) is not dict and not isinstance(kwargs, Mapping)) or (
                 kwargs and any(type(name) is not str for name in kwargs)):
             raise ScheduleError(f"kwargs of task {self.name} must be a mapping with string keys, "
                                 f"got {kwargs!r:.200}")
@@ -330,10 +330,10 @@ class ScheduledTask:
             # digest the bound form, so f(7, 100) and f(7, amount=100) are the same call
             bound = self._binder.bound(arguments)
             unique = call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
-        return ScheduleEnvelope(
-            key=TaskKey(ordering, scheduled_ms, unique), task=self.name, args=encoded_args,
-            kwargs=encoded_kwargs, options=check_options(options) if options else {},
-            retry=retry or self._retry or settings.retry_policy, enqueued_ms=current)
+        return ScheduleEnvelope.checked(
+            TaskKey(ordering, scheduled_ms, unique), self.name, encoded_args, encoded_kwargs,
+            check_options(options) if options else {},
+            retry or self._retry or settings.retry_policy, current)
 
     def cancel(self, key: TaskKey) -> None:
         """Cancel the pending task with *key* (from ``handle.key`` or a status listing)."""

@@ -126,8 +126,10 @@ def encode_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]
     try:
         # Most calls pass plain JSON values: copying them is several times cheaper than the
         # round trip through kombu's encoder, and gives the same result.
-        return [_plain_copy(value) for value in listed], {name: _plain_copy(value)
-                                                            for name, value in kwargs.items()}
+        # (scalars, the usual argument, are taken as they are without a call each)
+        return ([value if type(value) in _SCALARS else _plain_copy(value) for value in listed],
+                {name: value if type(value) in _SCALARS else _plain_copy(value)
+                 for name, value in kwargs.items()})
     except (_NotPlain, RecursionError):
         pass
     try:

@@ -26,6 +26,19 @@ __all__ = ["SchedulerClient", "get_client", "set_client"]
 _CLIENT_ATTRIBUTE = "_celery_scheduler_client"
 _client_lock = threading.Lock()
 
+# Forks into this process so far: a client's producer and session belong to the process
+# that opened them. Counting forks, rather than asking the pid on every call (a system
+# call), keeps that check off the cost of a schedule call.
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class SchedulerClient:
     """Publishes envelopes for one Celery app and answers status queries."""
@@ -38,12 +51,16 @@ class SchedulerClient:
         self._store = store
         self._signer = settings.signer
         self._pid = self._store_pid = os.getpid()
+        self._log_forks = _forks  # the process the task log was made in
         self._lock = threading.Lock()
 
     @property
     def task_log(self) -> TaskLog:
+        log = self._task_log
+        if log is not None and self._log_forks == _forks:
+            return log
         with self._lock:
-            if self._task_log is None or self._pid != os.getpid():
+            if self._task_log is None or self._log_forks != _forks:
                 from celery_scheduler.tasklog.kafka import KafkaTaskLog
 
                 s = self.settings
@@ -51,6 +68,7 @@ class SchedulerClient:
                     s.kafka_bootstrap_servers, s.kafka_topic, timeout=s.kafka_produce_timeout,
                     max_message_bytes=s.max_envelope_bytes, options=s.kafka_options)
                 self._pid = os.getpid()
+                self._log_forks = _forks
             return self._task_log
 
     @property
