@@ -109,6 +109,7 @@ class OutcomeReader:
         # ends (None until Kafka answers).
         self._check: tuple[int, float, dict[int, int] | None] | None = None
         self._next_check = 0.0
+        self._ends_unanswered = False  # the last ask for the partitions' ends failed
         self._progress_mono = time.monotonic()  # when something was last read
         self.replaced = 0  # consumers replaced because they stopped fetching
         self._thread: threading.Thread | None = None
@@ -241,8 +242,13 @@ class OutcomeReader:
                 with kafka_errors("ask where the outcome partitions end"):
                     answer = self._consumer.offsets_for_times(asked, timeout=ENDS_TIMEOUT)
             except TaskLogError as exc:
-                logger.info("%s", exc)
+                # asked again at every check while Kafka is away: said once, not 20 times a second
+                logger.log(logging.DEBUG if self._ends_unanswered else logging.INFO, "%s", exc)
+                self._ends_unanswered = True
                 return None
+        if self._ends_unanswered:
+            logger.info("Kafka answers again where the outcome partitions end")
+            self._ends_unanswered = False
         return {tp.partition: tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
 
     def _replace_consumer(self, ends: dict[int, int] | None) -> None:
