@@ -59,15 +59,27 @@ def local_services() -> dict[str, list[int]]:
 
 
 def _cpu_seconds(pids: Iterable[int], children: bool = True) -> float:
+    """CPU seconds of *pids*, with (*children*) those of their descendants, live or gone.
+
+    A descendant that exits and is waited for leaves the tree, and its CPU time moves into
+    its parent's ``children_*`` times: counting those keeps the total from falling when a
+    service's helper process ends inside the window (it read a negative CPU for RabbitMQ).
+    """
     total = 0.0
     for pid in pids:
         try:
             process = psutil.Process(pid)
-            for p in [process, *(process.children(recursive=True) if children else [])]:
-                times = p.cpu_times()
-                total += times.user + times.system
+            tree = [process, *(process.children(recursive=True) if children else [])]
         except psutil.NoSuchProcess:
             continue
+        for p in tree:
+            try:
+                times = p.cpu_times()
+            except psutil.NoSuchProcess:  # ended since the tree was listed (or a zombie)
+                continue
+            total += times.user + times.system
+            if children:
+                total += times.children_user + times.children_system
     return total
 
 
