@@ -24,6 +24,8 @@ concurrent Cassandra inserts for ``ingest``), prints the profile, and drops what
   that every ordering id was released in schedule order.
 
 ``--no-profile`` measures without the profiler's overhead.
+``--no-kafka`` (schedule) acknowledges each record at once without Kafka: what is left is
+the Python work of the call itself.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from celery_scheduler.envelope import encode  # noqa: E402
 from celery_scheduler.partitioner import partition_for  # noqa: E402
 from celery_scheduler.store import open_store  # noqa: E402
 from celery_scheduler.store.base import Operation, Put  # noqa: E402
+from celery_scheduler.tasklog.base import Ack, Position, TaskLog  # noqa: E402
 from celery_scheduler.tasklog.kafka import create_topic  # noqa: E402
 from celery_scheduler.wire import Outcome, outcome_topic  # noqa: E402
 
@@ -192,9 +195,24 @@ def _producer_rate(args: argparse.Namespace, topic: str, records: list[tuple[byt
     return len(records) / (time.perf_counter() - started)
 
 
+class _Taken(TaskLog):
+    """A task log that takes each record and acknowledges it at once (``--no-kafka``): what
+    is left of a schedule call is its own Python work."""
+
+    def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
+                      ) -> Ack:
+        return Ack.of(Position(0, 0))
+
+    def flush(self, timeout: float | None = None) -> int:
+        return 0
+
+    def partitions(self) -> int:
+        return 12
+
+
 def profile_schedule(args: argparse.Namespace) -> None:
     with scratch(args) as (app, work, name):
-        client = SchedulerClient(get_settings(app))
+        client = SchedulerClient(get_settings(app), task_log=_Taken() if args.no_kafka else None)
         set_client(app, client)
         when = _far_future()
         work.schedule(("warm-up", -1), at=when)  # connect and read metadata first
@@ -350,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--form", choices=["batched", "sync"], default="batched",
                         help="schedule path: wait=False calls and one flush, or one ack per call")
     parser.add_argument("--no-profile", action="store_true", help="measure without pyinstrument")
+    parser.add_argument("--no-kafka", action="store_true",
+                        help="schedule: acknowledge each record at once, without Kafka")
     parser.add_argument("--one-by-one", action="store_true",
                         help="backlog path: publish each release on its own, not a step's in one batch")
     parser.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
