@@ -23,11 +23,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.concurrent import execute_concurrent_with_args
 
-from benchmarks.cpu import local_services
+from benchmarks.cpu import _cpu_seconds, local_services
 from celery_scheduler.store.cql import row_factory
 
 __all__ = ["main"]
@@ -35,20 +34,12 @@ __all__ = ["main"]
 PARTITIONS = 12
 
 
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        times = psutil.Process(pid).cpu_times()
-        total += times.user + times.system
-    return total
-
-
 def _measure(label: str, read: Callable[[], Any], keys: int, cassandra: list[int]) -> None:
     read()  # warmed up: statements prepared, pages cached
-    cassandra_before, before, started = _cpu(cassandra), time.process_time(), time.monotonic()
+    cassandra_before, before, started = _cpu_seconds(cassandra), time.process_time(), time.monotonic()
     read()
     client = (time.process_time() - before) / keys * 1e6
-    server = (_cpu(cassandra) - cassandra_before) / keys * 1e6
+    server = (_cpu_seconds(cassandra) - cassandra_before) / keys * 1e6
     wall = (time.monotonic() - started) / keys * 1e6
     print(f"{label}: driver {client:,.0f} us, Cassandra {server:,.0f} us CPU a key; "
           f"{wall:,.0f} us a key of wall time", flush=True)

@@ -50,8 +50,8 @@ class SchedulerClient:
         self._task_log = task_log
         self._store = store
         self._signer = settings.signer
-        self._pid = self._store_pid = os.getpid()
-        self._log_forks = _forks  # the process the task log was made in
+        # the process the task log and the store were made in, by the forks before it
+        self._log_forks = self._store_forks = _forks
         self._lock = threading.Lock()
 
     @property
@@ -67,17 +67,16 @@ class SchedulerClient:
                 self._task_log = KafkaTaskLog(
                     s.kafka_bootstrap_servers, s.kafka_topic, timeout=s.kafka_produce_timeout,
                     max_message_bytes=s.max_envelope_bytes, options=s.kafka_options)
-                self._pid = os.getpid()
                 self._log_forks = _forks
             return self._task_log
 
     @property
     def store(self) -> ScheduleStore:
         with self._lock:
-            if self._store is None or self._store_pid != os.getpid():
+            if self._store is None or self._store_forks != _forks:
                 # cassandra-driver's connections do not survive fork() either
                 self._store = open_store(self.settings)
-                self._store_pid = os.getpid()
+                self._store_forks = _forks
             return self._store
 
     def encode(self, envelope: Envelope) -> bytes:
@@ -102,7 +101,7 @@ class SchedulerClient:
         return 0 if self._task_log is None else self._task_log.flush(timeout)
 
     def close(self) -> None:
-        if self._task_log is not None and self._pid == os.getpid():
+        if self._task_log is not None and self._log_forks == _forks:
             self._task_log.close()
         if self._store is not None:
             self._store.close()
