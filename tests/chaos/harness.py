@@ -462,11 +462,20 @@ class Run:
 
     # --- the run ------------------------------------------------------------------------
 
-    def execute(self) -> RunFacts:
+    def execute(self, fresh: bool = True) -> RunFacts:
+        """Run, on services wiped and started for it (*fresh*), or on those already up.
+
+        A run has a topic, keyspace and queue of its own, so runs one after the other may
+        share the services (the test suite's do): only the other broker is stopped.
+        """
         o = self.options
         self.rng_faults = random.Random(o.seed * 7919 + 1)
         self.say(f"== services up (state {self.services.env['CELERY_SCHEDULER_STATE']})")
-        self.services.run("wipe")
+        if fresh:
+            self.services.run("wipe")
+        else:
+            for other in sorted(set(BROKERS) - set(self.services.set)):
+                self.services.run("down", other)
         self.services.run("up")
         with chaos_app():
             result = self.cluster.cli("init")

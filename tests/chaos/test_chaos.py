@@ -1,8 +1,10 @@
 """The short chaos run, and proof that it catches a dispatcher that loses tasks.
 
-Each starts its own Kafka, Cassandra and broker on the chaos ports (it restarts them), so
-they need Java, Maven, redis-server and rabbitmq-server, as ``scripts/services`` does. When another chaos run
-holds those services the test is skipped on a developer machine and fails when ``CI`` is set.
+They share one set of Kafka, Cassandra and brokers on the chaos ports (they restart them;
+each run has a topic, keyspace and queue of its own), started by the first and stopped
+after the last, so they need Java, Maven, redis-server and rabbitmq-server, as
+``scripts/services`` does. When another chaos run holds those services the tests are
+skipped on a developer machine and fail when ``CI`` is set.
 The quick run is done twice: with Redis as the Celery broker, and with RabbitMQ (restarted
 instead of Redis), with no Redis configured for the scheduler.
 """
@@ -18,9 +20,11 @@ import pytest
 
 from tests.chaos.__main__ import QUICK
 from tests.chaos.harness import (
+    BROKERS,
     ChaosLockBusy,
     Options,
     Run,
+    Services,
     chaos_lock,
     fault_kinds,
     save_facts,
@@ -32,12 +36,17 @@ from tests.chaos.verify import Verdict, verify
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
 
-@pytest.fixture
-def chaos_services() -> Iterator[Path]:
+@pytest.fixture(scope="module")
+def chaos_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = state_root()
     try:
         with chaos_lock(root):
-            yield root / "services"
+            services = Services(root / "services", tmp_path_factory.mktemp("chaos") / "services.log")
+            services.run("wipe", *BROKERS, "kafka", "cassandra")
+            try:
+                yield root / "services"
+            finally:
+                services.run("down", *BROKERS, "kafka", "cassandra")
     except ChaosLockBusy as exc:
         if os.environ.get("CI"):
             pytest.fail(str(exc), pytrace=False)
@@ -46,10 +55,7 @@ def chaos_services() -> Iterator[Path]:
 
 def run(options: Options, state: Path, tmp_path: Path) -> Verdict:
     chaos = Run(options, tmp_path, state)
-    try:
-        facts = chaos.execute()
-    finally:
-        chaos.services.run("down")
+    facts = chaos.execute(fresh=False)
     save_facts(facts, tmp_path / "facts.json")
     verdict = verify(facts)
     print(render(facts, verdict, "tests/chaos/test_chaos.py"))
