@@ -21,6 +21,9 @@ from benchmarks.context import Context, utc
 from benchmarks.harness import Stack, committed_and_end, stack
 from benchmarks.report import Section
 from benchmarks.stats import Figure, ratio
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.cql import PENDING_STATUS
+from celery_scheduler.store.status_layout import StatusLayout
 
 __all__ = ["run"]
 
@@ -81,18 +84,17 @@ def _raw_inserts(keyspace: str, value: bytes, count: int) -> float:
             at timestamp, ordering_id text, unique_key text, task text, envelope blob, attempts int,
             not_before timestamp, lease_until timestamp, blocked boolean,
             PRIMARY KEY ((partition, bucket), at, ordering_id, unique_key))""", timeout=60)
-        session.execute(f"""CREATE TABLE IF NOT EXISTS {keyspace}.task_status (ordering_id text,
-            at timestamp, unique_key text, state text, task text, partition int, bucket bigint,
-            attempts int, last_error text, outcome text, outcome_attempt int, updated_at timestamp,
-            PRIMARY KEY ((ordering_id, at, unique_key)))""", timeout=60)
+        session.execute(f"""CREATE TABLE IF NOT EXISTS {keyspace}.key_status (shard int, slot bigint,
+            at timestamp, ordering_id text, unique_key text, state text, task text, partition int,
+            bucket bigint, attempts int, last_error text, outcome text, outcome_attempt int,
+            updated_at timestamp, PRIMARY KEY ((shard, slot), at, ordering_id, unique_key))""",
+                        timeout=60)
         cluster.control_connection.wait_for_schema_agreement()
         row = session.prepare(f"INSERT INTO {keyspace}.schedule (partition, bucket, at, ordering_id,"
                               " unique_key, task, envelope, attempts, not_before, lease_until, blocked)"
                               " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, false)")
-        status = session.prepare(f"INSERT INTO {keyspace}.task_status (ordering_id, at, unique_key,"
-                                 " state, task, partition, bucket, attempts, last_error, outcome,"
-                                 " outcome_attempt, updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?,"
-                                 " 0, null, null, 0, ?)")
+        status = session.prepare(PENDING_STATUS.format(ks=keyspace))
+        layout = StatusLayout(12)
         for statement in (row, status):
             statement.consistency_level = 6  # LOCAL_QUORUM, the store's default
         at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=7)
@@ -102,7 +104,8 @@ def _raw_inserts(keyspace: str, value: bytes, count: int) -> float:
             o, u, p, b = f"o{i % ORDERING_IDS}", f"s{i}", i % 12, 1000 + i // 5000
             when = at + dt.timedelta(milliseconds=i)
             params.append((row, (p, b, when, o, u, "bench.record", value)))
-            params.append((status, (o, when, u, "bench.record", p, b, now)))
+            key = TaskKey(o, int(when.timestamp() * 1000), u)
+            params.append((status, (*layout.primary_key(key), "pending", "bench.record", p, b, now)))
         started = time.perf_counter()
         for statement in (row, status):  # interleaved would be the same work; two passes are simpler
             execute_concurrent_with_args(session, statement, [args for s, args in params if s is statement],

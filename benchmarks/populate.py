@@ -37,6 +37,7 @@ def populate(s: Stack, app: Any, tasks: Iterable[tuple[str, int, float]], second
     *seconds*; return (tasks stored, tasks/s)."""
     from celery_scheduler.partitioner import partition_for
     from celery_scheduler.store.base import write_bucket
+    from celery_scheduler.store.cql import PENDING_STATUS
 
     client = s._client
     bucket_seconds = client.settings.bucket_seconds
@@ -47,10 +48,8 @@ def populate(s: Stack, app: Any, tasks: Iterable[tuple[str, int, float]], second
         schedule = session.prepare(
             f"INSERT INTO {ks}.schedule (partition, bucket, at, ordering_id, unique_key, task, envelope,"
             " attempts, not_before, lease_until, blocked) VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, false)")
-        status = session.prepare(
-            f"INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition, bucket,"
-            " attempts, last_error, outcome, outcome_attempt, updated_at)"
-            " VALUES (?, ?, ?, 'pending', ?, ?, ?, 0, null, null, 0, ?)")
+        status = session.prepare(PENDING_STATUS.format(ks=ks))
+        layout = client.store.layout
         index = session.prepare(f"INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?, ?)")
         started = time.perf_counter()
         now_ms = int(time.time() * 1000)
@@ -79,7 +78,7 @@ def populate(s: Stack, app: Any, tasks: Iterable[tuple[str, int, float]], second
             at = _ts(key.scheduled_ms)
             batch.add(schedule, (partition, bucket, at, ordering_id, key.uniqueness_key, envelope.task,
                                  client.encode(envelope)))
-            batch.add(status, (ordering_id, at, key.uniqueness_key, envelope.task, partition, bucket,
+            batch.add(status, (*layout.primary_key(key), "pending", envelope.task, partition, bucket,
                                _ts(now_ms)))
             if (partition, bucket) not in indexed:
                 indexed.add((partition, bucket))

@@ -4,10 +4,11 @@
 
     python -m benchmarks.status_reads [--keys 6000] [--group 20,100]
 
-Ingest reads a key's status before it writes the key, and ``task_status`` has one Cassandra
-partition per task key, so every read is a request of its own. This measures that read
-against a layout where the statuses of one Kafka partition's time bucket share a Cassandra
-partition, read with ``(at, ordering_id, unique_key) IN ?`` for a group of keys. Both tables
+Ingest reads a key's status before it writes the key. Earlier versions' ``task_status`` had
+one Cassandra partition per task key, so every read was a request of its own; this measures
+that read against the layout of ``key_status``, where the statuses of one Kafka partition's
+time slot share a Cassandra partition, read with ``(at, ordering_id, unique_key) IN ?`` for
+a group of keys. Both tables
 are made in a keyspace of their own on the local Cassandra (dropped at the end), hold half
 of the keys asked for (the other half are new keys, as on ingest), and are read with the
 package's row factory. Prints CPU per key of this process (the driver) and of Cassandra.
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
              in enumerate(existing)], concurrency=64)
         one = session.prepare(f"SELECT state, attempts FROM {keyspace}.per_key"
                               " WHERE ordering_id = ? AND at = ? AND unique_key = ?")
-        _measure("one key a request (task_status today)",
+        _measure("one key a request (the earlier task_status)",
                  lambda: execute_concurrent_with_args(session, one, keys, concurrency=64),
                  len(keys), cassandra)
         grouped = session.prepare(

@@ -125,7 +125,10 @@ def init(ctx: click.Context, partitions: int | None, replication_factor: int | N
         click.echo(f"kafka topic {outcomes}: {'created' if created else 'exists'}, "
                    f"{outcome_count} partitions")
         with open_store(settings) as store:
-            store.create_schema()
+            moved = store.create_schema(status_shards=count)
+        if moved:
+            click.echo(f"cassandra keyspace {settings.cassandra_keyspace}: moved {moved} task "
+                       "statuses from task_status, as earlier versions kept them, to key_status")
         click.echo(f"cassandra keyspace {settings.cassandra_keyspace}: schema ready")
     except SchedulerError as exc:
         _fail(exc)

@@ -87,7 +87,7 @@ def audit(spark: Any, settings: Settings, cassandra_host: str | None = None) -> 
     status = (spark.read.format("org.apache.spark.sql.cassandra")
               .option("spark.cassandra.connection.host", host)
               .option("spark.cassandra.connection.port", str(settings.cassandra_port))
-              .options(keyspace=settings.cassandra_keyspace, table="task_status").load()
+              .options(keyspace=settings.cassandra_keyspace, table="key_status").load()
               .select("ordering_id", (F.unix_millis(F.col("at"))).alias("at"), "unique_key",
                       "state", "attempts"))
     scheduled = latest.filter(~F.col("cancel"))

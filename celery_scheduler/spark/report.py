@@ -85,7 +85,7 @@ def report(spark: Any, settings: Settings, output: str | Path, *, cassandra_host
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     when = now or dt.datetime.now(dt.timezone.utc)
-    status = _table(spark, settings, "task_status", cassandra_host)
+    status = _table(spark, settings, "key_status", cassandra_host)
     def seconds(start: str, end: str) -> Any:
         return F.col(end).cast("double") - F.col(start).cast("double")
 

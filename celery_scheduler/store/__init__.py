@@ -27,5 +27,6 @@ def open_store(settings: Settings) -> ScheduleStore:
         serial_consistency=s.cassandra_serial_consistency,
         bucket_seconds=s.bucket_seconds, status_ttl=s.status_ttl,
         username=s.cassandra_username, password=s.cassandra_password,
-        use_ssl=s.cassandra_ssl, request_timeout=s.cassandra_request_timeout)
+        use_ssl=s.cassandra_ssl, request_timeout=s.cassandra_request_timeout,
+        status_shards=s.kafka_partitions)
 

@@ -182,8 +182,13 @@ class ScheduleStore(abc.ABC):
     bucket_seconds: int
 
     @abc.abstractmethod
-    def create_schema(self) -> None:
-        """Create the keyspace and tables if they do not exist (idempotent)."""
+    def create_schema(self, status_shards: int | None = None) -> int:
+        """Create the keyspace and tables if they do not exist (idempotent).
+
+        *status_shards*: for a new keyspace, how many shards its statuses are spread over
+        (the topic's partition count, see :mod:`celery_scheduler.store.status_layout`).
+        Returns how many statuses were moved from an earlier version's table.
+        """
 
     def check_schema(self) -> None:
         """Raise :class:`SchemaMissingError` if the store lacks something this version writes."""

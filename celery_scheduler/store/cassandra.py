@@ -42,8 +42,11 @@ from celery_scheduler.store.cql import (
     FINAL_STATUS,
     INDEX_BUCKET,
     INSERT_ROW,
+    PENDING_STATUS,
     RETRIED_STATUS,
     SELECT_STATUS,
+    SELECT_STATUSES,
+    STATUS_KEY,
     Statements,
     finished_statements,
     outcome_statement,
@@ -51,7 +54,6 @@ from celery_scheduler.store.cql import (
     retry_later_statements,
     row_key,
     schedule_envelope,
-    status_key,
     status_of,
     times_of,
     to_ms,
@@ -60,10 +62,15 @@ from celery_scheduler.store.cql import (
 )
 from celery_scheduler.store.cqlsession import CONCURRENCY, CqlSession
 from celery_scheduler.store.lifecycle import may_cancel, may_retry, plan_put
+from celery_scheduler.store.status_layout import StatusLayout
 
 __all__ = ["CassandraScheduleStore", "translate_errors"]
 
 logger = logging.getLogger(__name__)
+
+# Keys a status read asks for at most (of one shard and slot): a long IN list holds one
+# request, and its replica, for as long as all of them take.
+STATUSES_A_REQUEST = 100
 
 
 class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
@@ -74,7 +81,8 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                  serial_consistency: str = "LOCAL_SERIAL",
                  bucket_seconds: int = 60, status_ttl: int = 7 * 24 * 3600,
                  username: str | None = None, password: str | None = None,
-                 use_ssl: bool = False, request_timeout: float = 10.0) -> None:
+                 use_ssl: bool = False, request_timeout: float = 10.0,
+                 status_shards: int = 12) -> None:
         self._cql = CqlSession(contact_points, keyspace, port=port,
                                replication=replication or {"class": "SimpleStrategy",
                                                            "replication_factor": 1},
@@ -84,6 +92,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         self.keyspace = self._cql.keyspace
         self.bucket_seconds = bucket_seconds
         self.status_ttl = status_ttl
+        self.status_shards = status_shards  # for a keyspace init creates (see status_layout)
         # buckets this process indexed already: one index write per bucket, not per task
         self._indexed: set[tuple[int, int]] = set()
 
@@ -98,8 +107,13 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
     def fence_writes(self, fence: Callable[[int], float | None]) -> None:
         self._cql.fence_writes(fence)
 
-    def create_schema(self) -> None:
-        self._cql.create_schema()
+    def create_schema(self, status_shards: int | None = None) -> int:
+        return self._cql.create_schema(status_shards or self.status_shards)
+
+    @property
+    def layout(self) -> StatusLayout:
+        """Where this keyspace keeps each key's status (read from it once)."""
+        return self._cql.status_layout()
 
     def check_schema(self) -> None:
         self._cql.check_schema()
@@ -120,10 +134,8 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
             (INSERT_ROW, (partition, bucket, to_timestamp(key.scheduled_ms), key.ordering_id,
                            key.uniqueness_key, envelope.task,
                            data if data is not None else encode(envelope), 0)),
-            ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition, bucket,"
-             " attempts, last_error, outcome, outcome_attempt, updated_at)"
-             " VALUES (?, ?, ?, ?, ?, ?, ?, 0, null, null, 0, ?)",
-             (*status_key(key), State.PENDING.value, envelope.task, partition, bucket, to_timestamp(now_ms))),
+            (PENDING_STATUS, (*self.layout.primary_key(key), State.PENDING.value, envelope.task,
+                              partition, bucket, to_timestamp(now_ms))),
         ]
         if (partition, bucket) not in self._indexed:
             statements.append((INDEX_BUCKET, (partition, bucket)))
@@ -154,15 +166,16 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
             if (partition, bucket) not in self._indexed:
                 statements.append((INDEX_BUCKET, (partition, bucket)))
         statements.append((RETRIED_STATUS, (
-            *status_key(key), State.PENDING.value, current.task, stored.partition, stored.bucket,
+            *self.layout.primary_key(key), State.PENDING.value, current.task, stored.partition,
+            stored.bucket,
             current.attempts, current.last_error, current.outcome, current.outcome_attempt,
             to_timestamp(now_ms))))
         return statements, stored
 
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
         row = self._cql.execute(f"read the kept task of {key}",
-                                "SELECT envelope FROM {ks}.task_status WHERE ordering_id = ? AND at = ?"
-                                " AND unique_key = ?", status_key(key)).one()
+                                f"SELECT envelope FROM {{ks}}.key_status WHERE {STATUS_KEY}",
+                                self.layout.primary_key(key)).one()
         return schedule_envelope(row)
 
     def _plan_cancel(self, key: TaskKey, current: TaskStatus | None, now_ms: int
@@ -180,9 +193,9 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                 return []
         return [
             (DELETE_ROW, row_pk),
-            (FINAL_STATUS, (*status_key(key), State.CANCELLED.value, current.task, current.partition,
-                             current.bucket, current.attempts, current.last_error, to_timestamp(now_ms),
-                             *times_of(None), self.status_ttl)),
+            (FINAL_STATUS, (*self.layout.primary_key(key), State.CANCELLED.value, current.task,
+                             current.partition, current.bucket, current.attempts, current.last_error,
+                             to_timestamp(now_ms), *times_of(None), self.status_ttl)),
         ]
 
     def _indexed_now(self, planned: list[StoredTask | None]) -> None:
@@ -233,18 +246,29 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         return results
 
     def statuses(self, keys: Sequence[TaskKey]) -> list[TaskStatus | None]:
+        """The statuses of *keys*: one request for each (shard, slot) they fall in."""
         if not keys:
             return []
-        statement = self._cql.prepare(SELECT_STATUS)
+        if len(keys) == 1:
+            return [self.status(keys[0])]
+        requests = [(shard, slot, [(to_timestamp(k.scheduled_ms), k.ordering_id, k.uniqueness_key)
+                                   for k in group[start:start + STATUSES_A_REQUEST]])
+                    for (shard, slot), group in self.layout.partitions(dict.fromkeys(keys)).items()
+                    for start in range(0, len(group), STATUSES_A_REQUEST)]
         with translate_errors(f"read the status of {len(keys)} task(s)"):
-            answers = execute_concurrent_with_args(self._cql.session, statement,
-                                                   [status_key(k) for k in keys],
+            answers = execute_concurrent_with_args(self._cql.session,
+                                                   self._cql.prepare(SELECT_STATUSES), requests,
                                                    concurrency=CONCURRENCY, raise_on_first_error=True)
-        return [status_of(key, result.one()) for key, (_, result) in zip(keys, answers, strict=True)]
+        found: dict[TaskKey, TaskStatus | None] = {}
+        for _, result in answers:
+            for row in result:
+                key = TaskKey(row.ordering_id, to_ms(row.at), row.unique_key)
+                found[key] = status_of(key, row)
+        return [found.get(key) for key in keys]
 
     def status(self, key: TaskKey) -> TaskStatus | None:
         return status_of(key, self._cql.execute(f"read the status of {key}", SELECT_STATUS,
-                                              status_key(key)).one())
+                                              self.layout.primary_key(key)).one())
 
     def task(self, key: TaskKey) -> StoredTask | None:
         current = self.status(key)
@@ -326,7 +350,8 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                 (DELETE_ROW, (partition, bucket, row.at, row.ordering_id, row.unique_key))]
             if state is not None and status is not None:
                 statements.append((FINAL_STATUS, (
-                    *status_key(key), state.value, status.task, partition, bucket, status.attempts,
+                    *self.layout.primary_key(key), state.value, status.task, partition, bucket,
+                    status.attempts,
                     error or status.last_error, to_timestamp(now_ms),
                     *times_of(RunTimes(status.released_ms, status.started_ms, status.finished_ms)),
                     self.status_ttl)))
@@ -341,17 +366,19 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
 
     def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
         self._cql.batch(f"mark {task.key} released", task.partition,
-                        released_statements(task, attempt, lease_until_ms, now_ms))
+                        released_statements(self.layout, task, attempt, lease_until_ms, now_ms))
 
     def mark_released_many(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int) -> None:
         self._cql.batches(f"mark {len(releases)} task(s) released",
-                          [(task.partition, released_statements(task, attempt, lease_until_ms, now_ms))
+                          [(task.partition, released_statements(self.layout, task, attempt,
+                                                                lease_until_ms, now_ms))
                            for task, attempt, lease_until_ms in releases])
 
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
         self._cql.batch(f"schedule a retry of {task.key}", task.partition,
-                            retry_later_statements(task, attempts, not_before_ms, error, now_ms))
+                        retry_later_statements(self.layout, task, attempts, not_before_ms, error,
+                                               now_ms))
 
     @staticmethod
     def _may_have_error(task: StoredTask) -> bool:
@@ -364,8 +391,8 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         # the whole status row is written again (see FINAL_STATUS): keep its last error
         current = self.status(task.key) if error is None and self._may_have_error(task) else None
         self._cql.batch(f"mark {task.key} {state.value}", task.partition,
-                        finished_statements(task, state, error, current, now_ms, keep_row, run,
-                                            self.status_ttl))
+                        finished_statements(self.layout, task, state, error, current, now_ms,
+                                            keep_row, run, self.status_ttl))
 
     def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int,
                     runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
@@ -374,22 +401,24 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         runs = runs or {}
         self._cql.batches(f"mark {len(tasks)} task(s) {state.value}",
                           [(task.partition,
-                            finished_statements(task, state, None, current.get(task.key), now_ms,
-                                                False, runs.get(task.key), self.status_ttl))
+                            finished_statements(self.layout, task, state, None,
+                                                current.get(task.key), now_ms, False,
+                                                runs.get(task.key), self.status_ttl))
                            for task in tasks])
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
                        error: str | None, now_ms: int, run: RunTimes | None = None) -> None:
         self._cql.execute(f"record the outcome of {key}",
-                          *outcome_statement(key, attempt, succeeded, error, now_ms, run,
-                                             self.status_ttl), partition)
+                          *outcome_statement(self.layout, key, attempt, succeeded, error, now_ms,
+                                             run, self.status_ttl), partition)
 
     def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None]],
                         now_ms: int, runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
         runs = runs or {}
         self._cql.batches(f"record {len(outcomes)} outcome(s)",
-                          [(partition, [outcome_statement(key, attempt, succeeded, error, now_ms,
-                                                               runs.get(key), self.status_ttl)])
+                          [(partition, [outcome_statement(self.layout, key, attempt, succeeded,
+                                                          error, now_ms, runs.get(key),
+                                                          self.status_ttl)])
                            for partition, key, attempt, succeeded, error in outcomes])
 
     def close(self) -> None:

@@ -50,7 +50,7 @@ class OperatorViews:
             f"find {state.value} tasks",
             "SELECT ordering_id, at, unique_key, state, task, partition, bucket, attempts,"
             " last_error, outcome, outcome_attempt, updated_at, released_at, started_at,"
-            " finished_at FROM {ks}.task_status"
+            " finished_at FROM {ks}.key_status"
             " WHERE state = ? LIMIT ? ALLOW FILTERING", (state.value, limit))
         found = []
         for row in rows:

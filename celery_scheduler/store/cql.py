@@ -36,12 +36,14 @@ from celery_scheduler.errors import (
 )
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import RunTimes, State, StoredTask, TaskStatus
+from celery_scheduler.store.status_layout import StatusLayout
 
 __all__ = ["DELETE_ROW", "FAILED_STATUS", "FINAL_STATUS", "INDEX_BUCKET", "INSERT_ROW",
-           "RETRIED_STATUS", "SELECT_STATUS", "Statements", "consistency_level", "finished_statements",
-           "outcome_statement", "released_statements", "retry_later_statements", "row_factory",
-           "row_key", "schedule_envelope", "status_key", "status_of", "times_of", "to_ms",
-           "to_timestamp", "translate_errors"]
+           "PENDING_STATUS", "RETRIED_STATUS", "SELECT_STATUS", "SELECT_STATUSES", "STATUS_KEY",
+           "Statements", "consistency_level", "finished_statements", "outcome_statement",
+           "released_statements", "retry_later_statements", "row_factory", "row_key",
+           "schedule_envelope", "status_of", "times_of", "to_ms", "to_timestamp",
+           "translate_errors"]
 
 # (CQL, parameters) of the writes a store call makes, sent as one batch where they can be.
 Statements = list[tuple[str, tuple[Any, ...]]]
@@ -89,30 +91,41 @@ def translate_errors(what: str) -> Iterator[None]:
 
 DELETE_ROW = ("DELETE FROM {ks}.schedule WHERE partition = ? AND bucket = ? AND at = ?"
                " AND ordering_id = ? AND unique_key = ?")
+# A status row's primary key, in the order StatusLayout.primary_key gives its values.
+STATUS_KEY = "shard = ? AND slot = ? AND at = ? AND ordering_id = ? AND unique_key = ?"
+_STATUS_KEY_COLUMNS = "shard, slot, at, ordering_id, unique_key"
+# A scheduled task's first status.
+PENDING_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
+                  " bucket, attempts, last_error, outcome, outcome_attempt, updated_at)"
+                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, null, null, 0, ?)")
 # A finished task's whole status row is written again so that all of it expires together,
 # with its times (RunTimes).
-FINAL_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
-                 " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at)"
-                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+FINAL_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
+                " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
 
 
 # A task that failed for good and left the schedule keeps its envelope, for a retry.
-FAILED_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
-                  " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at,"
-                  " envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+FAILED_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
+                 " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at,"
+                 " envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
 # A retried task: pending again, for good (no TTL), its envelope back in the schedule row.
-RETRIED_STATUS = ("INSERT INTO {ks}.task_status (ordering_id, at, unique_key, state, task, partition,"
-                   " bucket, attempts, last_error, outcome, outcome_attempt, updated_at, envelope)"
-                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, null) USING TTL 0")
+RETRIED_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
+                  " bucket, attempts, last_error, outcome, outcome_attempt, updated_at, envelope)"
+                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, null) USING TTL 0")
 INSERT_ROW = ("INSERT INTO {ks}.schedule (partition, bucket, at, ordering_id, unique_key, task,"
                " envelope, attempts, not_before, lease_until, blocked)"
                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, null, null, false)")
 INDEX_BUCKET = "INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?, ?)"
 
 
-SELECT_STATUS = ("SELECT state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
-                  " updated_at, released_at, started_at, finished_at FROM {ks}.task_status"
-                  " WHERE ordering_id = ? AND at = ? AND unique_key = ?")
+_STATUS_VALUES = ("state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
+                  " updated_at, released_at, started_at, finished_at")
+SELECT_STATUS = f"SELECT {_STATUS_VALUES} FROM {{ks}}.key_status WHERE {STATUS_KEY}"
+# The statuses of several keys of one (shard, slot), bound with a list of (at, ordering_id,
+# unique_key): one request, however many keys.
+SELECT_STATUSES = (f"SELECT at, ordering_id, unique_key, {_STATUS_VALUES} FROM {{ks}}.key_status"
+                   " WHERE shard = ? AND slot = ? AND (at, ordering_id, unique_key) IN ?")
 _ROW_CLASSES: dict[tuple[str, ...], Any] = {}
 
 
@@ -168,11 +181,6 @@ def consistency_level(name: str) -> int:
     return int(level)
 
 
-def status_key(key: TaskKey) -> tuple[str, dt.datetime, str]:
-    """The primary key of *key*'s ``task_status`` row."""
-    return (key.ordering_id, to_timestamp(key.scheduled_ms), key.uniqueness_key)
-
-
 def row_key(task: StoredTask) -> tuple[Any, ...]:
     """The primary key of *task*'s ``schedule`` row."""
     key = task.key
@@ -180,31 +188,30 @@ def row_key(task: StoredTask) -> tuple[Any, ...]:
             key.uniqueness_key)
 
 
-def released_statements(task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int
-                        ) -> Statements:
+def released_statements(layout: StatusLayout, task: StoredTask, attempt: int, lease_until_ms: int,
+                        now_ms: int) -> Statements:
     return [
         ("UPDATE {ks}.schedule SET attempts = ?, lease_until = ? WHERE partition = ? AND bucket = ?"
          " AND at = ? AND ordering_id = ? AND unique_key = ?",
          (attempt, to_timestamp(lease_until_ms), *row_key(task))),
-        ("UPDATE {ks}.task_status SET state = ?, attempts = ?, updated_at = ?"
-         " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
-         (State.RELEASED.value, attempt, to_timestamp(now_ms), *status_key(task.key))),
+        (f"UPDATE {{ks}}.key_status SET state = ?, attempts = ?, updated_at = ? WHERE {STATUS_KEY}",
+         (State.RELEASED.value, attempt, to_timestamp(now_ms), *layout.primary_key(task.key))),
     ]
 
 
-def retry_later_statements(task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
-                           now_ms: int) -> Statements:
+def retry_later_statements(layout: StatusLayout, task: StoredTask, attempts: int,
+                           not_before_ms: int, error: str | None, now_ms: int) -> Statements:
     return [
         ("UPDATE {ks}.schedule SET attempts = ?, not_before = ?, lease_until = null"
          " WHERE partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
          (attempts, to_timestamp(not_before_ms), *row_key(task))),
-        ("UPDATE {ks}.task_status SET state = ?, attempts = ?, last_error = ?, updated_at = ?"
-         " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
-         (State.PENDING.value, attempts, error, to_timestamp(now_ms), *status_key(task.key))),
+        (f"UPDATE {{ks}}.key_status SET state = ?, attempts = ?, last_error = ?, updated_at = ?"
+         f" WHERE {STATUS_KEY}",
+         (State.PENDING.value, attempts, error, to_timestamp(now_ms), *layout.primary_key(task.key))),
     ]
 
 
-def finished_statements(task: StoredTask, state: State, error: str | None,
+def finished_statements(layout: StatusLayout, task: StoredTask, state: State, error: str | None,
                         current: TaskStatus | None, now_ms: int, keep_row: bool,
                         run: RunTimes | None, ttl: int) -> Statements:
     """*task* finished: its row goes (or stays, blocked) and its status is written whole."""
@@ -213,25 +220,24 @@ def finished_statements(task: StoredTask, state: State, error: str | None,
          " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?", row_key(task))
         if keep_row else (DELETE_ROW, row_key(task)))
     last_error = error if error is not None else (current.last_error if current else None)
-    values = (*status_key(task.key), state.value, task.envelope.task, task.partition, task.bucket,
+    values = (*layout.primary_key(task.key), state.value, task.envelope.task, task.partition, task.bucket,
               task.attempts, last_error, to_timestamp(now_ms), *times_of(run))
     if state is State.FAILED and not keep_row:  # kept for a retry, as long as the status
         return [row, (FAILED_STATUS, (*values, encode(task.envelope), ttl))]
     return [row, (FINAL_STATUS, (*values, ttl if not keep_row else 0))]
 
 
-def outcome_statement(key: TaskKey, attempt: int, succeeded: bool, error: str | None,
-                      now_ms: int, run: RunTimes | None, ttl: int) -> tuple[str, tuple[Any, ...]]:
+def outcome_statement(layout: StatusLayout, key: TaskKey, attempt: int, succeeded: bool,
+                      error: str | None, now_ms: int, run: RunTimes | None, ttl: int
+                      ) -> tuple[str, tuple[Any, ...]]:
     """A worker's report, recorded for the dispatcher that loads the key later."""
     _, started, finished = times_of(run)
     if succeeded:
-        return ("UPDATE {ks}.task_status USING TTL ? SET state = ?, outcome = ?,"
-                " outcome_attempt = ?, updated_at = ?, started_at = ?, finished_at = ?"
-                " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
+        return (f"UPDATE {{ks}}.key_status USING TTL ? SET state = ?, outcome = ?,"
+                f" outcome_attempt = ?, updated_at = ?, started_at = ?, finished_at = ? WHERE {STATUS_KEY}",
                 (ttl, State.SUCCEEDED.value, "succeeded", attempt, to_timestamp(now_ms),
-                 started, finished, *status_key(key)))
-    return ("UPDATE {ks}.task_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
-            " last_error = ?, updated_at = ?, started_at = ?, finished_at = ?"
-            " WHERE ordering_id = ? AND at = ? AND unique_key = ?",
+                 started, finished, *layout.primary_key(key)))
+    return (f"UPDATE {{ks}}.key_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
+            f" last_error = ?, updated_at = ?, started_at = ?, finished_at = ? WHERE {STATUS_KEY}",
             (ttl, "failed", attempt, error, to_timestamp(now_ms), started, finished,
-             *status_key(key)))
+             *layout.primary_key(key)))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import collections
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cassandra.auth import PlainTextAuthProvider
@@ -29,7 +30,9 @@ from cassandra.query import BatchStatement, BatchType
 from celery_scheduler.errors import SchemaMissingError
 from celery_scheduler.store.cql import Statements, consistency_level, row_factory, translate_errors
 from celery_scheduler.store.fencing import FencedTimestamps
-from celery_scheduler.store.schema import ADDED_COLUMNS, check_identifier, keyspace_statements
+from celery_scheduler.store.schema import OLD_STATUS_TABLE, check_identifier, keyspace_statements
+from celery_scheduler.store.status_layout import DEFAULT_SLOT_SECONDS, StatusLayout
+from celery_scheduler.store.upgrade import move_old_statuses
 
 __all__ = ["CONCURRENCY", "CqlSession", "packed"]
 
@@ -39,45 +42,65 @@ CONCURRENCY = 64
 # 10 minutes, so after a Cassandra restart a dispatcher stayed idle for about as long
 # again as the outage lasted; a few seconds cost nothing while it is down.
 RECONNECT_DELAYS = (0.5, 5.0)
-# Statement sets carrying more blob bytes than this are not sent as one batch (see _grouped).
-BATCH_LIMIT_BYTES = 32 * 1024
-# Several small statement sets share one batch up to these limits (see _batches).
-PACK_STATEMENTS = 10
+# Writes share a request up to these limits (see packed): Cassandra warns of an unlogged
+# batch over 10 partitions or 5 KiB, and refuses one over 50 KiB.
+PACK_PARTITIONS = 10
 PACK_BYTES = 4096
+PACK_STATEMENTS = 100
+# A write's weight: the bytes of its text and blob values, and this for the rest.
+STATEMENT_WEIGHT = 16
 
 
 # Lightweight transactions use the driver's own row factory: ``was_applied`` accepts only that.
 LWT_PROFILE = "celery_scheduler_lwt"
 
 
+@dataclass(frozen=True)
+class Write:
+    """One bound statement, the Kafka partition whose fence stamps it, and the Cassandra
+    partition it writes ((table, routing key)), which requests are grouped by."""
 
-def packed(statement_sets: Sequence[tuple[int, Statements]]) -> list[list[tuple[int, Statements]]]:
-    """The (partition, statements) sets grouped into as few requests as they fit.
+    partition: int
+    target: Hashable
+    weight: int
+    statement: Any
 
-    Each set goes whole into one group, up to PACK_STATEMENTS statements (so at most that
-    many Cassandra partitions, within the server's warning threshold of 10) and PACK_BYTES
-    of values (it warns above 5 KiB); a set heavier than that is a group of its own. Each
-    request has a fixed cost in the Python driver and in the server, so fewer, fuller
-    requests write the same rows faster.
+
+def packed(writes: Sequence[Write]) -> list[list[Write]]:
+    """*writes* grouped into as few requests as they fit, those of one Cassandra partition together.
+
+    Cassandra applies the writes of one batch to one partition as one mutation, so a release
+    of a hundred tasks due in one minute is a few mutations, not two hundred. A request holds
+    at most PACK_PARTITIONS Cassandra partitions, PACK_BYTES of values and PACK_STATEMENTS
+    statements; a write heavier than PACK_BYTES is a request of its own.
     """
-    groups: list[list[tuple[int, Statements]]] = []
-    pending: list[tuple[int, Statements]] = []
-    count = size = 0
-    for partition, statements in statement_sets:
-        weight = sum(len(value) for _, params in statements for value in params
-                     if isinstance(value, (bytes, str)))
-        if weight >= PACK_BYTES:
-            groups.append([(partition, statements)])
-            continue
-        if pending and (count + len(statements) > PACK_STATEMENTS or size + weight > PACK_BYTES):
-            groups.append(pending)
-            pending, count, size = [], 0, 0
-        pending.append((partition, statements))
-        count += len(statements)
-        size += weight
-    if pending:
-        groups.append(pending)
-    return groups
+    requests: list[list[Write]] = []
+    by_target: dict[Hashable, list[Write]] = {}
+    for write in writes:
+        if write.weight >= PACK_BYTES:
+            requests.append([write])
+        else:
+            by_target.setdefault(write.target, []).append(write)
+    current: list[Write] = []
+    size = targets = 0
+    for group in by_target.values():
+        if current and targets >= PACK_PARTITIONS:
+            requests.append(current)
+            current, size, targets = [], 0, 0
+        targets += 1
+        for write in group:
+            if current and (size + write.weight > PACK_BYTES or len(current) >= PACK_STATEMENTS):
+                requests.append(current)
+                current, size, targets = [], 0, 1
+            current.append(write)
+            size += write.weight
+    if current:
+        requests.append(current)
+    return requests
+
+
+def weight_of(params: Sequence[Any]) -> int:
+    return STATEMENT_WEIGHT + sum(len(value) for value in params if isinstance(value, (bytes, str)))
 
 
 class CqlSession:
@@ -110,6 +133,9 @@ class CqlSession:
         with translate_errors("connect"):
             self.session: Session = self._cluster.connect()
         self._prepared: dict[str, Any] = {}
+        self._layout: StatusLayout | None = None
+        self._tables: dict[bytes, str] = {}  # a prepared statement's table, by its id
+
     def fence_writes(self, fence: Callable[[int], float | None]) -> None:
         self._timestamps.fence = fence
 
@@ -122,32 +148,49 @@ class CqlSession:
             self._prepared[cql] = statement
         return statement
 
-    def create_schema(self) -> None:
+    def create_schema(self, status_shards: int) -> int:
+        """Create what is missing; a keyspace made by an earlier version gets its statuses moved."""
         with translate_errors("create the schema"):
             for statement in keyspace_statements(self.keyspace, self.replication):
                 self.session.execute(statement, timeout=60)
             self._cluster.control_connection.wait_for_schema_agreement()
-            for table, column, cql_type in self.missing_columns():
-                self.session.execute(f"ALTER TABLE {self.keyspace}.{table} ADD {column} {cql_type}",
-                                      timeout=60)
-            self._cluster.control_connection.wait_for_schema_agreement()
+            # written once: every reader must find a key's status where it was written
+            self.session.execute(
+                f"INSERT INTO {self.keyspace}.status_layout (id, shards, slot_seconds)"
+                " VALUES (0, %s, %s) IF NOT EXISTS", (status_shards, DEFAULT_SLOT_SECONDS),
+                execution_profile=LWT_PROFILE, timeout=60)
+        if self._has_table(OLD_STATUS_TABLE):
+            return move_old_statuses(self, self.status_layout())
+        return 0
 
-    def missing_columns(self) -> list[tuple[str, str, str]]:
+    def _has_table(self, table: str) -> bool:
         self._cluster.refresh_schema_metadata()
         keyspace = self._cluster.metadata.keyspaces.get(self.keyspace)
-        tables = keyspace.tables if keyspace is not None else {}
-        return [(table, column, cql_type) for table, column, cql_type in ADDED_COLUMNS
-                if table in tables and column not in tables[table].columns]
+        return keyspace is not None and table in keyspace.tables
 
     def check_schema(self) -> None:
-        """Raise SchemaMissingError if the keyspace lacks a column this version writes."""
+        """Raise SchemaMissingError if the keyspace is not the one this version writes."""
         with translate_errors("read the schema"):
-            missing = self.missing_columns()
-        if missing:
+            old = self._has_table(OLD_STATUS_TABLE)
+        if old:
             raise SchemaMissingError(
-                f"the scheduler's Cassandra schema lacks column(s) "
-                f"{', '.join(f'{table}.{column}' for table, column, _ in missing)}, added in this "
-                "version; add them with `celery -A <your app> scheduler init` (idempotent)")
+                f"the scheduler's Cassandra keyspace {self.keyspace!r} keeps task statuses in "
+                f"{OLD_STATUS_TABLE!r}, as earlier versions did; stop the dispatchers and run "
+                "`celery -A <your app> scheduler init`, which moves them to 'key_status'")
+        self.status_layout()
+
+    def status_layout(self) -> StatusLayout:
+        """The keyspace's status layout, as ``init`` wrote it (read once)."""
+        if self._layout is None:
+            row = self.execute("read the status layout",
+                               "SELECT shards, slot_seconds FROM {ks}.status_layout WHERE id = 0",
+                               ()).one()
+            if row is None or not row.shards or not row.slot_seconds:
+                raise SchemaMissingError(
+                    f"the scheduler's Cassandra keyspace {self.keyspace!r} has no status layout; "
+                    "create it with `celery -A <your app> scheduler init`")
+            self._layout = StatusLayout(row.shards, row.slot_seconds)
+        return self._layout
 
     def execute(self, what: str, cql: str, params: tuple[Any, ...],
                  partition: int | None = None) -> Any:
@@ -155,72 +198,67 @@ class CqlSession:
         with translate_errors(what), self._timestamps.writing(partition):
             return self.session.execute(self.prepare(cql), params)
 
-    def batch_statement(self, statements: Statements) -> BatchStatement:
-        # Unlogged: every caller retries the whole set until it is acknowledged (ingest does
-        # not commit, the engine re-reads), and all writes are idempotent, so the batch log's
-        # extra round of writes would buy nothing.
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self._consistency)
-        for cql, params in statements:
-            batch.add(self.prepare(cql), params)
-        return batch
-
-    def grouped(self, statements: Statements) -> list[Any]:
-        """One batch, or, for a set carrying a large envelope, its statements one by one.
-
-        Cassandra refuses batches over its ``batch_size_fail_threshold`` (50 KiB by default)
-        whatever the client retries, so a task that large would hold its partition forever.
-        Sent separately the writes are just as idempotent, and an unlogged batch of several
-        partitions was never atomic anyway.
-        """
-        size = sum(len(value) for _, params in statements for value in params
-                   if isinstance(value, bytes))
-        if size < BATCH_LIMIT_BYTES:
-            return [self.batch_statement(statements)]
-        return [self.prepare(cql).bind(params) for cql, params in statements]
-
     def batch(self, what: str, partition: int, statements: Statements) -> None:
         self.batches(what, [(partition, statements)])
+
+    def writes(self, statement_sets: Sequence[tuple[int, Statements]]) -> list[Write]:
+        """Each statement bound, with the Cassandra partition it writes."""
+        found = []
+        for partition, statements in statement_sets:
+            for cql, params in statements:
+                prepared = self.prepare(cql)
+                bound = prepared.bind(params)
+                table = self._tables.get(prepared.query_id)
+                if table is None:
+                    table = self._tables[prepared.query_id] = prepared.column_metadata[0].table_name
+                found.append(Write(partition, (table, bound.routing_key), weight_of(params), bound))
+        return found
 
     def batches(self, what: str, statement_sets: Sequence[tuple[int, Statements]]) -> None:
         """Write each (partition, statements) set, all of them concurrently, as few requests.
 
-        Sets of several partitions share a request when one timestamp is within every one's
-        fence (see :mod:`celery_scheduler.store.fencing`); otherwise each partition's sets
-        go in requests of their own, stamped no later than its fence.
+        Writes of several partitions share a request when one timestamp is within every
+        one's fence (see :mod:`celery_scheduler.store.fencing`); otherwise each partition's
+        writes go in requests of their own, stamped no later than its fence. Every caller
+        sends a set again until it is acknowledged whole, and every write is idempotent, so
+        a set may be spread over requests (an unlogged batch of several Cassandra partitions
+        is not atomic either).
         """
-        sets = [(partition, statements) for partition, statements in statement_sets if statements]
         in_flight: collections.deque[ResponseFuture] = collections.deque()
         with translate_errors(what):
-            for group in packed(sets):
-                partitions = {partition for partition, _ in group}
+            for request in packed(self.writes(statement_sets)):
+                partitions = {write.partition for write in request}
                 if len(partitions) == 1:
-                    self._send_group(group, group[0][0], None, in_flight)
+                    self._send(request, request[0].partition, None, in_flight)
                     continue
                 stamp = self._timestamps.shared(partitions)
                 if stamp is not None:
-                    self._send_group(group, group[0][0], stamp, in_flight)
+                    self._send(request, request[0].partition, stamp, in_flight)
                     continue
                 for partition in sorted(partitions):  # past a fence: partition by partition
-                    self._send_group([s for s in group if s[0] == partition], partition, None,
-                                     in_flight)
+                    self._send([w for w in request if w.partition == partition], partition, None,
+                               in_flight)
             while in_flight:
                 in_flight.popleft().result()
 
-    def _send_group(self, group: list[tuple[int, Statements]], partition: int, stamp: int | None,
-                    in_flight: collections.deque[ResponseFuture]) -> None:
-        """Send one packed group, keeping at most CONCURRENCY requests in flight.
+    def _send(self, request: list[Write], partition: int, stamp: int | None,
+              in_flight: collections.deque[ResponseFuture]) -> None:
+        """Send one request (a batch, or a lone statement), keeping at most CONCURRENCY in flight.
 
         Every request is sent from this thread, in the block that names its partition (or
         carries the timestamp shared by its partitions): the driver takes a request's
         timestamp on the thread that sends it.
         """
-        statements = [statement for _, part in group for statement in part]
-        requests = self.grouped(statements) if len(group) == 1 else [self.batch_statement(statements)]
-        for request in requests:
-            if len(in_flight) >= CONCURRENCY:
-                in_flight.popleft().result()
-            with self._timestamps.writing(partition, stamp):
-                in_flight.append(self.session.execute_async(request))
+        if len(request) == 1:
+            statement = request[0].statement
+        else:
+            statement = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self._consistency)
+            for write in request:
+                statement.add(write.statement)
+        if len(in_flight) >= CONCURRENCY:
+            in_flight.popleft().result()
+        with self._timestamps.writing(partition, stamp):
+            in_flight.append(self.session.execute_async(statement))
 
     def lwt(self, what: str, cql: str, params: tuple[Any, ...]) -> Any:
         statement = self.prepare(cql)

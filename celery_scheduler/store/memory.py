@@ -44,8 +44,8 @@ class MemoryScheduleStore(ScheduleStore):
         self._kept: dict[TaskKey, ScheduleEnvelope] = {}
         self._lock = threading.Lock()
 
-    def create_schema(self) -> None:
-        pass
+    def create_schema(self, status_shards: int | None = None) -> int:
+        return 0
 
     def _set_row(self, task: StoredTask) -> None:
         self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task

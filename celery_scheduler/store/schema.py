@@ -2,9 +2,11 @@
 
 ``schedule`` holds pending tasks as wide rows per (Kafka partition, time bucket), clustered
 by time then key, so a dispatcher reads its partitions forward in time one bucket at a
-time. ``task_status`` holds one row per task key; finished rows expire after
-``scheduler_status_ttl`` seconds. A failed task's row keeps its envelope (unless its
-schedule row is kept, blocked), so ``scheduler retry`` can run it again.
+time. ``key_status`` holds one row per task key, in Cassandra partitions of (shard, slot)
+that follow from the key (:mod:`celery_scheduler.store.status_layout`, whose numbers
+``status_layout`` keeps); finished rows expire after ``scheduler_status_ttl`` seconds. A
+failed task's row keeps its envelope (unless its schedule row is kept, blocked), so
+``scheduler retry`` can run it again.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from typing import Any
 
 from celery_scheduler.errors import ConfigurationError
 
-__all__ = ["ADDED_COLUMNS", "check_identifier", "keyspace_statements"]
+__all__ = ["OLD_STATUS_TABLE", "STATUS_COLUMNS", "check_identifier", "keyspace_statements"]
 
-# Columns added to tables after their first release, as (table, column, CQL type): ``init``
-# adds them to a keyspace created before, and a dispatcher refuses to start without them.
-# task_status.envelope: a failed task's envelope, kept so that an operator can retry it;
-# released_at, started_at, finished_at: when a finished task was first released, and when
-# its last attempt started and ended on the worker (for the Spark report's lateness).
-ADDED_COLUMNS = (("task_status", "envelope", "blob"), ("task_status", "released_at", "timestamp"),
-                 ("task_status", "started_at", "timestamp"), ("task_status", "finished_at", "timestamp"))
+# Where earlier versions kept statuses, one Cassandra partition a key: ``init`` copies its
+# rows into key_status, and a dispatcher refuses to start while it is there.
+OLD_STATUS_TABLE = "task_status"
+# The columns of a status besides its key, as both tables name them (the old table may
+# lack the last four, added to it after its first version).
+STATUS_COLUMNS = ("state", "task", "partition", "bucket", "attempts", "last_error", "outcome",
+                  "outcome_attempt", "updated_at", "envelope", "released_at", "started_at",
+                  "finished_at")
 
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
@@ -81,10 +84,14 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             bucket bigint,
             PRIMARY KEY (partition, bucket)
         ) WITH CLUSTERING ORDER BY (bucket ASC)""",
-        # one row per task key: what users query
-        f"""CREATE TABLE IF NOT EXISTS {ks}.task_status (
-            ordering_id text,
+        # one row per task key: what users query. The shard and slot follow from the key
+        # (see status_layout); released_at, started_at, finished_at: when a finished task was
+        # first released, and when its last attempt started and ended on the worker.
+        f"""CREATE TABLE IF NOT EXISTS {ks}.key_status (
+            shard int,
+            slot bigint,
             at timestamp,
+            ordering_id text,
             unique_key text,
             state text,
             task text,
@@ -99,7 +106,13 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             released_at timestamp,
             started_at timestamp,
             finished_at timestamp,
-            PRIMARY KEY ((ordering_id, at, unique_key))
+            PRIMARY KEY ((shard, slot), at, ordering_id, unique_key)
+        ) WITH CLUSTERING ORDER BY (at ASC, ordering_id ASC, unique_key ASC)""",
+        # the shard count and slot width of key_status, written once by init
+        f"""CREATE TABLE IF NOT EXISTS {ks}.status_layout (
+            id int PRIMARY KEY,
+            shards int,
+            slot_seconds int
         )""",
         # who may release a partition: written only with lightweight transactions
         f"""CREATE TABLE IF NOT EXISTS {ks}.partition_lease (

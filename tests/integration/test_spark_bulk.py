@@ -136,8 +136,8 @@ def test_the_audit_finds_accepted_tasks_the_store_lost(
     for handle in lost:  # as if a write had never reached Cassandra
         key = handle.key
         store._session.execute(
-            f"DELETE FROM {store.keyspace}.task_status WHERE ordering_id = %s AND at = %s"
-            " AND unique_key = %s", (key.ordering_id, key.scheduled_at, key.uniqueness_key))
+            f"DELETE FROM {store.keyspace}.key_status WHERE shard = %s AND slot = %s AND at = %s"
+            " AND ordering_id = %s AND unique_key = %s", store.layout.primary_key(key))
 
     found = audit(spark, schedule.record.client.settings)
     assert (found.scheduled, found.cancelled, found.missing_count) == (27, 3, 4)

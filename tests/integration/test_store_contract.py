@@ -339,19 +339,49 @@ def test_missing_schema_is_a_clear_error(cassandra_contact: str) -> None:
 
 
 @pytest.mark.cassandra
-def test_a_keyspace_made_before_a_column_was_added_gets_it_from_init(
+def test_init_moves_the_statuses_of_a_keyspace_made_by_an_earlier_version(
         cassandra_contact: str, unique_name: str) -> None:
     host, port = cassandra_contact.rsplit(":", 1)
     store = CassandraScheduleStore([host], unique_name, port=int(port), consistency="ONE")
+    session = store._session
     try:
-        store.create_schema()
-        store._session.execute(f"ALTER TABLE {unique_name}.task_status DROP envelope")
-        with pytest.raises(SchemaMissingError, match=r"task_status\.envelope.*scheduler init"):
-            store.check_schema()
+        # the first version's keyspace: statuses one partition a key, without the later columns
+        session.execute(f"CREATE KEYSPACE {unique_name} WITH replication ="
+                        " {'class': 'SimpleStrategy', 'replication_factor': 1}")
+        session.execute(f"CREATE TABLE {unique_name}.task_status (ordering_id text, at timestamp,"
+                        " unique_key text, state text, task text, partition int, bucket bigint,"
+                        " attempts int, last_error text, outcome text, outcome_attempt int,"
+                        " updated_at timestamp, PRIMARY KEY ((ordering_id, at, unique_key)))")
+        insert = (f"INSERT INTO {unique_name}.task_status (ordering_id, at, unique_key, state, task,"
+                  " partition, bucket, attempts, last_error, updated_at) VALUES"
+                  " (%s, %s, %s, %s, 'proj.remind', 3, %s, %s, %s, %s)")
+        pending, done = TaskKey("a", NOW + 5_000, "u"), TaskKey("b", NOW - 1_000_000, "v")
+        session.execute(insert, (pending.ordering_id, pending.scheduled_at, pending.uniqueness_key,
+                                 "pending", B, 0, None, pending.scheduled_at))
+        session.execute(insert + " USING TTL 5000",
+                        (done.ordering_id, done.scheduled_at, done.uniqueness_key, "succeeded", B - 5,
+                         2, "first attempt failed", pending.scheduled_at))
+        with pytest.raises(SchemaMissingError, match=r"'task_status'.*scheduler init"):
+            store.check_schema()  # what a dispatcher does at start
+
         store.create_schema()  # what `scheduler init` runs
+
         store.check_schema()
+        moved = store.statuses([pending, done])
+        assert [(s.state, s.partition, s.bucket, s.attempts, s.last_error) if s else None
+                for s in moved] == [(State.PENDING, 3, B, 0, None),
+                                    (State.SUCCEEDED, 3, B - 5, 2, "first attempt failed")]
+        ttl = ("SELECT TTL(updated_at) AS ttl FROM {ks}.key_status WHERE shard = ? AND slot = ?"
+               " AND at = ? AND ordering_id = ? AND unique_key = ?")
+        kept = store._cql.execute("read", ttl, store.layout.primary_key(pending)).one().ttl
+        expiring = store._cql.execute("read", ttl, store.layout.primary_key(done)).one().ttl
+        assert kept is None and 0 < expiring <= 5000
+        store._cluster.refresh_schema_metadata()
+        assert "task_status" not in store._cluster.metadata.keyspaces[unique_name].tables
+        store.create_schema()  # again: nothing left to move
+        assert store.status(done) == moved[1]
     finally:
-        store._session.execute(f"DROP KEYSPACE IF EXISTS {unique_name}")
+        session.execute(f"DROP KEYSPACE IF EXISTS {unique_name}")
         store.close()
 
 
@@ -392,6 +422,27 @@ def test_statuses_reads_many_keys_in_order(store: ScheduleStore) -> None:
     assert [s.key if s else None for s in statuses] == [second.key, None, first.key]
     assert [s.state if s else None for s in statuses] == [State.PENDING, None, State.RELEASED]
     assert store.statuses([]) == []
+
+
+def test_statuses_of_many_keys_across_shards_and_slots(store: ScheduleStore) -> None:
+    # 150 keys of one ordering id in one ten-minute slot (more than one request asks for),
+    # and keys of ten ordering ids spread over about 40 minutes
+    crowd = [envelope("same", NOW + i, f"u{i}") for i in range(150)]
+    spread = [envelope(f"o{i % 10}", NOW + i * 20_000, f"s{i}") for i in range(120)]
+    results = store.apply([Put(i % 12, e) for i, e in enumerate(crowd + spread)], NOW)
+    assert all(isinstance(r, StoredTask) for r in results)
+    finished = results[3]
+    assert isinstance(finished, StoredTask)
+    store.finish(finished, State.SUCCEEDED, None, NOW + 1)
+    unknown = [TaskKey("same", NOW + 500, "u-none"), TaskKey("o1", NOW + 20_000, "none"),
+               TaskKey("nobody", NOW - 10**9, "x")]
+    asked = [e.key for e in spread[::-1]] + unknown + [e.key for e in crowd] + [crowd[0].key]
+
+    statuses = store.statuses(asked)
+
+    assert [s.key if s else None for s in statuses] == [*asked[:120], None, None, None, *asked[123:]]
+    states = [s.state for s in statuses if s is not None]
+    assert states.count(State.SUCCEEDED) == 1 and states.count(State.PENDING) == len(asked) - 4
 
 
 def test_operator_queries_count_backlog_per_bucket_and_list_an_ordering_id(

@@ -91,6 +91,7 @@ def test_writes_of_partitions_held_now_share_requests_and_stand(
     envelopes = [ScheduleEnvelope(TaskKey(f"o{n}", now + 60_000, "u"), "proj.remind") for n in range(4)]
     stored = [other.put(n, envelope, now) for n, envelope in enumerate(envelopes)]
     assert None not in stored
+    owner.check_schema()  # as a dispatcher does at start: reads the status layout
     sent: list[object] = []
     execute_async = owner._session.execute_async
 

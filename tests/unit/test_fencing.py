@@ -117,15 +117,31 @@ def test_no_stamp_is_shared_past_any_partitions_fence() -> None:
     assert stamps.shared({0, 2}) is not None  # 2 was never held: no fence
 
 
-def test_sets_of_several_partitions_are_packed_into_few_requests() -> None:
-    from celery_scheduler.store.cqlsession import PACK_BYTES, PACK_STATEMENTS, packed
+def test_writes_are_packed_by_cassandra_partition_into_few_requests() -> None:
+    from celery_scheduler.store.cqlsession import (
+        PACK_BYTES,
+        PACK_PARTITIONS,
+        PACK_STATEMENTS,
+        Write,
+        packed,
+    )
 
-    two = [("INSERT a", (b"x",)), ("INSERT b", ("y",))]
-    sets = [(partition % 4, two) for partition in range(12)]
-    groups = packed(sets)
-    per_group = PACK_STATEMENTS // len(two)
-    assert [len(group) for group in groups] == [per_group, per_group, 12 - 2 * per_group]
-    assert [s for group in groups for s in group] == sets  # every set once, whole, in order
-    assert len({partition for partition, _ in groups[0]}) > 1  # partitions share a request
-    heavy = (3, [("INSERT c", (b"z" * PACK_BYTES,))])
-    assert packed([sets[0], heavy, sets[1]]) == [[heavy], [sets[0], sets[1]]]
+    # a release of 60 tasks of one bucket: 60 schedule rows and 60 statuses of one slot,
+    # written for 3 Kafka partitions, interleaved as the store lists them
+    writes = [Write(i % 3, (table, b"bucket"), 40, f"{table}-{i}")
+              for i in range(60) for table in ("schedule", "key_status")]
+    requests = packed(writes)
+    assert len(requests) == 2  # 120 writes of 40 bytes: PACK_BYTES decides
+    assert sorted(w.statement for r in requests for w in r) == sorted(w.statement for w in writes)
+    assert [w.target[0] for w in requests[0][:60]] == ["schedule"] * 60  # one partition together
+    assert len({w.partition for w in requests[0]}) == 3  # Kafka partitions share a request
+
+    # many small Cassandra partitions: at most PACK_PARTITIONS a request
+    scattered = [Write(0, ("key_status", bytes([i])), 20, i) for i in range(25)]
+    assert [len(r) for r in packed(scattered)] == [PACK_PARTITIONS, PACK_PARTITIONS, 5]
+    # weightless writes of one partition: at most PACK_STATEMENTS a request
+    light = [Write(0, ("schedule_buckets", b"p"), 0, i) for i in range(PACK_STATEMENTS + 1)]
+    assert [len(r) for r in packed(light)] == [PACK_STATEMENTS, 1]
+    # a heavy write goes alone, the others around it keep their order
+    heavy = Write(1, ("schedule", b"other"), PACK_BYTES, "heavy")
+    assert packed([scattered[0], heavy, scattered[1]]) == [[heavy], [scattered[0], scattered[1]]]
