@@ -19,7 +19,8 @@ do not grow with the rate (lease renewals, schedule reads) show as their rate pe
 workers idle is the share of the per-task figures at light load that does not grow with
 the rate. ``--threads`` adds, for Cassandra and Kafka, the thread pools that took the most
 CPU (``benchmarks.threads``). ``--py-spy FILE`` samples the dispatcher with py-spy (installed
-separately: ``pip install py-spy``) over the same window, writes its collapsed stacks to FILE
+separately: ``pip install py-spy``; ``--gil`` for only the thread holding the interpreter,
+which leaves out threads blocked in socket calls) over the same window, writes its collapsed stacks to FILE
 and prints the functions that took the most of its samples, by own time and with callees.
 """
 
@@ -71,9 +72,12 @@ def _threads(pids: list[int]) -> dict[int, tuple[str, int]]:
     return {tid: thread for pid in pids for tid, thread in thread_cpu(pid).items()}
 
 
-def _py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
+def _py_spy(pid: int, output: str, gil: bool) -> subprocess.Popen[bytes]:
+    # --gil: only the thread that holds the interpreter is sampled, so a thread blocked in a
+    # socket call (which py-spy counts as busy) does not show as spending CPU
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
-                             "--threads", "--nonblocking", "--output", output],
+                             "--threads", "--nonblocking", *(["--gil"] if gil else []),
+                             "--output", output],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the busiest thread pools of Cassandra and Kafka")
     parser.add_argument("--py-spy", dest="py_spy", metavar="FILE",
                         help="sample the dispatcher with py-spy into FILE (collapsed stacks)")
+    parser.add_argument("--gil", action="store_true",
+                        help="with --py-spy: sample only the thread holding the interpreter")
     args = parser.parse_args(argv)
     cluster = Cluster(["127.0.0.1"])
     session = cluster.connect()
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         pools = {name: _threads(services[name]) for name in ("Cassandra", "Kafka")
                  if args.threads and services.get(name)}
         started = time.time()
-        sampler = _py_spy(dispatcher.pid, args.py_spy) if args.py_spy else None
+        sampler = _py_spy(dispatcher.pid, args.py_spy, args.gil) if args.py_spy else None
 
         def publish(seq: int, due: float) -> None:
             app.record.schedule((f"o{seq % ORDERING_IDS}", seq, due), {}, at=utc(due), wait=False)

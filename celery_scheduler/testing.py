@@ -108,7 +108,8 @@ class SchedulerTesting:
         self.engine = Engine(store, self._publish, "testing", dataclasses.replace(
             engine_settings(settings), tick_seconds=0, lookahead_seconds=LOOKAHEAD_SECONDS,
             partition_lease_seconds=HELD_SECONDS, ingest_stall_seconds=HELD_SECONDS,
-            release_ahead_seconds=0),  # released within run_due(), on this thread
+            # released and stored within run_due(), on this thread
+            release_ahead_seconds=0, finish_linger_seconds=0),
             clock=clock)
         self._ingest = Ingest(self._reader, store, self.engine, self._dead_letters,
                               task_log.partitions, allowed=lambda name: name in app.tasks,

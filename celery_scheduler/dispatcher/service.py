@@ -54,6 +54,9 @@ T = TypeVar("T")
 
 # Longest the broker holds a fetch of schedule records back to fill it (milliseconds).
 INGEST_FETCH_WAIT_MS = 100
+# Longest a success waits in memory for others to share its request (seconds): at light
+# load each step read a few outcomes, and stored them with a request of their own.
+FINISH_LINGER_SECONDS = 0.2
 # How long (seconds) a thread may hold the interpreter before another that waits takes it.
 # Python's default, 5 ms, let the ingest loop's decoding hold the release engine up to 5 ms
 # after a task fell due; a dispatcher releases on time first, and switches cost little.
@@ -69,7 +72,8 @@ def engine_settings(settings: Settings) -> EngineSettings:
                           max_loaded=settings.max_loaded_per_partition,
                           lookahead_seconds=settings.lookahead_seconds,
                           max_in_flight=settings.max_in_flight,
-                          release_ahead_seconds=settings.release_ahead_seconds)
+                          release_ahead_seconds=settings.release_ahead_seconds,
+                          finish_linger_seconds=FINISH_LINGER_SECONDS)
 
 
 def _log_commit_failure(error: KafkaError | None, partitions: list[Any]) -> None:

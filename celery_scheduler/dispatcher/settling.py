@@ -43,6 +43,8 @@ class Settling:
     _window: Window
     _last_poll_ms: int
     _succeeded: dict[TaskKey, Loaded]
+    _store_succeeded_by_ms: int
+    _ahead_ms: int
     _outcomes_read: dict[int, int]
     _outcome_retries: list[Outcome]
     _durable_offsets: dict[int, int]
@@ -202,12 +204,16 @@ class Settling:
             logger.warning("no outcome for %s within its lease; releasing it again", task.key)
             self._apply_outcome(task, False, "lease expired without an outcome")
 
-    def _store_succeeded(self) -> None:
+    def _store_succeeded(self, lingering: bool = False) -> None:
         """Record the tasks that succeeded since the last call, then forget them.
 
-        If the store fails they stay in flight, and are tried again at the next call.
+        If *lingering*, only once the first of them has waited ``finish_linger_seconds`` or
+        the next task of one's ordering id is about to be marked, whichever comes first. If
+        the store fails they stay in flight, and are tried again at the next call.
         """
         if not self._succeeded:
+            return
+        if lingering and self.clock() < self._store_succeeded_by_ms:
             return
         tasks = list(self._succeeded.values())
         self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock(),
@@ -229,8 +235,14 @@ class Settling:
         if partition is not None:
             partition.loader.room_freed()  # more may be loaded
         if succeeded:
-            # Stored with the others of this step, in one round trip (_store_succeeded); its
-            # ordering id stays blocked until then.
+            # Stored with the others of this step, or of the next few, in one round trip
+            # (_store_succeeded); its ordering id stays blocked until then.
+            by = now + int(self.settings.finish_linger_seconds * 1000)
+            after = self.timetable.successor_due_ms(task.key)
+            if after is not None:
+                by = min(by, after - self._ahead_ms)
+            self._store_succeeded_by_ms = (min(by, self._store_succeeded_by_ms) if self._succeeded
+                                           else by)
             self._succeeded[task.key] = task
             self.timetable.hold(task.key)
             return

@@ -36,6 +36,10 @@ class EngineSettings:
     # Mark a task released up to this long before it is due, and send it at its due time
     # from a thread of its own (see ``ontime``); 0 marks and sends it in one go once due.
     release_ahead_seconds: float = 0.0
+    # Store successes up to this long after they are read, so that those of neighbouring
+    # steps share a request; never later than the next task of their ordering id needs
+    # (it is marked once its predecessor's success is stored). 0 stores them every step.
+    finish_linger_seconds: float = 0.0
 
 
 @dataclass

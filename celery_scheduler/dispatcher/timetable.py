@@ -249,6 +249,14 @@ class Timetable:
             self._per_partition.pop(partition, None)
         return dropped
 
+    def successor_due_ms(self, key: TaskKey) -> int | None:
+        """When the task after *key* in its ordering id is due; None if none is loaded."""
+        queue = self._queues.get(key.ordering_id)
+        if queue is None:
+            return None
+        after = [t for _, t in queue.tasks[:2] if t.key != key]
+        return after[0].due_ms if after else None
+
     def waiting_after(self, task: Loaded) -> list[Loaded]:
         """The loaded tasks of *task*'s ordering id that come after it and are not in flight."""
         queue = self._queues.get(task.key.ordering_id)

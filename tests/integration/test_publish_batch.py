@@ -121,3 +121,26 @@ def test_a_batch_cut_off_may_have_been_sent_and_one_without_a_connection_was_not
         assert broker.queued_task_ids() == [release.key.task_id for _, release in again]
     finally:
         publisher.close()
+
+
+def test_one_redis_client_serves_every_step(broker: PrivateRedis,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[object] = []
+    original = redis.Redis.__init__
+
+    def counting(self: redis.Redis, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(redis.Redis, "__init__", counting)
+    publisher = Publisher(_app(broker.url), lease_seconds=300)
+    try:
+        steps = [_items(i * 10, 10) for i in range(20)] + [_items(200 + i, 1) for i in range(20)]
+        for items in steps:
+            assert publisher.publish_many(items) == [None] * len(items)
+        assert len(made) <= 2, f"{len(made)} Redis clients made for {len(steps)} steps"
+        assert broker.queued_task_ids() == [release.key.task_id for items in steps
+                                            for _, release in items]
+    finally:
+        publisher.close()
+

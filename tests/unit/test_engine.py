@@ -493,6 +493,34 @@ def test_a_due_task_is_released_before_the_successes_of_the_step_are_recorded(
     assert h.engine.timetable.is_in_flight(after)
 
 
+def test_successes_linger_to_share_a_request_but_not_past_the_next_task_of_their_ordering_id(
+        clock: Clock) -> None:
+    calls: list[str] = []
+    store = _RecordingStore(calls)
+    h = Harness(store, clock, finish_linger_seconds=0.2)
+    first, second = h.schedule("a", 0), h.schedule("b", 0)
+    h.step()
+    h.report(first, 1, True)
+    h.step(50)
+    h.report(second, 1, True)
+    h.step(100)
+    assert "finish_many" not in calls  # the first, read at 50 ms, has waited 100 ms of 200
+    assert h.engine.timetable.is_in_flight(first)  # its ordering id is held meanwhile
+    h.step(100)
+    assert calls.count("finish_many") == 1  # both in one request
+    assert store.status(first).state is State.SUCCEEDED  # type: ignore[union-attr]
+    assert store.status(second).state is State.SUCCEEDED  # type: ignore[union-attr]
+    # a success whose ordering id has a task due is stored in the step that reads it, so
+    # that task goes at once
+    third, after = h.schedule("c", 200), h.schedule("c", 260)
+    h.step()
+    h.report(third, 1, True)
+    calls.clear()
+    h.step(60)
+    assert calls.count("finish_many") == 1
+    assert h.engine.timetable.is_in_flight(after)
+
+
 def test_a_task_written_within_what_is_loaded_needs_no_schedule_read(clock: Clock) -> None:
     calls: list[str] = []
     h = Harness(_RecordingStore(calls), clock)

@@ -79,7 +79,7 @@ def test_a_task_is_marked_ahead_and_sent_at_its_due_time_not_before() -> None:
     store, sends = MemoryScheduleStore(), Sends()
     engine = engine_with(store, sends)
     try:
-        due = now_ms() + AHEAD_MS - 100
+        due = now_ms() + AHEAD_MS // 2
         key = schedule(store, engine, "a", due)
         engine.step()
         status = store.status(key)
@@ -93,6 +93,39 @@ def test_a_task_is_marked_ahead_and_sent_at_its_due_time_not_before() -> None:
         assert engine.released_count == 0
         engine.step()  # the Sent event
         assert engine.released_count == 1
+    finally:
+        engine.stop()
+
+
+def test_marking_waits_for_the_first_task_to_come_near_and_takes_all_due_within_ahead() -> None:
+    class CountingStore(MemoryScheduleStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.marks: list[int] = []
+
+        def mark_released_many(self, releases, now_ms):  # type: ignore[no-untyped-def]
+            self.marks.append(len(releases))
+            super().mark_released_many(releases, now_ms)
+
+    store, sends = CountingStore(), Sends()
+    engine = Engine(store, sends, "owner-1", EngineSettings(
+        tick_seconds=0.01, release_ahead_seconds=1.0, lease_seconds=LEASE_MS / 1000))
+    engine.assign([0])
+    engine.step()
+    try:
+        start = now_ms()
+        first = schedule(store, engine, "a", start + 800)
+        second = schedule(store, engine, "b", start + 950)
+        engine.step()
+        assert store.marks == []  # both within a second, neither within 600 ms yet
+        wait_for(lambda: now_ms() >= start + 210)
+        engine.step()
+        assert store.marks == [2]  # the first came within 600 ms: both marked at once
+        for key in (first, second):
+            status = store.status(key)
+            assert status is not None and status.state is State.RELEASED
+        wait_for(lambda: second in sends.at)
+        assert sends.at[first] >= start + 800 and sends.at[second] >= start + 950
     finally:
         engine.stop()
 
@@ -120,7 +153,7 @@ def test_a_release_whose_lease_is_not_certain_at_its_due_time_is_put_back_unspen
 def test_a_revocation_sends_what_was_marked_ahead_before_it_gives_the_lease_up() -> None:
     store, sends = MemoryScheduleStore(), Sends()
     engine = engine_with(store, sends)
-    due = now_ms() + 250
+    due = now_ms() + AHEAD_MS // 2
     key = schedule(store, engine, "a", due)
     engine.step()
     assert key not in sends.at
