@@ -188,7 +188,8 @@ class Engine(LeaseUpkeep, Settling):
         # Tasks already loaded and due go first: recording successes, lease upkeep and
         # schedule reads are store round trips that would otherwise stand between a due time
         # and its release. An ordering id whose task succeeded stays blocked until its
-        # success is recorded just after, and its next task goes at the end of the step.
+        # success is recorded (just after, when its next task is due; otherwise once the
+        # successes have lingered), and its next task goes at the end of that step.
         self._release_due()
         self._store_succeeded(lingering=True)
         watch.lap("release")
