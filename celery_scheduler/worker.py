@@ -26,6 +26,8 @@ import functools
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import signals
@@ -55,16 +57,24 @@ _installed = threading.Lock()
 _hooks_connected = False
 
 
+# A worker's producer whose outcomes have all failed for this long (seconds) is replaced.
+# Long chaos runs left some producers, after a Kafka restart, failing every record for many
+# minutes while other processes wrote to the same broker; each of those outcomes cost its
+# task a second run once its lease ended. During a real outage a new producer fails the
+# same way, and making one costs little.
+REPLACE_AFTER_SECONDS = 10.0
+
+
 class OutcomeProducer:
     """Produces outcomes to the outcomes topic without waiting; one per worker process.
 
     The Kafka client batches and retries in its own thread (``acks=all``, idempotent); a
     record it could not deliver is logged, and its task released again when its lease ends.
+    A producer that reported a fatal error, or whose records have all failed for
+    ``REPLACE_AFTER_SECONDS``, is replaced by a new one at the next outcome.
     """
 
-    def __init__(self, settings: Settings) -> None:
-        from confluent_kafka import Producer
-
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         from celery_scheduler.tasklog.kafka import client_config
 
         config = client_config(settings.kafka_bootstrap_servers, settings.kafka_options)
@@ -72,33 +82,76 @@ class OutcomeProducer:
         # a record per request costs the broker more CPU than the task: gather a few ms' worth.
         config.setdefault("linger.ms", 5)
         config.update({"acks": "all", "enable.idempotence": True,
-                       "delivery.timeout.ms": max(1000, int(settings.lease_seconds * 1000 / 2))})
+                       "delivery.timeout.ms": max(1000, int(settings.lease_seconds * 1000 / 2)),
+                       "error_cb": self._on_error})
         self.topic = outcome_topic(settings.kafka_topic)
-        self._producer = Producer(config)
+        self._config = config
+        self._clock = clock
         self._lock = threading.Lock()
+        self._generation = 0  # of the producer in use; reports of replaced ones are only logged
+        self._failing_since: float | None = None  # first failed report since the last success
+        self._fatal: Any = None
+        self.replaced = 0
+        self._producer = self._new_producer()
+
+    def _new_producer(self) -> Any:
+        from confluent_kafka import Producer
+
+        return Producer(self._config)
 
     def send(self, outcome: Outcome) -> None:
         with self._lock:
+            self._replace_if_broken()
+            on_delivery = functools.partial(self._delivered, self._generation)
             try:
                 self._producer.produce(self.topic, outcome.encode(),
                                        key=outcome.key.ordering_id.encode("utf-8"),
-                                       partition=outcome.partition, on_delivery=_delivered)
+                                       partition=outcome.partition, on_delivery=on_delivery)
             except BufferError:
                 self._producer.poll(1.0)  # the client's queue is full: let it drain a moment
                 self._producer.produce(self.topic, outcome.encode(),
                                        key=outcome.key.ordering_id.encode("utf-8"),
-                                       partition=outcome.partition, on_delivery=_delivered)
+                                       partition=outcome.partition, on_delivery=on_delivery)
             self._producer.poll(0)  # serve the reports of earlier records
 
     def flush(self, timeout: float) -> int:
         with self._lock:
             return int(self._producer.flush(timeout))
 
+    def _on_error(self, error: Any) -> None:
+        if error.fatal():
+            self._fatal = error  # replaced at the next outcome
 
-def _delivered(error: Any, message: Any) -> None:
-    if error is not None:
+    def _delivered(self, generation: int, error: Any, message: Any) -> None:
+        if error is None:
+            if generation == self._generation:
+                self._failing_since = None
+            return
         logger.warning("an outcome did not reach Kafka (%s); its task runs again when its lease "
                        "ends", error)
+        if generation == self._generation and self._failing_since is None:
+            self._failing_since = self._clock()
+
+    def _replace_if_broken(self) -> None:
+        """Replace the producer (the lock held) if it is broken; what it held is dropped."""
+        if self._fatal is not None:
+            reason = f"fatal error: {self._fatal.str()}"
+        elif (self._failing_since is not None
+              and self._clock() - self._failing_since > REPLACE_AFTER_SECONDS):
+            reason = f"no outcome acknowledged for {self._clock() - self._failing_since:.0f}s"
+        else:
+            return
+        old, self._producer = self._producer, self._new_producer()
+        self._generation += 1
+        self._failing_since = self._fatal = None
+        self.replaced += 1
+        logger.warning("replaced the Kafka producer of outcomes (%s); the outcomes it held run "
+                       "again when their leases end", reason)
+        try:
+            old.purge()
+            old.poll(0)  # their reports are logged, and change nothing
+        except Exception:  # the old client may be in any state
+            logger.debug("purging the replaced producer failed", exc_info=True)
 
 
 _reporters: dict[tuple[int, str, str], OutcomeProducer] = {}

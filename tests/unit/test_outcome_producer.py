@@ -1,0 +1,114 @@
+"""A worker's outcome producer that stops delivering is replaced; outcomes go on through the new one.
+
+Long chaos runs left some workers' producers, after a Kafka restart, failing every outcome
+for many minutes while other processes wrote to the same broker: each of those tasks ran a
+second time once its lease ended. The producers here are fakes that report each record when
+polled, as the Kafka client does; the clock is the test's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from celery_scheduler import worker
+from celery_scheduler.config import Settings
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.wire import Outcome
+
+
+class FakeProducer:
+    """Reports each record at the next poll: delivered, or failed with *error*."""
+
+    def __init__(self, error: KafkaError | None = None) -> None:
+        self.error = error
+        self.produced: list[bytes] = []
+        self._unreported: list[Any] = []
+        self.purged = False
+
+    def produce(self, topic: str, value: bytes, key: bytes, partition: int, on_delivery: Any) -> None:
+        self.produced.append(value)
+        self._unreported.append(on_delivery)
+
+    def poll(self, timeout: float = 0) -> int:
+        reports, self._unreported = self._unreported, []
+        for report in reports:
+            report(self.error, None)
+        return len(reports)
+
+    def purge(self) -> None:
+        self.purged = True
+        self.error = KafkaError(KafkaError._PURGE_QUEUE)
+
+    def flush(self, timeout: float = 0) -> int:
+        return self.poll() * 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
+
+
+def _outcome(n: int) -> Outcome:
+    return Outcome(TaskKey("o1", 1_700_000_000_000 + n, "u"), 3, 1, True, None)
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
+    made: list[FakeProducer] = []
+
+    def new(self: worker.OutcomeProducer) -> FakeProducer:
+        made.append(FakeProducer())
+        return made[-1]
+
+    monkeypatch.setattr(worker.OutcomeProducer, "_new_producer", new)
+    return made
+
+
+def test_a_producer_whose_outcomes_keep_failing_is_replaced(made: list[FakeProducer]) -> None:
+    clock = Clock()
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
+    first = made[0]
+    first.error = TIMED_OUT
+    producer.send(_outcome(1))  # reported at once: failing from now
+    producer.send(_outcome(2))
+    clock.now += worker.REPLACE_AFTER_SECONDS / 2
+    producer.send(_outcome(3))
+    assert producer.replaced == 0  # failing, but not for long yet
+    clock.now += worker.REPLACE_AFTER_SECONDS
+    producer.send(_outcome(4))
+    assert producer.replaced == 1 and first.purged and len(made) == 2
+    assert made[1].produced == [_outcome(4).encode()]
+    # the replaced producer's late failures do not count against the new one
+    clock.now += worker.REPLACE_AFTER_SECONDS * 2
+    producer.send(_outcome(5))
+    producer.send(_outcome(6))
+    assert producer.replaced == 1 and len(made[1].produced) == 3
+
+
+def test_one_success_ends_a_run_of_failures(made: list[FakeProducer]) -> None:
+    clock = Clock()
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
+    made[0].error = TIMED_OUT
+    producer.send(_outcome(1))  # reported at once: failing from now
+    clock.now += worker.REPLACE_AFTER_SECONDS / 2
+    made[0].error = None
+    producer.send(_outcome(2))  # delivered
+    clock.now += worker.REPLACE_AFTER_SECONDS * 2
+    producer.send(_outcome(3))
+    assert producer.replaced == 0 and len(made) == 1
+
+
+def test_a_fatal_error_replaces_the_producer_at_the_next_outcome(made: list[FakeProducer]) -> None:
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    producer._on_error(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+    producer.send(_outcome(1))
+    assert producer.replaced == 1 and made[0].purged and made[1].produced == [_outcome(1).encode()]
