@@ -22,6 +22,7 @@ report lost with its worker costs a re-run when the lease ends, never a lost tas
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import logging
 import os
@@ -63,15 +64,19 @@ _hooks_connected = False
 # task a second run once its lease ended. During a real outage a new producer fails the
 # same way, and making one costs little.
 REPLACE_AFTER_SECONDS = 10.0
+# At most this many undelivered outcomes are kept to send again (the oldest go first); a
+# task whose outcome is lost runs again when its lease ends.
+UNDELIVERED_KEPT = 10_000
 
 
 class OutcomeProducer:
     """Produces outcomes to the outcomes topic without waiting; one per worker process.
 
-    The Kafka client batches and retries in its own thread (``acks=all``, idempotent); a
-    record it could not deliver is logged, and its task released again when its lease ends.
+    The Kafka client batches and retries in its own thread (``acks=all``, idempotent). An
+    outcome that is never delivered costs its task a second run when its lease ends.
     A producer that reported a fatal error, or whose records have all failed for
-    ``REPLACE_AFTER_SECONDS``, is replaced by a new one at the next outcome.
+    ``REPLACE_AFTER_SECONDS``, is replaced by a new one at the next outcome, which sends the
+    outcomes the old one did not deliver once more.
     """
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
@@ -91,6 +96,9 @@ class OutcomeProducer:
         self._generation = 0  # of the producer in use; reports of replaced ones are only logged
         self._failing_since: float | None = None  # first failed report since the last success
         self._fatal: Any = None
+        # Outcomes that failed on their first producer; the next one sends them once more.
+        self._undelivered: collections.deque[tuple[bytes, bytes, int]] = collections.deque(
+            maxlen=UNDELIVERED_KEPT)
         self.replaced = 0
         self._producer = self._new_producer()
 
@@ -102,17 +110,20 @@ class OutcomeProducer:
     def send(self, outcome: Outcome) -> None:
         with self._lock:
             self._replace_if_broken()
-            on_delivery = functools.partial(self._delivered, self._generation)
-            try:
-                self._producer.produce(self.topic, outcome.encode(),
-                                       key=outcome.key.ordering_id.encode("utf-8"),
-                                       partition=outcome.partition, on_delivery=on_delivery)
-            except BufferError:
-                self._producer.poll(1.0)  # the client's queue is full: let it drain a moment
-                self._producer.produce(self.topic, outcome.encode(),
-                                       key=outcome.key.ordering_id.encode("utf-8"),
-                                       partition=outcome.partition, on_delivery=on_delivery)
+            self._produce((outcome.encode(), outcome.key.ordering_id.encode("utf-8"),
+                           outcome.partition), retry=False)
             self._producer.poll(0)  # serve the reports of earlier records
+
+    def _produce(self, record: tuple[bytes, bytes, int], retry: bool) -> None:
+        value, key, partition = record
+        on_delivery = functools.partial(self._delivered, self._generation, record, retry)
+        try:
+            self._producer.produce(self.topic, value, key=key, partition=partition,
+                                   on_delivery=on_delivery)
+        except BufferError:
+            self._producer.poll(1.0)  # the client's queue is full: let it drain a moment
+            self._producer.produce(self.topic, value, key=key, partition=partition,
+                                   on_delivery=on_delivery)
 
     def flush(self, timeout: float) -> int:
         with self._lock:
@@ -122,15 +133,21 @@ class OutcomeProducer:
         if error.fatal():
             self._fatal = error  # replaced at the next outcome
 
-    def _delivered(self, generation: int, error: Any, message: Any) -> None:
+    def _delivered(self, generation: int, record: tuple[bytes, bytes, int], retry: bool,
+                   error: Any, message: Any) -> None:
         if error is None:
             if generation == self._generation:
                 self._failing_since = None
             return
-        logger.warning("an outcome did not reach Kafka (%s); its task runs again when its lease "
-                       "ends", error)
+        if not retry:
+            self._undelivered.append(record)  # sent again by the producer that replaces this one
+        else:
+            logger.warning("an outcome did not reach Kafka (%s); its task runs again when its "
+                           "lease ends", error)
         if generation == self._generation and self._failing_since is None:
             self._failing_since = self._clock()
+            logger.warning("outcomes are not reaching Kafka (%s); the producer is replaced if "
+                           "none is for %.0fs", error, REPLACE_AFTER_SECONDS)
 
     def _replace_if_broken(self) -> None:
         """Replace the producer (the lock held) if it is broken; what it held is dropped."""
@@ -145,13 +162,17 @@ class OutcomeProducer:
         self._generation += 1
         self._failing_since = self._fatal = None
         self.replaced += 1
-        logger.warning("replaced the Kafka producer of outcomes (%s); the outcomes it held run "
-                       "again when their leases end", reason)
         try:
             old.purge()
-            old.poll(0)  # their reports are logged, and change nothing
+            old.poll(0)  # reports the records it held as failed
         except Exception:  # the old client may be in any state
             logger.debug("purging the replaced producer failed", exc_info=True)
+        again = list(self._undelivered)
+        self._undelivered.clear()
+        logger.warning("replaced the Kafka producer of outcomes (%s); sending the %d outcomes it "
+                       "did not deliver again", reason, len(again))
+        for record in again:
+            self._produce(record, retry=True)
 
 
 _reporters: dict[tuple[int, str, str], OutcomeProducer] = {}

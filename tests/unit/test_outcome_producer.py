@@ -61,19 +61,25 @@ def _outcome(n: int) -> Outcome:
     return Outcome(TaskKey("o1", 1_700_000_000_000 + n, "u"), 3, 1, True, None)
 
 
+class Made(list[FakeProducer]):
+    """The producers made so far; each new one fails every record with ``error``."""
+
+    error: KafkaError | None = None
+
+
 @pytest.fixture
-def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
-    made: list[FakeProducer] = []
+def made(monkeypatch: pytest.MonkeyPatch) -> Made:
+    made = Made()
 
     def new(self: worker.OutcomeProducer) -> FakeProducer:
-        made.append(FakeProducer())
+        made.append(FakeProducer(made.error))
         return made[-1]
 
     monkeypatch.setattr(worker.OutcomeProducer, "_new_producer", new)
     return made
 
 
-def test_a_producer_whose_outcomes_keep_failing_is_replaced(made: list[FakeProducer]) -> None:
+def test_a_producer_whose_outcomes_keep_failing_is_replaced(made: Made) -> None:
     clock = Clock()
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
     first = made[0]
@@ -86,15 +92,16 @@ def test_a_producer_whose_outcomes_keep_failing_is_replaced(made: list[FakeProdu
     clock.now += worker.REPLACE_AFTER_SECONDS
     producer.send(_outcome(4))
     assert producer.replaced == 1 and first.purged and len(made) == 2
-    assert made[1].produced == [_outcome(4).encode()]
+    # what the first did not deliver goes again, before the new outcome
+    assert made[1].produced == [_outcome(n).encode() for n in (1, 2, 3, 4)]
     # the replaced producer's late failures do not count against the new one
     clock.now += worker.REPLACE_AFTER_SECONDS * 2
     producer.send(_outcome(5))
     producer.send(_outcome(6))
-    assert producer.replaced == 1 and len(made[1].produced) == 3
+    assert producer.replaced == 1 and len(made[1].produced) == 6
 
 
-def test_one_success_ends_a_run_of_failures(made: list[FakeProducer]) -> None:
+def test_one_success_ends_a_run_of_failures(made: Made) -> None:
     clock = Clock()
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
     made[0].error = TIMED_OUT
@@ -107,8 +114,26 @@ def test_one_success_ends_a_run_of_failures(made: list[FakeProducer]) -> None:
     assert producer.replaced == 0 and len(made) == 1
 
 
-def test_a_fatal_error_replaces_the_producer_at_the_next_outcome(made: list[FakeProducer]) -> None:
+def test_a_fatal_error_replaces_the_producer_at_the_next_outcome(made: Made) -> None:
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
     producer._on_error(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
     producer.send(_outcome(1))
     assert producer.replaced == 1 and made[0].purged and made[1].produced == [_outcome(1).encode()]
+
+
+def test_an_outcome_goes_once_more_through_the_next_producer_not_again_and_again(made: Made,
+                                                                               ) -> None:
+    made.error = TIMED_OUT  # Kafka delivers nothing
+    clock = Clock()
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
+    producer.send(_outcome(1))
+    producer.send(_outcome(2))
+    clock.now += worker.REPLACE_AFTER_SECONDS + 1
+    producer.send(_outcome(3))
+    assert producer.replaced == 1
+    assert made[1].produced == [_outcome(n).encode() for n in (1, 2, 3)]
+    clock.now += worker.REPLACE_AFTER_SECONDS + 1
+    producer.send(_outcome(4))
+    # 1 and 2 failed their second try: lost (their tasks run again at lease end); 3 goes on
+    assert producer.replaced == 2
+    assert made[2].produced == [_outcome(n).encode() for n in (3, 4)]
