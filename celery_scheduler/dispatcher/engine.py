@@ -220,9 +220,9 @@ class Engine(LeaseUpkeep, Settling):
         wait_ms = int(self.settings.tick_seconds * 1000)
         if self._succeeded:
             wait_ms = min(wait_ms, self._store_succeeded_by_ms - now)
-        next_due = self.timetable.next_due_ms()
-        if next_due is not None and self.timetable.in_flight_count() < self._window.size():
-            wait_ms = min(wait_ms, next_due - self._mark_lead_ms - now)
+        next_take = self.timetable.next_take_ms(self._mark_lead_ms)
+        if next_take is not None and self.timetable.in_flight_count() < self._window.size():
+            wait_ms = min(wait_ms, next_take - now)
         return max(0.0, wait_ms / 1000)
 
     def _drain_events(self, wait: float) -> None:
@@ -338,8 +338,8 @@ class Engine(LeaseUpkeep, Settling):
         room = self._window.size() - self.timetable.in_flight_count()
         if room <= 0:
             return
-        next_due = self.timetable.next_due_ms()
-        if next_due is None or next_due > now + self._mark_lead_ms:
+        next_take = self.timetable.next_take_ms(self._mark_lead_ms)
+        if next_take is None or next_take > now:
             return
         taken = self.timetable.take_due(now, min(room, self.settings.release_batch), self._ahead_ms)
         if not taken:

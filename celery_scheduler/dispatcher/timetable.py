@@ -86,6 +86,10 @@ class Timetable:
         self._by_key: dict[TaskKey, Loaded] = {}
         self._per_partition: dict[int, int] = {}
         self._heap: list[tuple[int, int, str]] = []  # (due_ms, tie, ordering id), lazily pruned
+        # Entries taken by no look ahead of their due time: heads whose earlier copy is still
+        # leased, and tasks put off. They wait here until due, so that a step looking ahead
+        # does not find them again and again.
+        self._parked: list[tuple[int, int, str]] = []
         self._tie = itertools.count()
         self._in_flight = 0  # queues with a task in flight
 
@@ -149,20 +153,22 @@ class Timetable:
         del self._by_key[task.key]
         self._per_partition[task.partition] -= 1
 
-    def _schedule(self, ordering_id: str, queue: _Queue) -> None:
+    def _schedule(self, ordering_id: str, queue: _Queue, park: bool = False) -> None:
         head = queue.head()
         if head is not None and queue.in_flight is None and not head.blocked:
-            heapq.heappush(self._heap, (head.due_ms, next(self._tie), ordering_id))
+            heapq.heappush(self._parked if park else self._heap,
+                           (head.due_ms, next(self._tie), ordering_id))
 
     def take_due(self, now_ms: int, limit: int | None = None, ahead_ms: int = 0) -> list[Loaded]:
         """Return the releasable tasks due by *now_ms* (one per ordering id), marked in flight.
 
         With *ahead_ms*, also those due within that much after *now_ms*, except a task whose
-        earlier release's lease has not ended: it is due only once that copy can no longer
-        be running.
+        earlier release's lease has not ended (it is due only once that copy can no longer
+        be running) and a task put off (``defer``) until a time not yet come.
         """
+        while self._parked and self._parked[0][0] <= now_ms:
+            heapq.heappush(self._heap, heapq.heappop(self._parked))
         released: list[Loaded] = []
-        awaiting: list[tuple[int, int, str]] = []
         while self._heap and self._heap[0][0] <= now_ms + ahead_ms:
             entry = heapq.heappop(self._heap)
             due_ms, _, ordering_id = entry
@@ -173,20 +179,32 @@ class Timetable:
             if head.due_ms != due_ms:  # stale entry; the current one is in the heap as well
                 continue
             if due_ms > now_ms and head.awaiting_outcome:
-                awaiting.append(entry)
+                heapq.heappush(self._parked, entry)
                 continue
             queue.in_flight = head
             self._in_flight += 1
             released.append(head)
             if limit is not None and len(released) >= limit:
                 break
-        for entry in awaiting:
-            heapq.heappush(self._heap, entry)
         return released
 
     def next_due_ms(self) -> int | None:
         """The earliest due time of a releasable head (may be stale-early, never late)."""
-        return self._heap[0][0] if self._heap else None
+        heads = [entries[0][0] for entries in (self._heap, self._parked) if entries]
+        return min(heads) if heads else None
+
+    def next_take_ms(self, ahead_ms: int) -> int | None:
+        """The earliest time a ``take_due(..., ahead_ms=ahead_ms)`` may return a task.
+
+        A task put off, or a head whose earlier copy is leased, counts at its due time, not
+        *ahead_ms* before it. May be early (stale entries), never late.
+        """
+        candidates = []
+        if self._heap:
+            candidates.append(self._heap[0][0] - ahead_ms)
+        if self._parked:
+            candidates.append(self._parked[0][0])
+        return min(candidates) if candidates else None
 
     def in_flight(self) -> list[Loaded]:
         return [q.in_flight for q in self._queues.values() if q.in_flight is not None]
@@ -200,12 +218,15 @@ class Timetable:
         return [t for t in self._by_key.values() if t.lease_until_ms > 0]
 
     def defer(self, key: TaskKey, until_ms: int) -> None:
-        """Put the in-flight *key* back unchanged, to be looked at again at *until_ms*."""
+        """Put the in-flight *key* back unchanged, to be looked at again at *until_ms*.
+
+        Not sooner: a look ahead of the due time does not take it before then.
+        """
         task = self._by_key[key]
         queue = self._queues[key.ordering_id]
         self._land(queue, task)
         task.not_before_ms = max(task.not_before_ms, until_ms)
-        self._schedule(key.ordering_id, queue)
+        self._schedule(key.ordering_id, queue, park=True)
 
     def retry_later(self, key: TaskKey, not_before_ms: int) -> None:
         """Put the in-flight *key* back as the head of its ordering id, due at *not_before_ms*."""

@@ -75,6 +75,39 @@ def test_take_due_ahead_takes_what_falls_due_within_it_but_no_task_whose_earlier
     assert table.take_due(1_100) == [leased]
 
 
+def test_what_an_ahead_look_may_not_take_yet_counts_at_its_due_time_not_ahead_of_it() -> None:
+    table = Timetable()
+    leased = loaded("c", 1_000, attempts=1, lease_until_ms=1_100)  # a previous owner's release
+    put_off = loaded("d", 900)
+    table.add(leased)
+    table.add(put_off)
+    assert table.take_due(900) == [put_off]
+    table.defer(put_off.key, 1_300)  # e.g. its partition's lease was not certain
+    assert table.next_take_ms(200) == 900  # the leased head, looked at 200 ms ahead
+    assert table.take_due(1_000, ahead_ms=200) == []
+    assert table.next_take_ms(200) == 1_100  # parked until due: no look ahead takes them
+    assert table.take_due(1_099, ahead_ms=200) == []
+    assert table.take_due(1_100, ahead_ms=200) == [leased]
+    assert table.take_due(1_299, ahead_ms=200) == []
+    assert table.take_due(1_300, ahead_ms=200) == [put_off]
+
+
+def test_the_engine_does_not_spin_while_a_previous_owners_release_nears_its_lease_end() -> None:
+    store, sends = MemoryScheduleStore(), Sends()
+    engine = engine_with(store, sends)
+    try:
+        start = now_ms()
+        engine.timetable.add(loaded("c", start - 1_000, attempts=1, lease_until_ms=start + 300))
+        steps = 0
+        while now_ms() < start + 250:
+            engine.step()
+            steps += 1
+        # at most one step per 10 ms tick, and the ones its outcome poll wakes (spinning: >1,000)
+        assert steps < 60, steps
+    finally:
+        engine.stop()
+
+
 def test_a_task_is_marked_ahead_and_sent_at_its_due_time_not_before() -> None:
     store, sends = MemoryScheduleStore(), Sends()
     engine = engine_with(store, sends)
