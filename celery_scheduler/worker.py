@@ -93,7 +93,7 @@ class OutcomeProducer:
         self._config = config
         self._clock = clock
         self._lock = threading.Lock()
-        self._generation = 0  # of the producer in use; reports of replaced ones are only logged
+        self._generation = 0  # of the producer in use; failures of replaced ones do not count
         self._failing_since: float | None = None  # first failed report since the last success
         self._fatal: Any = None
         # Outcomes that failed on their first producer; the next one sends them once more.
@@ -150,7 +150,8 @@ class OutcomeProducer:
                            "none is for %.0fs", error, REPLACE_AFTER_SECONDS)
 
     def _replace_if_broken(self) -> None:
-        """Replace the producer (the lock held) if it is broken; what it held is dropped."""
+        """Replace the producer (the lock held) if it is broken; the new one sends again what
+        the old one did not deliver."""
         if self._fatal is not None:
             reason = f"fatal error: {self._fatal.str()}"
         elif (self._failing_since is not None
