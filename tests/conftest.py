@@ -61,6 +61,12 @@ class WorkerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def kill(self) -> None:
+        """SIGKILL: where nothing is checked after it, this saves a RabbitMQ worker's slow exit."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()

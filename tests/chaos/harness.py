@@ -137,6 +137,9 @@ class Options:
     seed: int = 1
     gap: tuple[float, float] = (2.0, 5.0)  # seconds between faults of one lane
     window: float | None = None  # spread each lane's faults over this many seconds instead
+    # schedule the tasks over this many seconds instead of the span the faults are expected
+    # to take (EXPECTED_SECONDS): a run whose faults take less than that ends sooner
+    produce_seconds: float | None = None
     delay: tuple[float, float] = (1.0, 12.0)  # how far ahead a task is scheduled
     cancel_share: float = 0.05
     slow_share: float = 0.1  # tasks that run 50-500 ms
@@ -496,7 +499,7 @@ class Run:
         for _ in range(o.workers):
             self._start_worker()
         client = self._client()
-        window = expected_window(self.lanes)
+        window = o.produce_seconds or expected_window(self.lanes)
         rate = o.tasks / window
         self.say(f"== {o.tasks} tasks over {o.ordering_ids} ordering ids at {rate:.1f}/s for "
                  f"~{window:.0f}s; faults: {[[k for k, _ in lane] for lane in self.lanes]}")

@@ -27,6 +27,7 @@ def test_a_worker_with_celerys_defaults_is_told_what_to_change(start_worker, rab
     logged = warnings_of(worker)
     assert SOLO in logged and "prefetches 2 messages" in logged, worker.log()
     assert SOLO_ON_RABBITMQ in logged, worker.log()
+    worker.kill()  # a worker on RabbitMQ takes about 10 s to exit after SIGTERM
 
 
 def test_a_worker_set_up_as_the_readme_says_starts_without_warnings(start_worker, rabbitmq_url: str,
@@ -35,3 +36,4 @@ def test_a_worker_set_up_as_the_readme_says_starts_without_warnings(start_worker
                           env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url})
     assert "ready." in worker.log()
     assert warnings_of(worker) == "", worker.log()
+    worker.kill()
