@@ -28,7 +28,7 @@ app = Celery("release-message", broker="memory://", backend="cache+memory://",
 app.conf.task_routes = {"proj.routed": {"queue": "routed-by-app"}}
 
 
-@app.task(name="proj.defaults", queue="from-decorator", priority=3, time_limit=60,
+@app.task(name="proj.defaults", time_limit=60,
           soft_time_limit=50)
 def defaults(customer: str, kind: str = "") -> None:
     pass
@@ -118,5 +118,5 @@ def test_the_decorators_options_apply_unless_the_schedule_call_chose_others(
         published: list[dict[str, Any]]) -> None:
     _, chosen = both_ways(published, "proj.defaults", {"queue": "chosen", "time_limit": 20})
     assert chosen["routing_key"] == "chosen"
-    assert chosen["headers"]["timelimit"][0] == 20.0
-    assert chosen["properties"]["priority"] == 3
+    # the call's hard limit, the decorator's soft one
+    assert chosen["headers"]["timelimit"] == [20.0, 50]
