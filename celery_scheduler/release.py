@@ -112,10 +112,10 @@ def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[An
 
     The message, its routing and the publish signals are Celery's own (the same calls
     ``send_task`` makes, protocol 2). Left out is what only a caller waiting for the result
-    needs: the ``AsyncResult`` and the result backend's ``on_task_call`` (which has a Redis
-    result backend subscribe to every task's result channel, for ever, in the dispatcher);
-    the dispatcher reads outcomes from its own hook, never from the result backend. That is
-    about a third of a release's CPU.
+    needs: the ``AsyncResult`` and the result backend's ``on_task_call`` (with a Redis result
+    backend, a subscription to the task's result channel); the dispatcher reads outcomes
+    from its own hook, never from the result backend. On a Redis broker without a result
+    backend that is 10-15% of a release's publish CPU (``python -m benchmarks.publish_cost``).
     """
     amqp = app.amqp
     task_type = app._tasks.get(name)
