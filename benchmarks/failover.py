@@ -204,11 +204,11 @@ def _crash_rows(section: Section, system: str, what: str, crashes: list[Crash]) 
 
 def run(ctx: Context) -> list[Section]:
     five = Section("5", "Failover: SIGKILL one of two dispatchers under load")
-    runs = ctx.pick(1, 2)
+    runs = ctx.pick(1, 3)
     results = [_failover(ctx) for _ in range(runs)]
     resumed = Figure.of([r[0] for r in results], "s", 1)
     five.add("release resumed on the survivor after (it leased the last orphaned partition)",
-             resumed, "≤ 8 s", resumed.median <= 8)
+             resumed, "≤ 8 s in every run", resumed.high <= 8)
     five.add("the worst-hit task ran after (backlog caught up)", Figure.of([r[1] for r in results], "s", 1))
     five.add("lateness p99, tasks due from 2 s before to 15 s after the kill",
              Figure.of([r[2] for r in results], "ms"))
@@ -222,8 +222,16 @@ def run(ctx: Context) -> list[Section]:
         "resumed after = from the kill to the survivor's log line saying it holds the lease of "
         "the last partition it took over (it releases from a partition in the step it leases "
         "it). Bounded below by the Kafka session timeout (6 s) and the dead owner's partition "
-        "lease running out (scheduler_partition_lease_seconds, default 10 s, renewed every third "
-        "of it): a survivor may not release before that, or two could release one partition.",
+        "lease running out (scheduler_partition_lease_seconds, default 6 s, renewed every third "
+        "of it): a survivor may not release before that, or two could release one partition. "
+        "The target holds for the slowest run (with 3 runs, their p99).",
+        "tasks that never ran (within the wait, 20 s after the last one fell due): tasks the "
+        "killed dispatcher had marked released in Cassandra ahead of their due time "
+        "(scheduler_release_ahead_seconds, 0.5 s) but not yet sent, and the later tasks of "
+        "their ordering ids, which wait behind them. Nobody can tell whether such a task "
+        "was sent, so it is released again when its lease ends (scheduler_lease_seconds, "
+        "300 s by default), like any release whose worker died; the chaos suite checks "
+        "that every one runs.",
         "no peer: Celery eta= has no scheduler process of its own to fail over (its schedule "
         "lives in the workers, whose crash is 5b).",
         "worst-hit task = the longest any task due from 2 s before the kill on waited past "

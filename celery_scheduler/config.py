@@ -77,7 +77,9 @@ class Settings:
     retry_backoff_max: float = 600.0
     on_exhausted: str = "skip"  # "skip": mark failed, move on; "block": hold the ordering id
     lease_seconds: float = 300.0
-    partition_lease_seconds: float = 10.0  # dispatcher ownership of a partition
+    # dispatcher ownership of a partition; as long as Kafka's session timeout (6 s), so a
+    # killed dispatcher's partitions are free about when Kafka hands them on
+    partition_lease_seconds: float = 6.0
     max_loaded_per_partition: int = 5000  # tasks a dispatcher holds in memory per partition
     lookahead_seconds: float = 60.0  # how far ahead of now the schedule is loaded
     # tasks a dispatcher has released and not seen finish, at most; 0 follows the rate at

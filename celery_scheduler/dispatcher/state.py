@@ -21,7 +21,7 @@ __all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Per
 @dataclass(frozen=True)
 class EngineSettings:
     lease_seconds: float = 300.0  # a released task's lease
-    partition_lease_seconds: float = 10.0  # a partition's ownership lease
+    partition_lease_seconds: float = 6.0  # a partition's ownership lease
     on_exhausted: str = "skip"
     max_loaded: int = 5000  # per partition
     lookahead_seconds: float = 60.0
