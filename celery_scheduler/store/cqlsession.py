@@ -43,12 +43,18 @@ CONCURRENCY = 64
 # again as the outage lasted; a few seconds cost nothing while it is down.
 RECONNECT_DELAYS = (0.5, 5.0)
 # Writes share a request up to these limits (see packed): Cassandra warns of an unlogged
-# batch over 10 partitions or 5 KiB, and refuses one over 50 KiB.
+# batch over 10 partitions or 5 KiB, and refuses one over 50 KiB. It counts neither against
+# a batch whose writes all go to one partition: those are bounded by ALONE_BYTES instead.
 PACK_PARTITIONS = 10
 PACK_BYTES = 4096
 PACK_STATEMENTS = 100
-# A write's weight: the bytes of its text and blob values, and this for the rest.
+ALONE_BYTES = 32768
+# A write's weight, an upper bound of the size Cassandra counts for it: the bytes of its
+# text and blob values, CELL_WEIGHT for each value (a cell's timestamp and flags; a null
+# is a tombstone cell) and STATEMENT_WEIGHT for the row. Cassandra counted 271-275 bytes
+# for a pending status (14 values, 30 bytes of text) and 325-329 for a final one (15, 30).
 STATEMENT_WEIGHT = 16
+CELL_WEIGHT = 20
 
 
 # Lightweight transactions use the driver's own row factory: ``was_applied`` accepts only that.
@@ -70,9 +76,11 @@ def packed(writes: Sequence[Write]) -> list[list[Write]]:
     """*writes* grouped into as few requests as they fit, those of one Cassandra partition together.
 
     Cassandra applies the writes of one batch to one partition as one mutation, so a release
-    of a hundred tasks due in one minute is a few mutations, not two hundred. A request holds
-    at most PACK_PARTITIONS Cassandra partitions, PACK_BYTES of values and PACK_STATEMENTS
-    statements; a write heavier than PACK_BYTES is a request of its own.
+    of a hundred tasks due in one minute is a few mutations, not two hundred. A request of
+    several Cassandra partitions holds at most PACK_PARTITIONS of them, PACK_BYTES of weight
+    and PACK_STATEMENTS statements. The writes of one partition too heavy to share a request
+    go in requests of their own (at most PACK_STATEMENTS statements and ALONE_BYTES each),
+    as does a write heavier than PACK_BYTES.
     """
     requests: list[list[Write]] = []
     by_target: dict[Hashable, list[Write]] = {}
@@ -84,6 +92,9 @@ def packed(writes: Sequence[Write]) -> list[list[Write]]:
     current: list[Write] = []
     size = targets = 0
     for group in by_target.values():
+        if sum(write.weight for write in group) > PACK_BYTES:
+            requests.extend(_alone(group))
+            continue
         if current and targets >= PACK_PARTITIONS:
             requests.append(current)
             current, size, targets = [], 0, 0
@@ -99,8 +110,25 @@ def packed(writes: Sequence[Write]) -> list[list[Write]]:
     return requests
 
 
+def _alone(group: list[Write]) -> list[list[Write]]:
+    """The writes of one Cassandra partition in requests of their own."""
+    requests: list[list[Write]] = []
+    current: list[Write] = []
+    size = 0
+    for write in group:
+        if current and (size + write.weight > ALONE_BYTES or len(current) >= PACK_STATEMENTS):
+            requests.append(current)
+            current, size = [], 0
+        current.append(write)
+        size += write.weight
+    if current:
+        requests.append(current)
+    return requests
+
+
 def weight_of(params: Sequence[Any]) -> int:
-    return STATEMENT_WEIGHT + sum(len(value) for value in params if isinstance(value, (bytes, str)))
+    return (STATEMENT_WEIGHT + CELL_WEIGHT * len(params)
+            + sum(len(value) for value in params if isinstance(value, (bytes, str))))
 
 
 class CqlSession:

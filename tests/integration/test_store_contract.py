@@ -463,3 +463,30 @@ def test_operator_queries_count_backlog_per_bucket_and_list_an_ordering_id(
     assert (failed.key, failed.last_error) == (tasks[1].key, "boom")
     assert len(store.statuses_in_state(State.PENDING, 10)) == 3
     assert len(store.statuses_in_state(State.PENDING, 2)) == 2
+
+
+@pytest.mark.cassandra
+def test_batches_stay_under_cassandras_batch_size_warning(
+        cassandra_contact: str, unique_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Ingest, release and completion of 400 tasks of 100 ordering ids at once: each call's
+    # writes are packed into requests; none may be a batch Cassandra warns of (over 5 KiB
+    # across several partitions), which it would log, and the driver with it, every time.
+    host, port = cassandra_contact.rsplit(":", 1)
+    store = CassandraScheduleStore([host], unique_name, port=int(port), consistency="ONE",
+                                   serial_consistency="SERIAL", bucket_seconds=60)
+    try:
+        store.create_schema()
+        tasks = [envelope(f"order-{i % 100}", NOW + i * 50, f"u{i}", kwargs={"note": "x" * 200})
+                 for i in range(400)]
+        with caplog.at_level("WARNING", logger="cassandra"):
+            stored = [r for r in store.apply([Put(i % 12, e) for i, e in enumerate(tasks)], NOW)
+                      if isinstance(r, StoredTask)]
+            store.mark_released_many([(t, 1, NOW + 60_000) for t in stored], NOW)
+            store.finish_many(stored, State.SUCCEEDED, NOW + 1)
+        assert len(stored) == 400
+        assert [s.state for s in store.statuses([t.key for t in tasks])] == [State.SUCCEEDED] * 400
+        warned = [r.getMessage() for r in caplog.records if "Batch for" in r.getMessage()]
+        assert warned == []
+    finally:
+        store._session.execute(f"DROP KEYSPACE IF EXISTS {unique_name}")
+        store.close()

@@ -145,3 +145,19 @@ def test_writes_are_packed_by_cassandra_partition_into_few_requests() -> None:
     # a heavy write goes alone, the others around it keep their order
     heavy = Write(1, ("schedule", b"other"), PACK_BYTES, "heavy")
     assert packed([scattered[0], heavy, scattered[1]]) == [[heavy], [scattered[0], scattered[1]]]
+    # one partition's writes heavier together than PACK_BYTES: requests of their own, which
+    # Cassandra does not count against its batch size limits
+    bucket = [Write(0, ("schedule", b"b"), 400, i) for i in range(60)]
+    requests = packed(scattered[:2] + bucket)
+    assert [len(r) for r in requests] == [len(bucket), 2]
+    assert requests[0] == bucket
+
+
+def test_a_writes_weight_bounds_what_cassandra_counts_for_its_batch_size() -> None:
+    from celery_scheduler.store.cqlsession import weight_of
+
+    # a pending status: 14 values, 30 bytes of text; Cassandra counted up to 275 bytes
+    pending = (3, 7, None, "order-42", "u7", "pending", "bench.record", 3, 100, 0, None, None,
+               0, None)
+    assert len(pending) == 14 and weight_of(pending) >= 275
+    assert weight_of((b"x" * 300,)) >= 300
