@@ -152,7 +152,8 @@ class ScheduleHandle:
         """Ask for the task not to run; takes effect unless it was already released.
 
         A dispatcher releases a task up to ``scheduler_release_ahead_seconds`` (0.5 s)
-        before its due time (it sends it at that time): a cancel must reach it before then.
+        before its due time (the worker holds it until then): a cancel must reach it before
+        then.
         """
         self._client.publish(CancelEnvelope(self.key, self._client.clock()))
 

@@ -86,8 +86,11 @@ class Settings:
     # which outcomes come back (about two seconds of the workers' work waits in the broker)
     max_in_flight: int = 0
     # a due task is marked released in Cassandra up to this long before its due time, and
-    # sent to the broker at that time from a thread of its own (0: marked and sent once due)
+    # sent from a thread of its own (0: marked and sent once due) ...
     release_ahead_seconds: float = 0.5
+    # ... at once, its due time as Celery's eta for the worker to hold it until then; False:
+    # held by the dispatcher and sent at its due time
+    release_eta: bool = True
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
 
     # optional HMAC signing of records (see celery_scheduler.signing)

@@ -78,9 +78,14 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
     options.pop("task_id", None)  # sent as the task id below
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
+    now = now or dt.datetime.now(dt.timezone.utc)
+    due = dt.datetime.fromtimestamp(release.not_before_ms / 1000, dt.timezone.utc)
+    if due > now:
+        # sent ahead of its due time: the worker holds it until then, as for Celery's own eta
+        options["eta"] = due
     expires = options.pop("expires", None)
     if expires is not None:
-        options["expires"] = (now or dt.datetime.now(dt.timezone.utc)) + dt.timedelta(seconds=expires)
+        options["expires"] = max(now, due) + dt.timedelta(seconds=expires)
     if lease_seconds > 0:
         ceiling = max(1.0, lease_seconds - LEASE_MARGIN_SECONDS)
         options["time_limit"] = min(float(options.get("time_limit", ceiling)), ceiling)
@@ -128,6 +133,7 @@ def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[An
         options = dict(options)
     time_limit = options.pop("time_limit", None)
     soft_time_limit = options.pop("soft_time_limit", None)
+    eta = options.pop("eta", None)
     expires = options.pop("expires", None)
     ignore_result = options.pop("ignore_result", None)
     shadow = options.pop("shadow", None)
@@ -136,7 +142,7 @@ def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[An
         left = (expires - dt.datetime.now(dt.timezone.utc)).total_seconds()
         options["expiration"] = max(0.0, left)
     message = amqp.create_task_message(
-        task_id, name, args, kwargs, None, None, None, None, expires,
+        task_id, name, args, kwargs, None, eta, None, None, expires,
         CELERY_RETRIES_EXHAUSTED, None, None, None, app.thread_oid, time_limit,
         soft_time_limit, app.conf.task_send_sent_event, None, None,
         shadow, None, ignore_result=ignore_result, **options)

@@ -39,12 +39,14 @@ def _dumps(document: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Release:
-    """What the worker needs: which key and attempt, whose partition, and until when it may start.
+    """What the worker needs: which key and attempt, whose partition, and when it may start.
 
     ``lease_until_ms`` is the end of the attempt's lease: the dispatcher releases the key
     again then if no outcome came, so a copy of this message that a worker gets later (one
-    the broker gave back long after) is stale without asking anyone. 0 in headers written
-    before it was carried.
+    the broker gave back long after) is stale without asking anyone. ``not_before_ms`` is
+    the time the attempt was due: a release sent ahead of it carries it as Celery's ``eta``
+    too, and the worker holds the task until then. Both are 0 in headers written before
+    they were carried.
     """
 
     key: TaskKey
@@ -52,10 +54,11 @@ class Release:
     attempt: int
     epoch: int
     lease_until_ms: int = 0
+    not_before_ms: int = 0
 
     def header(self) -> str:
         return _dumps({**_key_fields(self.key), "p": self.partition, "a": self.attempt,
-                       "e": self.epoch, "l": self.lease_until_ms})
+                       "e": self.epoch, "l": self.lease_until_ms, "d": self.not_before_ms})
 
 
 def parse_header(value: object) -> Release | None:
@@ -65,7 +68,7 @@ def parse_header(value: object) -> Release | None:
     try:
         data = json.loads(value)
         return Release(_key_of(data), int(data["p"]), int(data["a"]), int(data["e"]),
-                       int(data.get("l", 0)))
+                       int(data.get("l", 0)), int(data.get("d", 0)))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 

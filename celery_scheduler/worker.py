@@ -39,7 +39,7 @@ from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.store.base import State
-from celery_scheduler.wire import HEADER, Outcome, outcome_topic, parse_header
+from celery_scheduler.wire import HEADER, Outcome, Release, outcome_topic, parse_header
 from celery_scheduler.worker_advice import warn_on_ready
 
 __all__ = ["OutcomeProducer", "guard_stale_releases", "install_worker_hooks",
@@ -227,8 +227,10 @@ def _redelivered(task: Any) -> bool:
 def is_current_release(task: Any) -> bool:
     """Whether *task*'s execution may run: not a release, or the key's current release."""
     release = parse_header(getattr(task.request, HEADER, None))
-    if release is None:
-        return True
+    return release is None or _is_current(task, release)
+
+
+def _is_current(task: Any, release: Release) -> bool:
     if release.lease_until_ms and now_ms() > release.lease_until_ms - STALE_MARGIN_MS:
         logger.warning("skipping a stale copy of %s (attempt %d): its lease has ended, so the key "
                        "is released again (or finished)", release.key, release.attempt)
@@ -251,15 +253,31 @@ def is_current_release(task: Any) -> bool:
     return current
 
 
+def _wait_until(due_ms: int) -> int:
+    """Sleep until *due_ms* (epoch ms); returns the time then.
+
+    A release sent ahead carries its due time as Celery's ``eta`` and the worker's timer
+    holds it until then, but that timer counts floating-point seconds of a monotonic clock
+    and may fire a fraction of a millisecond early: a task never starts before it is due.
+    """
+    while (now := now_ms()) < due_ms:
+        time.sleep((due_ms - now) / 1000)
+    return now
+
+
 def guard_stale_releases(task: Any) -> None:
     """Make *task* skip (Celery's ``Ignore``) executions that are not its key's current release."""
     run = task.run
 
     @functools.wraps(run)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        if not is_current_release(task):
+        release = parse_header(getattr(task.request, HEADER, None))
+        if release is not None and not _is_current(task, release):
             raise Ignore()
-        setattr(task.request, STARTED, now_ms())  # reported with the outcome
+        started = now_ms()
+        if release is not None and release.not_before_ms > started:
+            started = _wait_until(release.not_before_ms)
+        setattr(task.request, STARTED, started)  # reported with the outcome
         return run(*args, **kwargs)
 
     task.run = guarded

@@ -73,11 +73,15 @@ class Engine(LeaseUpkeep, Settling):
     def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
                  settings: EngineSettings | None = None,
                  clock: Clock | None = None, metrics: Metrics | None = None,
-                 publish_many: PublishMany | None = None) -> None:
+                 publish_many: PublishMany | None = None,
+                 sends_early: Callable[[Loaded], bool] | None = None) -> None:
         self.store = store
         self.publish = publish
         # the dispatcher sends a step's releases in one round trip where the broker allows
         self.publish_many: PublishMany = publish_many or (lambda items: publish_each(self.publish, items))
+        # Whether a task marked ahead may be sent before it is due: its message then carries
+        # its due time and the broker's consumer holds it until then (Celery's eta).
+        self._sends_early = sends_early or (lambda task: False)
         self.owner = owner
         self.settings = settings or EngineSettings()
         self.clock = clock or now_ms
@@ -404,12 +408,13 @@ class Engine(LeaseUpkeep, Settling):
             if attempt == 1:
                 task.first_released_ms = at
             task.next_poll_ms = 0
-            sending.append(Sending(task, Release(task.key, task.partition, attempt, partition.lease.epoch,
-                                                 at + lease_ms), due[task.key]))
+            release = Release(task.key, task.partition, attempt, partition.lease.epoch, at + lease_ms,
+                              due[task.key])
+            sending.append(Sending(task, release, due[task.key], self._sends_early(task)))
         if not sending:
             return
         if self._sender is not None:
-            self._sender.hand(sending)  # sent at their due time; Sent comes back as an event
+            self._sender.hand(sending)  # sent on time; Sent comes back as an event
             return
         results = self.publish_many([(item.task, item.release) for item in sending])
         self._sent(list(zip(sending, results, strict=True)), now)

@@ -1,12 +1,14 @@
-"""Sending marked releases at their due time, from a thread of its own.
+"""Sending marked releases on time, from a thread of its own.
 
 A task is marked released in the store before anything may run it, and that round trip
 waits behind whatever else the engine thread is doing (recording successes, renewing
 leases, reading the schedule). Sent the moment it is marked, a task is as late as all of
 that. With ``release_ahead_seconds`` the engine marks a task that much before it is due and
-hands it here; this thread sends it to the broker at its due time, never before. Its
-lateness is then the broker's and the worker's, and the engine's next batch is marked
-while this one is sent.
+hands it here. A Celery task is sent at once, its due time as the message's ``eta``: the
+worker holds it until then, as it holds any task sent with ``eta=``, so its lateness is the
+worker's timer's, and the tasks marked together go to the broker in one round trip. A
+message for a topic (Kafka delivery) has no such hold: this thread sends it at its due
+time, never before. Either way the engine's next batch is marked while this one is sent.
 
 A release is sent only while its partition's lease is certain (the engine's fence, by this
 process's monotonic clock); otherwise it is reported not sent, and the engine puts the task
@@ -35,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 class OnTimeSender:
-    """Holds marked releases until they are due, then publishes them."""
+    """Holds marked releases until they may be sent (:attr:`Sending.send_ms`), then publishes them."""
 
     def __init__(self, publish_many: PublishMany, report: Callable[[Sent], None],
                  lease_certain: Callable[[int], bool], clock: Clock | None = None,
@@ -54,10 +56,10 @@ class OnTimeSender:
         self._thread.start()
 
     def hand(self, items: Iterable[Sending]) -> None:
-        """Send each of *items* at its due time (at once if that has passed)."""
+        """Send each of *items* once it may be (at once if that time has passed)."""
         with self._changed:
             for item in items:
-                heapq.heappush(self._heap, (item.due_ms, next(self._tie), item))
+                heapq.heappush(self._heap, (item.send_ms, next(self._tie), item))
                 self._waiting[item.task.partition] += 1
             self._changed.notify_all()
 
@@ -120,7 +122,7 @@ class OnTimeSender:
                 certain.append(index)
             else:
                 results[index] = ReleaseNotSentError(
-                    f"the lease of partition {item.task.partition} was not certain at the due time")
+                    f"the lease of partition {item.task.partition} was not certain when it was to be sent")
         if certain:
             try:
                 sent = self._publish_many([(due[i].task, due[i].release) for i in certain])

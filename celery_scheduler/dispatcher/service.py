@@ -108,6 +108,12 @@ def when_available(name: str, connect: Callable[[], T], deadline: float,
             delay = min(delay * 2, 10.0)
 
 
+def _held_by_worker(task: Loaded) -> bool:
+    """Whether *task*'s release may go to the broker before it is due: a Celery task's
+    worker holds it until its ``eta``; a delayed message's reader of the topic would not."""
+    return task.envelope.task != MESSAGE_TASK
+
+
 class Dispatcher:
     """Runs until :meth:`stop` is called (from a signal handler or another thread)."""
 
@@ -140,7 +146,8 @@ class Dispatcher:
         self.metrics = metrics or Metrics()
         self.publisher = releasing.Publisher(app, s.lease_seconds)  # used by one thread only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
-                             metrics=self.metrics, publish_many=self._publish_many)
+                             metrics=self.metrics, publish_many=self._publish_many,
+                             sends_early=_held_by_worker if s.release_eta else None)
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
         self.delivery = KafkaDelivery(base, self.engine.outcomes)

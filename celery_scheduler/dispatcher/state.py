@@ -88,11 +88,18 @@ PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
 
 @dataclass(frozen=True)
 class Sending:
-    """A release marked in the store, to be sent to the broker at *due_ms*."""
+    """A release marked in the store, to be sent to the broker at *due_ms*, or as soon as
+    it is marked if *early* (its message carries its due time, and the broker's consumer
+    holds it until then: Celery's ``eta``)."""
 
     task: Loaded
     release: Release
     due_ms: int
+    early: bool = False
+
+    @property
+    def send_ms(self) -> int:
+        return 0 if self.early else self.due_ms
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ def unique_seq(ordering_id: str, seq: int, *args: object, **kwargs: object) -> s
 @scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
 @app.task(name="dispatching.record")
 def record(ordering_id: str, seq: int, duration: float = 0.0, scheduled_for: float = 0.0) -> int:
-    log("start", ordering_id, seq, scheduled_for=scheduled_for)
+    # eta: the due time a release sent ahead of it carries (Celery's eta header), else None
+    log("start", ordering_id, seq, scheduled_for=scheduled_for, eta=app.current_task.request.eta)
     if duration:
         time.sleep(duration)
     log("end", ordering_id, seq)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
+from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import State
 from celery_scheduler.wire import HEADER, Release
 from tests.integration.dispatch_fixtures import Scheduler
@@ -57,6 +58,23 @@ def check_order_and_no_overlap(scheduler: Scheduler) -> dict[str, list[int]]:
     return order
 
 
+def test_a_release_that_reaches_its_worker_before_it_is_due_waits_until_then(
+        scheduler: Scheduler, schedule) -> None:
+    """A release sent ahead carries its due time (Celery's eta, and in its header); a copy
+    that reaches a worker early without the eta still does not start before it."""
+    scheduler.worker()
+    due = time.time() + 1.5
+    key = TaskKey("early", int(due * 1000), "seq-0")
+    release = Release(key, 0, 1, 1, key.scheduled_ms + 60_000, key.scheduled_ms)
+    schedule.app.send_task("dispatching.record", args=["early", 0], kwargs={"scheduled_for": due},
+                           task_id=key.task_id, headers={HEADER: release.header()},
+                           queue=scheduler.env["CELERY_SCHEDULER_TEST_QUEUE"])
+    scheduler.wait_for_starts(1, timeout=30)
+    [start] = scheduler.starts()
+    assert start["eta"] is None  # nothing held it but the hook
+    assert start["t"] >= key.scheduled_ms / 1000, f"started {key.scheduled_ms / 1000 - start['t']:.3f}s early"
+
+
 @both_brokers
 def test_tasks_run_on_time_in_order_per_ordering_id(scheduler: Scheduler, schedule) -> None:
     scheduler.dispatcher()
@@ -76,6 +94,13 @@ def test_tasks_run_on_time_in_order_per_ordering_id(scheduler: Scheduler, schedu
     lateness = [s["t"] - s["scheduled_for"] for s in scheduler.starts()]
     assert min(lateness) >= 0, "a task ran before its time"
     assert max(lateness) < 1.0, f"lateness {max(lateness):.3f}s"
+    # Marked ahead of their due time, they went to the broker at once, their due time as
+    # Celery's eta (one marked late would go without): the worker held them until then.
+    etas = [(dt.datetime.fromisoformat(s["eta"]), s["scheduled_for"])
+            for s in scheduler.starts() if s["eta"] is not None]
+    assert etas, "no release was sent ahead of its due time"
+    for eta, due in etas:
+        assert abs(eta.timestamp() - due) < 0.001, (eta, due)
     # completion is recorded: every key ends up succeeded
     wait_for_states(handles, State.SUCCEEDED)
 

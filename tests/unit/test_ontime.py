@@ -221,3 +221,55 @@ def test_the_sender_sends_each_release_at_its_due_time_in_due_order() -> None:
         assert isinstance(results["o200"], ReleaseNotSentError)  # partition 1's lease: not certain
     finally:
         sender.stop()
+
+
+def test_a_task_its_worker_holds_is_sent_once_marked_carrying_its_due_time() -> None:
+    store = MemoryScheduleStore()
+    releases: dict[TaskKey, tuple[int, Release]] = {}
+
+    def publish(task: Loaded, release: Release) -> None:
+        releases[task.key] = (now_ms(), release)
+
+    engine = Engine(store, publish, "owner-1", EngineSettings(
+        tick_seconds=0.01, release_ahead_seconds=AHEAD_MS / 1000, lease_seconds=LEASE_MS / 1000),
+        sends_early=lambda task: task.key.ordering_id != "topic")
+    engine.assign([0])
+    engine.step()
+    try:
+        due = now_ms() + AHEAD_MS // 2
+        early, held = schedule(store, engine, "a", due), schedule(store, engine, "topic", due)
+        engine.step()
+        wait_for(lambda: early in releases)
+        sent_at, release = releases[early]
+        assert sent_at < due  # gone to the broker before it is due ...
+        assert release.not_before_ms == due  # ... saying when it may start
+        assert release.lease_until_ms == due + LEASE_MS  # its lease still counts from its due time
+        assert held not in releases  # one the broker's consumer would not hold waits for its time
+        wait_for(lambda: held in releases)
+        assert releases[held][0] >= due and releases[held][1].not_before_ms == due
+    finally:
+        engine.stop()
+
+
+def test_the_sender_sends_an_early_release_at_once_but_not_without_a_certain_lease() -> None:
+    sent: list[Sent] = []
+    published: list[TaskKey] = []
+
+    def publish_many(items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
+        published.extend(task.key for task, _ in items)
+        return [None] * len(items)
+
+    sender = OnTimeSender(publish_many, sent.append, lambda partition: partition == 0)
+    try:
+        due = now_ms() + 60_000
+        items = [Sending(loaded(f"o{partition}", due, partition=partition),
+                         Release(TaskKey(f"o{partition}", due, "u"), partition, 1, 1, 0, due), due,
+                         early=True)
+                 for partition in (0, 1)]
+        sender.hand(items)
+        assert sender.settle([0, 1], timeout=2.0)  # a minute before they are due
+        assert published == [TaskKey("o0", due, "u")]
+        results = {item.task.partition: error for event in sent for item, error in event.results}
+        assert results[0] is None and isinstance(results[1], ReleaseNotSentError)
+    finally:
+        sender.stop()

@@ -22,6 +22,7 @@ from celery_scheduler.wire import Release
 
 KEY = TaskKey("customer-42", 1_893_456_000_000, "welcome")
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+RELEASE = Release(KEY, 3, 2, 7)
 
 app = Celery("release-message", broker="memory://", backend="cache+memory://",
              set_as_current=False)
@@ -60,12 +61,11 @@ def published() -> Iterator[list[dict[str, Any]]]:
     after_task_publish.disconnect(after)
 
 
-def both_ways(published: list[dict[str, Any]], task: str, options: dict[str, Any]
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
+def both_ways(published: list[dict[str, Any]], task: str, options: dict[str, Any],
+              release: Release = RELEASE) -> tuple[dict[str, Any], dict[str, Any]]:
     """The message Celery's send_task sends, then the one the dispatcher's path sends."""
     args, kwargs = encode_arguments(["customer-42"], {"kind": "welcome"})
     envelope = ScheduleEnvelope(KEY, task, args, kwargs, options)
-    release = Release(KEY, 3, 2, 7)
     with app.producer_or_acquire() as producer:
         original = app.send_task
         try:
@@ -120,3 +120,19 @@ def test_the_decorators_options_apply_unless_the_schedule_call_chose_others(
     assert chosen["routing_key"] == "chosen"
     # the call's hard limit, the decorator's soft one
     assert chosen["headers"]["timelimit"] == [20.0, 50]
+
+
+def test_a_release_sent_ahead_of_its_due_time_carries_it_as_celerys_eta(
+        published: list[dict[str, Any]]) -> None:
+    due = NOW + dt.timedelta(milliseconds=250)
+    ahead = Release(KEY, 3, 2, 7, 0, int(due.timestamp() * 1000))
+    celery, ours = both_ways(published, "proj.unregistered", {"expires": 600}, ahead)
+    assert comparable(ours) == comparable(celery)
+    assert ours["headers"]["eta"] == due.isoformat()
+    # an expiry counts from the due time, as it would for a release sent then
+    assert ours["headers"]["expires"] == (due + dt.timedelta(seconds=600)).isoformat()
+    # one already due is sent without: the worker runs it at once
+    late = Release(KEY, 3, 2, 7, 0, int(NOW.timestamp() * 1000) - 1)
+    published.clear()
+    _, now = both_ways(published, "proj.unregistered", {}, late)
+    assert now["headers"]["eta"] is None
