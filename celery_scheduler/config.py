@@ -88,9 +88,9 @@ class Settings:
     # a due task is marked released in Cassandra up to this long before its due time, and
     # sent from a thread of its own (0: marked and sent once due) ...
     release_ahead_seconds: float = 0.5
-    # ... at once, its due time as Celery's eta for the worker to hold it until then; False:
-    # held by the dispatcher and sent at its due time
-    release_eta: bool = True
+    # ... at its due time (False), or at once, its due time as Celery's eta for the worker
+    # to hold it until then (True; see docs/configuration.md for why it is not the default)
+    release_eta: bool = False
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
 
     # optional HMAC signing of records (see celery_scheduler.signing)

@@ -4,11 +4,12 @@ A task is marked released in the store before anything may run it, and that roun
 waits behind whatever else the engine thread is doing (recording successes, renewing
 leases, reading the schedule). Sent the moment it is marked, a task is as late as all of
 that. With ``release_ahead_seconds`` the engine marks a task that much before it is due and
-hands it here. A Celery task is sent at once, its due time as the message's ``eta``: the
-worker holds it until then, as it holds any task sent with ``eta=``, so its lateness is the
-worker's timer's, and the tasks marked together go to the broker in one round trip. A
-message for a topic (Kafka delivery) has no such hold: this thread sends it at its due
-time, never before. Either way the engine's next batch is marked while this one is sent.
+hands it here; this thread sends it at its due time, never before, while the engine's next
+batch is marked. With ``scheduler_release_eta`` a Celery task is sent at once instead, its
+due time as the message's ``eta``: the worker holds it until then, as it holds any task
+sent with ``eta=``, so its lateness is the worker's timer's, and the tasks marked together
+go to the broker in one round trip. A message for a topic (Kafka delivery) has no such
+hold and always waits for its due time here.
 
 A release is sent only while its partition's lease is certain (the engine's fence, by this
 process's monotonic clock); otherwise it is reported not sent, and the engine puts the task

@@ -44,6 +44,7 @@ app.conf.update(
     scheduler_retry_backoff_max=1.0,
     scheduler_max_attempts=3,
     scheduler_on_exhausted=os.environ.get("CELERY_SCHEDULER_TEST_ON_EXHAUSTED", "skip"),
+    scheduler_release_eta=os.environ.get("CELERY_SCHEDULER_TEST_RELEASE_ETA") == "1",
     task_default_queue=os.environ.get("CELERY_SCHEDULER_TEST_QUEUE", "dispatching"),
     # Celery reads this once, when the app first publishes: it cannot be changed later.
     # Workers keep accepting JSON only, whatever it is.
