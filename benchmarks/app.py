@@ -35,6 +35,8 @@ app.conf.update(
     scheduler_kafka_partitions=int(os.environ.get("BENCH_PARTITIONS", "12")),
     scheduler_cassandra_keyspace=os.environ.get("BENCH_KEYSPACE", "bench"),
     scheduler_lease_seconds=float(os.environ.get("BENCH_LEASE", "300")),
+    # BENCH_RELEASE_ETA=1 measures the eta mode (not the default) in any scenario
+    scheduler_release_eta=os.environ.get("BENCH_RELEASE_ETA") == "1",
     task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
     worker_prefetch_multiplier=int(os.environ.get("BENCH_PREFETCH", "4")),
     broker_connection_retry_on_startup=True,
