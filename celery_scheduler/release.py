@@ -79,13 +79,13 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
     now = now or dt.datetime.now(dt.timezone.utc)
-    due = dt.datetime.fromtimestamp(release.not_before_ms / 1000, dt.timezone.utc)
-    if due > now:
+    due = None
+    if release.not_before_ms > now.timestamp() * 1000:
         # sent ahead of its due time: the worker holds it until then, as for Celery's own eta
-        options["eta"] = due
+        due = options["eta"] = dt.datetime.fromtimestamp(release.not_before_ms / 1000, dt.timezone.utc)
     expires = options.pop("expires", None)
     if expires is not None:
-        options["expires"] = max(now, due) + dt.timedelta(seconds=expires)
+        options["expires"] = (due or now) + dt.timedelta(seconds=expires)
     if lease_seconds > 0:
         ceiling = max(1.0, lease_seconds - LEASE_MARGIN_SECONDS)
         options["time_limit"] = min(float(options.get("time_limit", ceiling)), ceiling)
