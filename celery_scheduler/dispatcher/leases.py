@@ -1,7 +1,8 @@
-"""Partition leases (fencing): taken for every assigned partition, renewed one per step, and
-let go when another owner has them or this process's ingest loop hangs. A partition is
-released from only while its lease is certainly valid by this process's own monotonic
-clock, and its writes are stamped no later than the lease's end (see ``write_fence``).
+"""Partition leases (fencing): taken for every assigned partition, renewed all together (one
+lightweight transaction on Cassandra) every third of their length, and let go when another
+owner has them or this process's ingest loop hangs. A partition is released from only while
+its lease is certainly valid by this process's own monotonic clock, and its writes are
+stamped no later than the lease's end (see ``write_fence``).
 """
 
 from __future__ import annotations
@@ -118,40 +119,50 @@ class LeaseUpkeep:
         if self._ingest_hangs():
             return
         ttl_ms = int(self.settings.partition_lease_seconds * 1000)
-        renewed_one = False
-        for number, partition in self.partitions.items():
-            mono = time.monotonic()
-            if partition.lease is None:
-                if mono < partition.next_attempt_mono:
-                    continue
-                partition.next_attempt_mono = mono + 0.5
-                try:
-                    lease = self.store.acquire_lease(number, self.owner, ttl_ms, self.clock())
-                except SchedulerError:
-                    logger.warning("could not take the lease of partition %d", number, exc_info=True)
-                    continue
-                if lease is None:
-                    self._writable.discard(number)  # another dispatcher holds it
-                else:
-                    self._hold(number, partition, lease, mono)
-                    logger.info("leased partition %d (epoch %d)", number, lease.epoch)
-                continue
-            age = mono - partition.lease_mono
-            if age < self.settings.partition_lease_seconds / 3:
-                continue
-            # Each renewal is a lightweight transaction (several round trips) on the thread
-            # that releases: spread them over steps, one per step, so no step waits for all
-            # of them at once, unless a lease is half gone (a slow step), then renew it now.
-            if renewed_one and age < self.settings.partition_lease_seconds / 2:
-                continue
-            renewed_one = True
-            try:
-                renewed = self.store.renew_lease(partition.lease, ttl_ms, self.clock())
-            except SchedulerError:
-                logger.warning("could not renew the lease of partition %d", number, exc_info=True)
-                continue
-            if renewed is None:
+        mono = time.monotonic()
+        wanted = [number for number, partition in self.partitions.items()
+                  if partition.lease is None and mono >= partition.next_attempt_mono]
+        if wanted:
+            self._take_leases(wanted, ttl_ms)
+        # A renewal is a lightweight transaction (several round trips) on the thread that
+        # releases, and the store renews any number of leases with one: when one is due,
+        # every lease held goes with it, so that they stay due together.
+        held = [(number, partition) for number, partition in self.partitions.items()
+                if partition.lease is not None]
+        if any(mono - partition.lease_mono >= self.settings.partition_lease_seconds / 3
+               for _, partition in held):
+            self._renew_leases(held, ttl_ms)
+
+    def _take_leases(self, wanted: list[int], ttl_ms: int) -> None:
+        mono = time.monotonic()
+        for number in wanted:
+            self.partitions[number].next_attempt_mono = mono + 0.5
+        try:
+            taken = self.store.acquire_leases(wanted, self.owner, ttl_ms, self.clock())
+        except SchedulerError:
+            logger.warning("could not take the leases of partitions %s", wanted, exc_info=True)
+            return
+        for number in wanted:
+            lease = taken.get(number)
+            if lease is None:
+                self._writable.discard(number)  # another dispatcher holds it
+            else:
+                self._hold(number, self.partitions[number], lease, mono)
+                logger.info("leased partition %d (epoch %d)", number, lease.epoch)
+
+    def _renew_leases(self, held: list[tuple[int, Partition]], ttl_ms: int) -> None:
+        mono = time.monotonic()
+        try:
+            renewed = self.store.renew_leases([partition.lease for _, partition in held
+                                               if partition.lease is not None],
+                                              ttl_ms, self.clock())
+        except SchedulerError:
+            logger.warning("could not renew the leases of partitions %s",
+                           [number for number, _ in held], exc_info=True)
+            return
+        for (number, partition), lease in zip(held, renewed, strict=True):
+            if lease is None:
                 logger.warning("lost the lease of partition %d to another dispatcher", number)
                 self._drop_lease(number, partition)
             else:
-                self._hold(number, partition, renewed, mono)
+                self._hold(number, partition, lease, mono)

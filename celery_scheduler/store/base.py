@@ -357,6 +357,25 @@ class ScheduleStore(abc.ABC):
     def renew_lease(self, lease: Lease, ttl_ms: int, now_ms: int) -> Lease | None:
         """Extend *lease*; None if it was lost (another owner took the partition)."""
 
+    def acquire_leases(self, partitions: Sequence[int], owner: str, ttl_ms: int, now_ms: int
+                       ) -> dict[int, Lease]:
+        """:meth:`acquire_lease` for each of *partitions*: the leases taken, by partition.
+
+        A store may take them together, all or none (the Cassandra store does): a partition
+        not taken this time is asked for again later.
+        """
+        taken = {}
+        for partition in partitions:
+            lease = self.acquire_lease(partition, owner, ttl_ms, now_ms)
+            if lease is not None:
+                taken[partition] = lease
+        return taken
+
+    def renew_leases(self, leases: Sequence[Lease], ttl_ms: int, now_ms: int) -> list[Lease | None]:
+        """:meth:`renew_lease` for each of *leases*, in order (the Cassandra store renews them
+        with one lightweight transaction)."""
+        return [self.renew_lease(lease, ttl_ms, now_ms) for lease in leases]
+
     @abc.abstractmethod
     def release_lease(self, lease: Lease) -> None:
         """Give *lease* up so the next owner need not wait for it to expire."""

@@ -3,7 +3,7 @@ id's rows. Scans and per-bucket counts, fine for a person's question, never on a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Lease, State, StoredTask, TaskStatus
@@ -23,11 +23,11 @@ class OperatorViews:
     if TYPE_CHECKING:  # the store's own
         def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]: ...
 
+        def _ring(self) -> dict[int, Any]: ...
+
     def leases(self) -> list[Lease]:
-        rows = self._cql.execute("read the partition leases",
-                                 "SELECT partition, owner, epoch, expires_at FROM {ks}.partition_lease", ())
-        return sorted((Lease(row.partition, row.owner or "", row.epoch or 0, to_ms(row.expires_at))
-                       for row in rows), key=lambda lease: lease.partition)
+        return [Lease(row.partition, row.owner or "", row.epoch or 0, to_ms(row.expires_at))
+                for _, row in sorted(self._ring().items())]
 
     def backlog(self, partition: int) -> tuple[int, int | None]:
         # an operator's query: one count per indexed bucket of the partition

@@ -30,7 +30,12 @@ from cassandra.query import BatchStatement, BatchType
 from celery_scheduler.errors import SchemaMissingError
 from celery_scheduler.store.cql import Statements, consistency_level, row_factory, translate_errors
 from celery_scheduler.store.fencing import FencedTimestamps
-from celery_scheduler.store.schema import OLD_STATUS_TABLE, check_identifier, keyspace_statements
+from celery_scheduler.store.schema import (
+    LEASES_TABLE,
+    OLD_STATUS_TABLE,
+    check_identifier,
+    keyspace_statements,
+)
 from celery_scheduler.store.status_layout import DEFAULT_SLOT_SECONDS, StatusLayout
 from celery_scheduler.store.upgrade import move_old_statuses
 
@@ -205,6 +210,14 @@ class CqlSession:
                 f"the scheduler's Cassandra keyspace {self.keyspace!r} keeps task statuses in "
                 f"{OLD_STATUS_TABLE!r}, as earlier versions did; stop the dispatchers and run "
                 "`celery -A <your app> scheduler init`, which moves them to 'key_status'")
+        with translate_errors("read the schema"):
+            leases = self._has_table(LEASES_TABLE)
+        if not leases:
+            raise SchemaMissingError(
+                f"the scheduler's Cassandra keyspace {self.keyspace!r} has no {LEASES_TABLE!r} "
+                "table, where this version keeps partition leases; run "
+                "`celery -A <your app> scheduler init` to add it (dispatchers of the earlier "
+                "version may keep running meanwhile)")
         self.status_layout()
 
     def status_layout(self) -> StatusLayout:
@@ -293,6 +306,16 @@ class CqlSession:
         statement.serial_consistency_level = self._serial
         with translate_errors(what):
             return self.session.execute(statement, params, execution_profile=LWT_PROFILE)
+
+    def conditional_batch(self, what: str, statements: Statements) -> bool:
+        """Apply *statements*, conditional writes of one Cassandra partition, as one lightweight
+        transaction: all of them if every condition holds, else none. Whether they were."""
+        batch = BatchStatement(consistency_level=self._consistency,
+                               serial_consistency_level=self._serial)
+        for cql, params in statements:
+            batch.add(self.prepare(cql), params)
+        with translate_errors(what):
+            return bool(self.session.execute(batch, execution_profile=LWT_PROFILE).was_applied)
 
     def close(self) -> None:
         self._cluster.shutdown()

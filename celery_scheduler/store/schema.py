@@ -17,11 +17,20 @@ from typing import Any
 
 from celery_scheduler.errors import ConfigurationError
 
-__all__ = ["OLD_STATUS_TABLE", "STATUS_COLUMNS", "check_identifier", "keyspace_statements"]
+__all__ = ["LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE", "STATUS_COLUMNS",
+           "check_identifier", "keyspace_statements"]
 
 # Where earlier versions kept statuses, one Cassandra partition a key: ``init`` copies its
 # rows into key_status, and a dispatcher refuses to start while it is there.
 OLD_STATUS_TABLE = "task_status"
+# Where partition leases are kept: every lease in one Cassandra partition (``ring``), so one
+# conditional batch, a single lightweight transaction, renews all of a dispatcher's leases.
+LEASES_TABLE = "leases"
+# Where earlier versions kept them, one Cassandra partition (and one lightweight transaction
+# a renewal) per partition. Dispatchers of this version retire each partition's row there
+# before leasing it (see store/cassandra_leases.py), so that one of an earlier version,
+# still running during an upgrade, can never take it.
+OLD_LEASE_TABLE = "partition_lease"
 # The columns of a status besides its key, as both tables name them (the old table may
 # lack the last four, added to it after its first version).
 STATUS_COLUMNS = ("state", "task", "partition", "bucket", "attempts", "last_error", "outcome",
@@ -114,8 +123,19 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             shards int,
             slot_seconds int
         )""",
-        # who may release a partition: written only with lightweight transactions
-        f"""CREATE TABLE IF NOT EXISTS {ks}.partition_lease (
+        # who may release a partition: written only with lightweight transactions. The ring
+        # is always 0: every lease shares one Cassandra partition (see LEASES_TABLE).
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{LEASES_TABLE} (
+            ring int,
+            partition int,
+            owner text,
+            epoch bigint,
+            expires_at timestamp,
+            PRIMARY KEY (ring, partition)
+        )""",
+        # the leases of earlier versions, each retired by the first dispatcher of this
+        # version that leases its partition (see OLD_LEASE_TABLE)
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{OLD_LEASE_TABLE} (
             partition int PRIMARY KEY,
             owner text,
             epoch bigint,

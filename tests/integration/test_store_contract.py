@@ -26,6 +26,8 @@ from celery_scheduler.store.base import (
     bucket_of,
 )
 from celery_scheduler.store.cassandra import CassandraScheduleStore
+from celery_scheduler.store.cassandra_leases import RETIRED_OWNER
+from celery_scheduler.store.cql import to_timestamp
 from celery_scheduler.store.memory import MemoryScheduleStore
 
 NOW = 1_893_456_000_000  # 2030-01-01T00:00:00Z
@@ -325,6 +327,52 @@ def test_partition_leases_fence_owners(store: ScheduleStore) -> None:
     store.release_lease(second)
     third = store.acquire_lease(7, "three", 10_000, NOW + 16_002)
     assert third is not None and third.epoch == 3
+
+
+def test_a_dispatchers_leases_are_taken_and_renewed_together(store: ScheduleStore) -> None:
+    taken = store.acquire_leases([1, 2, 3], "one", 10_000, NOW)
+    assert sorted(taken) == [1, 2, 3] and {lease.owner for lease in taken.values()} == {"one"}
+    # partition 2 is held: another dispatcher takes only the free one of those it asks for
+    assert list(store.acquire_leases([2, 4], "two", 10_000, NOW + 1)) == [4]
+    # once expired, partition 2 changes hands; the renewal of the others still goes through
+    assert store.acquire_lease(2, "two", 10_000, NOW + 11_000) is not None
+    renewed = store.renew_leases([taken[1], taken[2], taken[3]], 10_000, NOW + 11_001)
+    assert [lease.expires_ms if lease else None for lease in renewed] == [
+        NOW + 21_001, None, NOW + 21_001]
+    assert {lease.partition: (lease.owner, lease.epoch) for lease in store.leases()} == {
+        1: ("one", 1), 2: ("two", 2), 3: ("one", 1), 4: ("two", 1)}
+
+
+@pytest.mark.cassandra
+def test_a_keyspace_of_an_earlier_version_gets_the_leases_table_and_its_old_leases_retired(
+        cassandra_contact: str, unique_name: str) -> None:
+    host, port = cassandra_contact.rsplit(":", 1)
+    store = CassandraScheduleStore([host], unique_name, port=int(port), consistency="ONE",
+                                   serial_consistency="SERIAL")
+    try:
+        store.create_schema()
+        # a keyspace that `scheduler init` of an earlier version made has no leases table
+        store._session.execute(f"DROP TABLE {unique_name}.leases")
+        with pytest.raises(SchemaMissingError, match=r"'leases'.*scheduler init"):
+            store.check_schema()  # what a dispatcher does at start
+        store.create_schema()  # `scheduler init` of this version
+        store.check_schema()
+        old_leases = f"{unique_name}.partition_lease"
+        store._session.execute(f"INSERT INTO {old_leases} (partition, owner, epoch, expires_at)"
+                               " VALUES (5, 'old', 3, %s)", (to_timestamp(NOW + 10_000),))
+        assert store.acquire_lease(5, "new", 10_000, NOW) is None  # the earlier version holds it
+        assert store.acquire_lease(6, "new", 10_000, NOW) is not None  # never leased there
+        assert store.acquire_lease(5, "new", 10_000, NOW + 10_001) is not None  # let go
+        rows = {row.partition: row for row in store._session.execute(
+            f"SELECT partition, owner, epoch, expires_at FROM {old_leases}")}
+        # an earlier version takes a row only once it has expired: these never do
+        assert {(row.owner, row.epoch) for row in rows.values()} == {(RETIRED_OWNER, 4),
+                                                                       (RETIRED_OWNER, 1)}
+        assert all(row.expires_at.year == 9999 for row in rows.values())
+        assert [lease.partition for lease in store.leases()] == [5, 6]
+    finally:
+        store._session.execute(f"DROP KEYSPACE IF EXISTS {unique_name}")
+        store.close()
 
 
 @pytest.mark.cassandra

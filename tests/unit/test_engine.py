@@ -440,9 +440,13 @@ class _RecordingStore(MemoryScheduleStore):
         super().__init__()
         self.calls = calls
 
-    def renew_lease(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        self.calls.append("renew_lease")
-        return super().renew_lease(*args, **kwargs)  # type: ignore[arg-type]
+    def acquire_leases(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("acquire_leases")
+        return super().acquire_leases(*args, **kwargs)  # type: ignore[arg-type]
+
+    def renew_leases(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.calls.append("renew_leases")
+        return super().renew_leases(*args, **kwargs)  # type: ignore[arg-type]
 
     def read(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         self.calls.append("read")
@@ -472,7 +476,31 @@ def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_sche
     calls.clear()
     h.step(150)
     assert calls[0] == "publish", calls
-    assert "renew_lease" in calls and "read" in calls
+    assert "renew_leases" in calls and "read" in calls
+
+
+def test_leases_are_taken_and_renewed_all_at_once(clock: Clock) -> None:
+    calls: list[str] = []
+    store = _RecordingStore(calls)
+    h = Harness(store, clock)
+    h.engine.assign([1, 2, 3])
+    h.step()
+    assert calls.count("acquire_leases") == 1  # all four partitions, one request
+    assert [lease.partition for lease in store.leases()] == [0, 1, 2, 3]
+    h.engine.partitions[2].lease_mono -= 2.5  # one lease wants renewing (a third of 6 s) ...
+    calls.clear()
+    h.step()
+    assert calls.count("renew_leases") == 1  # ... and every lease goes with it
+    renewed = {n: p.lease_mono for n, p in h.engine.partitions.items()}
+    assert len(set(renewed.values())) == 1, renewed
+    # one lease taken meanwhile by another dispatcher is dropped; the others are kept
+    taken = store.leases()[3]
+    store.release_lease(taken)
+    assert store.acquire_lease(3, "owner-2", 60_000, clock()) is not None
+    h.engine.partitions[0].lease_mono -= 2.5
+    h.step()
+    assert [n for n, p in h.engine.partitions.items() if p.lease is not None] == [0, 1, 2]
+    assert not h.engine.may_persist(3) and h.engine.may_persist(0)
 
 
 def test_a_due_task_is_released_before_the_successes_of_the_step_are_recorded(
