@@ -12,6 +12,13 @@ is late by as long as it waits there. These Celery settings cause that without a
   takes messages only now and then, for tens of seconds, where prefork and threads workers
   take them at once. In the quick chaos run on RabbitMQ, solo workers started tasks 69 s
   late at the median (p99 93 s), threads workers 0.03 s (p99 22 s); README: Brokers.
+- **eta mode without an eta limit.** With ``scheduler_release_eta`` on, releases come ahead of
+  their due time as Celery eta messages, which Celery does not count against the prefetch
+  count: without ``worker_eta_task_limit`` a worker whose pool is busy with long tasks takes
+  every one sent its way, tasks a free worker could have run.
+- **eta mode on Redis.** kombu 5.7 makes a worker that holds unacknowledged messages exit
+  ("Unrecoverable error") when its Redis connection is lost, and in eta mode a worker nearly
+  always holds some: it needs a supervisor that starts it again.
 
 :func:`advice` is a pure function of the worker's settings; :func:`warn_on_ready` is the
 ``worker_ready`` signal handler that logs what it returns.
@@ -22,6 +29,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any
+
+from celery_scheduler.config import get_settings
 
 __all__ = ["WorkerSettings", "advice", "warn_on_ready"]
 
@@ -35,15 +44,20 @@ class WorkerSettings:
     transport: str  # kombu's driver type: "amqp" for RabbitMQ, "redis", ...
     pool: str  # the pool's name: "solo", "prefork", "threads", ...
     prefetch_count: int  # the count the worker starts with (0: unlimited)
+    release_eta: bool = False  # the app's scheduler_release_eta
+    eta_task_limit: int | None = None  # Celery's worker_eta_task_limit (None: no limit)
 
     @classmethod
     def of(cls, consumer: Any) -> WorkerSettings:
         """Read them from the ``sender`` of Celery's ``worker_ready`` signal (a Consumer)."""
         connection = consumer.connection or consumer.app.connection_for_read()
         pool = type(consumer.pool).__module__.rsplit(".", 1)[-1] if consumer.pool is not None else ""
+        limit = consumer.app.conf.get("worker_eta_task_limit")
         return cls(transport=str(getattr(connection.transport, "driver_type", "")),
                    pool=pool,
-                   prefetch_count=int(consumer.initial_prefetch_count or 0))
+                   prefetch_count=int(consumer.initial_prefetch_count or 0),
+                   release_eta=get_settings(consumer.app).release_eta,
+                   eta_task_limit=None if limit is None else int(limit))
 
 
 def advice(settings: WorkerSettings) -> list[str]:
@@ -61,6 +75,20 @@ def advice(settings: WorkerSettings) -> list[str]:
             "the solo pool on RabbitMQ stops taking messages for tens of seconds after the broker "
             "restarts, and released tasks wait beyond their leases. Use the prefork pool "
             "(Celery's default) or --pool=threads.")
+    if settings.release_eta and settings.eta_task_limit is None:
+        found.append(
+            "scheduler_release_eta is on and worker_eta_task_limit is not set: released tasks "
+            "arrive ahead of their due time as eta messages, which do not count against the "
+            "prefetch count, so this worker takes all that come its way even while its pool is "
+            "busy, and a free worker could have run them. Set worker_eta_task_limit (for example "
+            "to the prefetch count).")
+    if settings.release_eta and settings.transport == "redis":
+        found.append(
+            "scheduler_release_eta is on with Redis as the broker: kombu makes a worker holding "
+            "eta messages exit when its Redis connection is lost (\"Unrecoverable error\"), so "
+            "run this worker under a supervisor that starts it again (systemd, supervisord, "
+            "Kubernetes). Nothing is lost: its messages go back to the queue, or are released "
+            "again when their lease ends.")
     return found
 
 

@@ -57,3 +57,18 @@ def test_the_ready_handler_reads_a_consumer_and_logs_each_warning(caplog: pytest
     with caplog.at_level(logging.WARNING, logger="celery_scheduler.worker"):
         warn_on_ready(sender=consumer("redis://127.0.0.1:1/0", 1, "celery.concurrency.solo"))
     assert caplog.records == []
+
+
+def test_eta_mode_asks_for_an_eta_limit_on_any_broker_and_a_supervisor_on_redis() -> None:
+    (limit, supervisor) = advice(settings(release_eta=True))
+    assert "worker_eta_task_limit" in limit and "supervisor" in supervisor
+    (limit,) = advice(settings(transport="amqp", release_eta=True))
+    assert "worker_eta_task_limit" in limit
+    assert advice(settings(transport="amqp", release_eta=True, eta_task_limit=8)) == []
+    assert advice(settings(eta_task_limit=None)) == []  # not in eta mode: no eta messages
+
+
+def test_the_ready_handler_reads_the_eta_mode_and_limit_from_the_app() -> None:
+    sender = consumer("amqp://guest@127.0.0.1:1//", 8, "celery.concurrency.prefork")
+    sender.app.conf.update(scheduler_release_eta=True, worker_eta_task_limit=8)
+    assert WorkerSettings.of(sender) == WorkerSettings("amqp", "prefork", 8, True, 8)
