@@ -92,6 +92,9 @@ class Settings:
     # to hold it until then (True; see docs/configuration.md for why it is not the default)
     release_eta: bool = False
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
+    # while every record read is due more than 2 s ahead, a dispatcher keeps reading for up
+    # to this long before it writes them: fewer, larger batches at a light load (0: no wait)
+    ingest_linger_seconds: float = 1.0
 
     # optional HMAC signing of records (see celery_scheduler.signing)
     signing_keys: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -114,7 +117,8 @@ class Settings:
                 )
         for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds", "max_in_flight",
                      "eta_threshold_seconds", "release_ahead_seconds",
-                     "partition_lease_seconds", "lookahead_seconds", "startup_timeout"):
+                     "partition_lease_seconds", "lookahead_seconds", "startup_timeout",
+                     "ingest_linger_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")
         if self.signing_keys:

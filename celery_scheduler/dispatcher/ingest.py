@@ -17,6 +17,12 @@ and resumed once the engine holds the lease (see :meth:`Engine.may_persist`). Of
 committed asynchronously: a commit that never completes (the client can hang in a
 synchronous one after a broker restart) must not stop the loop, and a commit that is lost
 only means records are read and written again.
+
+At a light load a poll holds a few records of many partitions, and a key's status is read
+with one request per (partition, status slot): about one read a record. While every record
+of a batch is due more than ``URGENT_SECONDS`` ahead, the loop keeps reading for up to
+``linger_seconds`` (``scheduler_ingest_linger_seconds``), so that one batch writes what a
+second brings; a record due sooner ends the wait.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ __all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Reco
            "dead_letter_topic"]
 
 logger = logging.getLogger(__name__)
+
+# A batch holding a record due within this long is written without lingering for more.
+URGENT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,7 @@ class Ingest:
                  dead_letters: DeadLetterSink, partitions: Callable[[], int], *,
                  allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
                  max_bytes: int | None = None, batch_size: int = 1000,
-                 clock: Clock | None = None) -> None:
+                 linger_seconds: float = 0.0, clock: Clock | None = None) -> None:
         self.consumer = consumer
         self.store = store
         self.engine = engine
@@ -151,6 +160,7 @@ class Ingest:
         self.signer = signer
         self.max_bytes = max_bytes
         self.batch_size = batch_size
+        self.linger_seconds = linger_seconds
         self.clock = clock or now_ms
         self.persisted_count = 0
         self.paused: dict[int, str] = {}  # partition -> topic, paused until its lease is held
@@ -190,8 +200,11 @@ class Ingest:
         """Consume, persist and commit one batch; return how many records it held."""
         self.engine.ingest_alive()
         self._resume_leased()
+        decoded: dict[tuple[int, int], Envelope] = {}
         try:
             messages = self.consumer.consume(self.batch_size, timeout)
+            if messages and self.linger_seconds > 0:
+                messages = self._linger(messages, timeout, decoded)
         except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
             return 0
@@ -216,7 +229,7 @@ class Ingest:
                 continue
             first.setdefault(record.partition, record)
             last[record.partition] = record
-            envelope = self._check(record)
+            envelope = self._check(record, decoded.get((record.partition, record.offset)))
             if envelope is not None:
                 operation: Operation
                 if isinstance(envelope, CancelEnvelope):
@@ -254,7 +267,44 @@ class Ingest:
             return 0
         return len(messages)
 
-    def _check(self, record: Record) -> Envelope | None:
+    def _linger(self, messages: list[Message], timeout: float,
+                decoded: dict[tuple[int, int], Envelope]) -> list[Message]:
+        """*messages* and what is read after them, while none is due soon (see the module).
+
+        The envelopes decoded to find the due times are kept in *decoded*, by (partition,
+        offset), for ``_check``: it still checks every record before it is written.
+        """
+        until = time.monotonic() + self.linger_seconds
+        earliest = self._earliest_due(messages, decoded)
+        while len(messages) < self.batch_size:
+            left = min(until - time.monotonic(), (earliest - self.clock()) / 1000 - URGENT_SECONDS)
+            if left <= 0:
+                break
+            more = self.consumer.consume(self.batch_size - len(messages), min(timeout, left))
+            messages += more
+            earliest = min(earliest, self._earliest_due(more, decoded))
+        return messages
+
+    @staticmethod
+    def _earliest_due(messages: list[Message], decoded: dict[tuple[int, int], Envelope]) -> int:
+        """The earliest scheduled time (ms) of *messages*; 0 if one has none (a cancel, say)."""
+        earliest = 2**63 - 1
+        for message in messages:
+            value = message.value()
+            if message.error() is not None or not isinstance(value, bytes):
+                continue
+            try:
+                envelope = decode(value)
+            except EnvelopeDecodeError:
+                return 0  # dead-lettered once checked: no reason to wait
+            decoded[(message.partition() or 0, message.offset() or 0)] = envelope
+            # a cancel or a retry is written at once: a cancel must beat its task's release
+            if not isinstance(envelope, ScheduleEnvelope):
+                return 0
+            earliest = min(earliest, envelope.key.scheduled_ms)
+        return earliest
+
+    def _check(self, record: Record, envelope: Envelope | None = None) -> Envelope | None:
         if record.value is None:
             self.dead_letters.send(record, "record has no value")
             return None
@@ -269,11 +319,12 @@ class Ingest:
             if problem is not None:
                 self.dead_letters.send(record, problem)
                 return None
-        try:
-            envelope = decode(record.value)
-        except EnvelopeDecodeError as exc:
-            self.dead_letters.send(record, exc.reason)
-            return None
+        if envelope is None:
+            try:
+                envelope = decode(record.value)
+            except EnvelopeDecodeError as exc:
+                self.dead_letters.send(record, exc.reason)
+                return None
         key = record.key
         ordering_id = envelope.key.ordering_id
         if key is None or key != ordering_id.encode("utf-8"):

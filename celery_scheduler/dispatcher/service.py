@@ -186,7 +186,8 @@ class Dispatcher:
         self.ingest = Ingest(self.reader, self.store, self.engine,
                              DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
                              lambda: self._partitions, allowed=names.__contains__,
-                             signer=s.signer, max_bytes=s.max_envelope_bytes)
+                             signer=s.signer, max_bytes=s.max_envelope_bytes,
+                             linger_seconds=s.ingest_linger_seconds)
 
     @property
     def partition_count(self) -> int:
