@@ -280,7 +280,12 @@ class Ingest:
             left = min(until - time.monotonic(), (earliest - self.clock()) / 1000 - URGENT_SECONDS)
             if left <= 0:
                 break
-            more = self.consumer.consume(self.batch_size - len(messages), min(timeout, left))
+            try:
+                more = self.consumer.consume(self.batch_size - len(messages), min(timeout, left))
+            except TaskLogError as exc:
+                # what was read is past the consumer's position: it is written now, not lost
+                logger.warning("Kafka poll failed: %s", exc)
+                break
             messages += more
             earliest = min(earliest, self._earliest_due(more, decoded))
         return messages

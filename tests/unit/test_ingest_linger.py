@@ -8,12 +8,14 @@ from typing import Any
 
 from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, DeadLetters, Ingest
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
+from celery_scheduler.errors import TaskLogError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Operation, StoredTask
 from celery_scheduler.store.memory import MemoryScheduleStore
 from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
 
 LINGER = 0.3
+FAILS: list[Message] = []  # a chunk that makes the consume call raise
 
 
 class CountingStore(MemoryScheduleStore):
@@ -36,6 +38,9 @@ class Trickle(Consumer):
 
     def consume(self, count: int, timeout: float) -> list[Message]:
         self.calls += 1
+        if self.chunks and self.chunks[0] is FAILS:
+            self.chunks.pop(0)
+            raise TaskLogError("the broker went away")
         if not self.chunks:
             time.sleep(min(timeout, 0.05))
             return []
@@ -109,3 +114,16 @@ def test_without_a_linger_each_poll_writes_what_it_read() -> None:
 
     assert [ingest.poll_once() for _ in range(3)] == [1, 1, 1]
     assert store.applied == [1, 1, 1]
+
+
+def test_what_was_read_before_a_failed_poll_is_written() -> None:
+    """The consumer's position is past those records: dropping them would lose them."""
+    tasks = [_task(n, 60) for n in range(3)]
+    store = CountingStore()
+    consumer = Trickle([[_message(0, tasks[0]), _message(1, tasks[1])], FAILS, [_message(2, tasks[2])]])
+
+    assert _ingest(consumer, store).poll_once() == 2
+
+    assert store.applied == [2]
+    assert [tp.offset for batch in consumer.committed for tp in batch]  # and committed
+    assert store.status(tasks[0].key) is not None and store.status(tasks[1].key) is not None
