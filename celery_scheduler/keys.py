@@ -3,7 +3,8 @@
 A task key is (ordering id, scheduled time, uniqueness key). Scheduling the same key again
 overwrites the pending task; once the key completed it never runs again. Times are kept as
 integer milliseconds since the Unix epoch (UTC), Cassandra's timestamp resolution, so that a
-key read back from the store is equal to the key that was scheduled.
+key read back from the store is equal to the key that was scheduled. A time between two
+milliseconds is rounded up, so that a task never runs before the time it was given.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def to_epoch_ms(when: object, default_tz: dt.tzinfo) -> int:
 
     A naive datetime is read in *default_tz*: the scheduler passes Celery's ``app.timezone``,
     which is UTC unless the app sets ``timezone`` (the convention Celery uses for ``eta``).
+    A fraction of a millisecond rounds up: ``now() + timedelta(seconds=5)`` is never run
+    before those five seconds are up.
 
     >>> to_epoch_ms(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc), dt.timezone.utc)
     1893456000000
@@ -79,8 +82,8 @@ def to_epoch_ms(when: object, default_tz: dt.tzinfo) -> int:
         delta = aware - _EPOCH
     except (ArithmeticError, ValueError, TypeError) as exc:  # a tzinfo that fails, year 1
         raise ScheduleTimeError(f"scheduled time {when!r} cannot be read as UTC: {exc}") from None
-    ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-    if not 0 <= ms <= MAX_MS:
+    ms = (delta.days * 86_400 + delta.seconds) * 1000 - (-delta.microseconds // 1000)
+    if delta < dt.timedelta(0) or ms > MAX_MS:
         raise ScheduleTimeError(f"scheduled time {when.isoformat()} is before 1970 or unusable")
     return ms
 

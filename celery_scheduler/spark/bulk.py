@@ -28,9 +28,10 @@ __all__ = ["BulkResult", "schedule_dataframe"]
 
 # Columns of the intermediate result: the record for the topic, or why the row was refused.
 _ROW, _ERROR_TYPE, _ERROR = "row", "error_type", "error"
-# The at= column as epoch milliseconds, computed by Spark: a timestamp read in Python would
-# be in the executor's local time zone.
-_AT_MS = "__celery_scheduler_at_ms"
+# The at= column as epoch microseconds, computed by Spark: a timestamp read in Python would
+# be in the executor's local time zone. Python then rounds it to the millisecond as
+# schedule_at() does, so both paths give one time the same key.
+_AT_US = "__celery_scheduler_at_us"
 
 Columns = str | Sequence[str] | Mapping[str, str] | None
 
@@ -93,11 +94,11 @@ def _records(plan: _Plan, rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
     signer = plan.settings.signer
     for spark_row in rows:
         row = spark_row.asDict()
-        at_ms = row.pop(_AT_MS)
+        at_us = row.pop(_AT_US)
         try:
-            if at_ms is None:
+            if at_us is None:
                 raise ScheduleTimeError(f"{plan.at} = {row[plan.at]!r} is not a time")
-            at = dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc)
+            at = dt.datetime.fromtimestamp(0, dt.timezone.utc) + dt.timedelta(microseconds=at_us)
             options = _values(row, plan.options, positional=False) if plan.options else {}
             envelope = plan.task.build(
                 _values(row, plan.args, positional=True), _values(row, plan.kwargs, positional=False),
@@ -146,7 +147,7 @@ def schedule_dataframe(df: Any, task: Any, *, at: str, args: Columns = None, kwa
         raise ScheduleError(f"the at= column {at!r} is not in the DataFrame {df.columns}")
     schema = StructType([*record_fields(), StructField(_ROW, StringType()),
                          StructField(_ERROR_TYPE, StringType()), StructField(_ERROR, StringType())])
-    timed = df.withColumn(_AT_MS, (F.col(at).cast("timestamp").cast("double") * 1000).cast("long"))
+    timed = df.withColumn(_AT_US, F.unix_micros(F.col(at).cast("timestamp")))
     out = df.sparkSession.createDataFrame(
         timed.rdd.mapPartitions(lambda rows: _records(plan, rows)), schema).persist()
     try:

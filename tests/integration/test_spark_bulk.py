@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from celery_scheduler.envelope import decode
+from celery_scheduler.keys import to_epoch_ms
 from celery_scheduler.partitioner import partition_for
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.services import drop_scheduler
@@ -53,7 +54,7 @@ def test_a_dataframe_is_scheduled_row_by_row_with_refused_rows_kept(
     from celery_scheduler.spark import schedule_dataframe
 
     now = dt.datetime.now(UTC).replace(microsecond=0)
-    soon, later = now + dt.timedelta(seconds=45), now + dt.timedelta(days=1)
+    soon, later = now + dt.timedelta(seconds=45), now + dt.timedelta(days=1, microseconds=250)
     rows = []
     for n in range(ROWS):
         ordering_id, when = f"bulk-{n % 5000}", (soon if n < SAMPLE else later)
@@ -86,6 +87,10 @@ def test_a_dataframe_is_scheduled_row_by_row_with_refused_rows_kept(
             envelope = decode(value)
             assert partition == partition_for(envelope.key.ordering_id, PARTITIONS)
         seqs.update(decode(value).args[1] for value in values)
+    # Spark reads the timestamp to the microsecond and rounds it up as schedule_at does
+    envelopes = [decode(value) for values in found.values() for value in values]
+    later_keys = {envelope.key.scheduled_ms for envelope in envelopes if envelope.args[1] >= SAMPLE}
+    assert later_keys == {to_epoch_ms(later, UTC)} == {int(now.timestamp()) * 1000 + 86_400_001}
     assert seqs == {n for n in range(ROWS) if n % 1000 < 998}
 
     # the sample due now runs, once, though the job runs again

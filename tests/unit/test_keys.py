@@ -12,9 +12,16 @@ UTC = dt.timezone.utc
 
 
 def test_aware_datetimes_convert_exactly_to_milliseconds() -> None:
-    when = dt.datetime(2030, 1, 1, 0, 0, 0, 123_999, tzinfo=UTC)
+    when = dt.datetime(2030, 1, 1, 0, 0, 0, 123_000, tzinfo=UTC)
     assert to_epoch_ms(when, UTC) == 1_893_456_000_123
-    assert from_epoch_ms(1_893_456_000_123) == when.replace(microsecond=123_000)
+    assert from_epoch_ms(1_893_456_000_123) == when
+
+
+@pytest.mark.parametrize("microsecond", [122_001, 122_500, 122_999])
+def test_a_fraction_of_a_millisecond_rounds_up_so_a_task_is_never_early(microsecond: int) -> None:
+    when = dt.datetime(2030, 1, 1, 0, 0, 0, microsecond, tzinfo=UTC)
+    assert to_epoch_ms(when, UTC) == 1_893_456_000_123
+    assert from_epoch_ms(to_epoch_ms(when, UTC)) > when
 
 
 def test_naive_datetimes_are_read_in_the_given_zone() -> None:
@@ -37,7 +44,8 @@ def test_zones_with_localize_are_localized_not_replaced() -> None:
         dt.datetime(2030, 1, 1, 17, 0, tzinfo=UTC), UTC)
 
 
-@pytest.mark.parametrize("when", [dt.datetime(1960, 1, 1, tzinfo=UTC), dt.date(2030, 1, 1), "2030"])
+@pytest.mark.parametrize("when", [dt.datetime(1960, 1, 1, tzinfo=UTC), dt.date(2030, 1, 1), "2030",
+                                  dt.datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)])
 def test_unusable_times(when: object) -> None:
     with pytest.raises(ScheduleTimeError):
         to_epoch_ms(when, UTC)

@@ -9,7 +9,7 @@ from typing import Any
 from celery_scheduler.client import get_client
 from celery_scheduler.envelope import decode
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.spark.bulk import _AT_MS, _Plan, _records
+from celery_scheduler.spark.bulk import _AT_US, _Plan, _records
 from tests.unit.apps import app, remind
 
 
@@ -19,20 +19,21 @@ class Row(dict[str, Any]):
 
 
 def test_rows_become_the_records_a_schedule_call_would_produce_or_their_errors() -> None:
-    later = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(hours=1)
-    at_ms = int(later.timestamp() * 1000)
+    # a time between two milliseconds: both paths round it up to the same key
+    later = dt.datetime.now(dt.timezone.utc).replace(microsecond=123_456) + dt.timedelta(hours=1)
+    at_us = int(later.timestamp()) * 1_000_000 + 123_456
     plan = _Plan(remind, get_client(app).settings, 12, "when", ["who"], {"kind": "what"},
                  None, None, None)
-    rows = [Row(who="c1", what="welcome", when=later, **{_AT_MS: at_ms}),
-            Row(who="", what="x", when=later, **{_AT_MS: at_ms}),
-            Row(who="c3", what="x", when="soon", **{_AT_MS: None})]
+    rows = [Row(who="c1", what="welcome", when=later, **{_AT_US: at_us}),
+            Row(who="", what="x", when=later, **{_AT_US: at_us}),
+            Row(who="c3", what="x", when="soon", **{_AT_US: None})]
     good, empty, timeless = list(_records(plan, iter(rows)))
 
     key, value, partition, headers, *errors = good
     envelope = decode(value)
     expected = remind.build(["c1"], {"kind": "welcome"}, at=later)  # what schedule_at sends
     assert envelope == dataclasses.replace(expected, enqueued_ms=envelope.enqueued_ms)
-    assert envelope.key.scheduled_ms == at_ms
+    assert envelope.key.scheduled_ms == at_us // 1000 + 1
     assert key == b"c1" and partition == partition_for("c1", 12) and headers is None
     assert errors == [None, None, None]
     assert empty[:4] == (None, None, None, None) and empty[5] == "InvalidKeyError"
