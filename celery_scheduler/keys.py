@@ -24,7 +24,8 @@ MAX_KEY_LENGTH = 512
 # Namespace for the deterministic Celery task id of a task key (uuid5 of the key).
 TASK_ID_NAMESPACE = uuid.UUID("9b6f0c1e-6a53-4cf4-9e3c-2f0a7d3b8e51")
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_UTC = dt.timezone.utc
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
 MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z: the latest time a key holds
 
 
@@ -75,15 +76,17 @@ def to_epoch_ms(when: object, default_tz: dt.tzinfo) -> int:
             f"scheduled time must be a datetime, got {type(when).__name__} {when!r}; "
             "use schedule_in() for a delay in seconds or a timedelta"
         )
+    tz = when.tzinfo
     try:
-        aware = when if when.tzinfo is not None and when.utcoffset() is not None else (
+        # UTC, the usual zone, is the epoch's: subtracting needs no offsets then
+        aware = when if tz is _UTC or (tz is not None and when.utcoffset() is not None) else (
             _localize(when, default_tz)
         )
         delta = aware - _EPOCH
     except (ArithmeticError, ValueError, TypeError) as exc:  # a tzinfo that fails, year 1
         raise ScheduleTimeError(f"scheduled time {when!r} cannot be read as UTC: {exc}") from None
     ms = (delta.days * 86_400 + delta.seconds) * 1000 - (-delta.microseconds // 1000)
-    if delta < dt.timedelta(0) or ms > MAX_MS:
+    if delta.days < 0 or ms > MAX_MS:
         raise ScheduleTimeError(f"scheduled time {when.isoformat()} is before 1970 or unusable")
     return ms
 
