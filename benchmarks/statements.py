@@ -18,7 +18,9 @@ do not grow with the rate (lease renewals, schedule reads) show as their rate pe
 ``--rate 0`` schedules nothing: the CPU each part spends a second with the dispatcher and
 workers idle is the share of the per-task figures at light load that does not grow with
 the rate. ``--threads`` adds, for Cassandra and Kafka, the thread pools that took the most
-CPU (``benchmarks.threads``). ``--py-spy FILE`` samples the dispatcher with py-spy (installed
+CPU (``benchmarks.threads``), and for the dispatcher each thread's CPU and how often it
+was woken, per task (named from py-spy, if installed). ``--py-spy FILE`` samples the
+dispatcher with py-spy (installed
 separately: ``pip install py-spy``; ``--gil`` for only the thread holding the interpreter,
 which leaves out threads blocked in socket calls) over the same window, writes its collapsed stacks to FILE
 and prints the functions that took the most of its samples, by own time and with callees.
@@ -40,7 +42,7 @@ from benchmarks.context import feed, utc
 from benchmarks.cpu import _cpu_seconds, local_services
 from benchmarks.harness import stack
 from benchmarks.stats import percentile
-from benchmarks.threads import thread_cpu, top_groups
+from benchmarks.threads import TICKS, python_thread_names, thread_cpu, thread_switches, top_groups
 
 ORDERING_IDS = 1000
 LEAD = 5.0
@@ -70,6 +72,21 @@ def _requests(session: object) -> int:
 
 def _threads(pids: list[int]) -> dict[int, tuple[str, int]]:
     return {tid: thread for pid in pids for tid, thread in thread_cpu(pid).items()}
+
+
+def _dispatcher_threads(pid: int, before: tuple[dict[int, str], dict[int, tuple[str, int]],
+                                              dict[int, int]]
+                        ) -> list[tuple[str, float, int]]:
+    """Each busy thread of the dispatcher since *before*: its name, CPU seconds, switches."""
+    names, cpu, switches = before
+    cpu_after, switches_after = thread_cpu(pid), thread_switches(pid)
+    found = []
+    for tid, (native, ticks) in cpu_after.items():
+        used = (ticks - cpu.get(tid, ("", 0))[1]) / TICKS
+        woken = switches_after.get(tid, 0) - switches.get(tid, 0)
+        if used > 0:
+            found.append((names.get(tid, f"{native} {tid}"), used, woken))
+    return sorted(found, key=lambda thread: -thread[1])
 
 
 def _py_spy(pid: int, output: str, gil: bool) -> subprocess.Popen[bytes]:
@@ -108,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=100.0, help="tasks due a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long tasks fall due")
     parser.add_argument("--threads", action="store_true",
-                        help="the busiest thread pools of Cassandra and Kafka")
+                        help="the busiest thread pools of Cassandra and Kafka, and the dispatcher's threads")
     parser.add_argument("--py-spy", dest="py_spy", metavar="FILE",
                         help="sample the dispatcher with py-spy into FILE (collapsed stacks)")
     parser.add_argument("--gil", action="store_true",
@@ -128,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         requests_before = _requests(session)
         pools = {name: _threads(services[name]) for name in ("Cassandra", "Kafka")
                  if args.threads and services.get(name)}
+        own = (python_thread_names(dispatcher.pid), thread_cpu(dispatcher.pid),
+               thread_switches(dispatcher.pid)) if args.threads else None
         started = time.time()
         sampler = _py_spy(dispatcher.pid, args.py_spy, args.gil) if args.py_spy else None
 
@@ -162,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         requests = _requests(session) - requests_before
         busiest = {name: top_groups(before_threads, _threads(services[name]), elapsed)
                    for name, before_threads in pools.items()}
+        dispatcher_threads = _dispatcher_threads(dispatcher.pid, own) if own else []
     cluster.shutdown()
     per_task = max(total, 1)  # --rate 0: per task columns are not meaningful
     print(f"{total} tasks due at {args.rate:g}/s for {args.seconds:g}s, {ran} ran; "
@@ -179,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             **{name: after[name] - before[name] for name in after}}
     for name, seconds in used.items():
         print(f"  {name:12} {seconds * 1000 / per_task:8.3f} {seconds * 1000 / elapsed:8.1f}")
+    if dispatcher_threads:
+        print("  dispatcher threads: ms CPU a task, times woken a task")
+        for name, seconds, switches in dispatcher_threads:
+            print(f"    {name:32} {seconds * 1000 / per_task:7.3f} {switches / per_task:7.1f}")
     for name, groups in busiest.items():
         print(f"  {name} threads (ms CPU a second): "
               + ", ".join(f"{group} {ms:.0f}" for group, ms in groups))

@@ -3,7 +3,8 @@
 The JVM names its native threads after the Java ones (``CompactionExec``, ``Native-Transp``,
 ``GC Thread#0``, ...), so the groups show where Cassandra's or Kafka's CPU goes without a
 profiler attached: request handling, compaction, memtable flushes, garbage collection.
-Python threads have no native names before 3.14; a Python process shows as one group.
+Python threads have no native names before 3.14: :func:`python_thread_names` asks py-spy
+(when it is installed) for the names the threads have in Python.
 
 CPU is counted per thread and grouped by the name each thread has at the end of the window:
 Cassandra's shared pool threads rename themselves after the stage they work for
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["group_of", "thread_cpu", "top_groups"]
+__all__ = ["TICKS", "group_of", "python_thread_names", "thread_cpu", "thread_switches", "top_groups"]
 
-_TICKS = os.sysconf("SC_CLK_TCK")
+TICKS = os.sysconf("SC_CLK_TCK")  # of the utime and stime in /proc
 _NUMBERED = re.compile(r"[-_#:]?\d+$")
+_DUMPED_THREAD = re.compile(r'^Thread (?:0x[0-9a-fA-F]+ )?\(?(\d+)\)?.*?"([^"]*)"', re.MULTILINE)
 
 
 def group_of(name: str) -> str:
@@ -52,5 +56,37 @@ def top_groups(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, i
     grown: Counter[str] = Counter()
     for tid, (name, ticks) in after.items():
         grown[group_of(name)] += ticks - before.get(tid, ("", 0))[1]
-    return [(name, used * 1000 / _TICKS / seconds) for name, used in grown.most_common(count)
+    return [(name, used * 1000 / TICKS / seconds) for name, used in grown.most_common(count)
             if used > 0]
+
+
+def thread_switches(pid: int) -> dict[int, int]:
+    """Per thread of *pid*: the context switches it made so far (voluntary and not).
+
+    At a light load a thread's CPU grows with the times it is woken (each a hand-over
+    between threads or a round trip to a service), more than with the work it then does.
+    """
+    switches: dict[int, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        # voluntary_ctxt_switches: and nonvoluntary_ctxt_switches:
+        switches[int(task.name)] = sum(int(line.split()[1]) for line in lines
+                                       if "ctxt_switches:" in line)
+    return switches
+
+
+def python_thread_names(pid: int) -> dict[int, str]:
+    """The Python names of *pid*'s threads by native id, from ``py-spy dump``; empty
+    without py-spy (or if it cannot attach)."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        return {}
+    try:
+        dump = subprocess.run([py_spy, "dump", "--pid", str(pid), "--nonblocking"],
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(tid): name for tid, name in _DUMPED_THREAD.findall(dump)}
