@@ -38,6 +38,8 @@ app.conf.update(
     # BENCH_RELEASE_ETA=1 measures the eta mode (not the default) in any scenario
     scheduler_release_eta=os.environ.get("BENCH_RELEASE_ETA") == "1",
     # BENCH_INGEST_LINGER=0 measures the ingest loop without its linger
+    # BENCH_RELEASE_AHEAD=0 measures releases sent by the engine thread as it marks them
+    scheduler_release_ahead_seconds=float(os.environ.get("BENCH_RELEASE_AHEAD", "0.5")),
     scheduler_ingest_linger_seconds=float(os.environ.get("BENCH_INGEST_LINGER", "1.0")),
     task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
     worker_prefetch_multiplier=int(os.environ.get("BENCH_PREFETCH", "4")),
