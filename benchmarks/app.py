@@ -48,6 +48,8 @@ app.conf.update(
     worker_enable_remote_control=False,
     longterm_scheduler_backend=LONGTERM_REDIS,
 )
+if os.environ.get("BENCH_ETA_TASK_LIMIT"):  # Celery's worker_eta_task_limit, for the eta mode
+    app.conf.worker_eta_task_limit = int(os.environ["BENCH_ETA_TASK_LIMIT"])
 if os.environ.get("BENCH_VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["BENCH_VISIBILITY_TIMEOUT"])}
 
