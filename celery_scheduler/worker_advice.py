@@ -16,9 +16,10 @@ is late by as long as it waits there. These Celery settings cause that without a
   their due time as Celery eta messages, which Celery does not count against the prefetch
   count: without ``worker_eta_task_limit`` a worker whose pool is busy with long tasks takes
   every one sent its way, tasks a free worker could have run.
-- **eta mode on Redis.** kombu 5.7 makes a worker that holds unacknowledged messages exit
-  ("Unrecoverable error") when its Redis connection is lost, and in eta mode a worker nearly
-  always holds some: it needs a supervisor that starts it again.
+- **eta mode on Redis.** Celery 5.7 with kombu 5.7 makes a worker that holds unacknowledged
+  messages exit ("Unrecoverable error") when its Redis connection is lost: its cleanup puts
+  the messages back twice, and the second try fails on settings the first one cleared. In
+  eta mode a worker nearly always holds some: it needs a supervisor that starts it again.
 
 :func:`advice` is a pure function of the worker's settings; :func:`warn_on_ready` is the
 ``worker_ready`` signal handler that logs what it returns.
