@@ -32,6 +32,7 @@ _ROW, _ERROR_TYPE, _ERROR = "row", "error_type", "error"
 # be in the executor's local time zone. Python then rounds it to the millisecond as
 # schedule_at() does, so both paths give one time the same key.
 _AT_US = "__celery_scheduler_at_us"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 Columns = str | Sequence[str] | Mapping[str, str] | None
 
@@ -98,7 +99,7 @@ def _records(plan: _Plan, rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
         try:
             if at_us is None:
                 raise ScheduleTimeError(f"{plan.at} = {row[plan.at]!r} is not a time")
-            at = dt.datetime.fromtimestamp(0, dt.timezone.utc) + dt.timedelta(microseconds=at_us)
+            at = _EPOCH + dt.timedelta(microseconds=at_us)
             options = _values(row, plan.options, positional=False) if plan.options else {}
             envelope = plan.task.build(
                 _values(row, plan.args, positional=True), _values(row, plan.kwargs, positional=False),

@@ -271,10 +271,10 @@ class KafkaTaskLog(TaskLog):
         encoded = key.encode("utf-8")
         listed: list[tuple[str, str | bytes | None]] | None = (
             list(headers.items()) if headers else None)
+        delivery = _Delivery(self, key)
         deadline: float | None = None
         replaced = False
         while True:
-            delivery = _Delivery(self, key)  # a new one each try: a failed try's is dropped
             try:
                 with self._lock:
                     # listed before it is produced: its report may come at once, on the
