@@ -34,6 +34,7 @@ from typing import Any
 from celery import signals
 from celery.exceptions import Ignore
 
+from celery_scheduler import redis_worker_fix
 from celery_scheduler.client import get_client
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings
@@ -54,6 +55,8 @@ MAX_ERROR_LENGTH = 2000
 STALE_MARGIN_MS = 5_000
 # Request attribute holding when the body of a current release started (epoch ms).
 STARTED = "celery_scheduler_started_ms"
+# dispatch_uid of the worker_init handler that installs redis_worker_fix
+REDIS_FIX_UID = "celery_scheduler.redis_worker_fix"
 _installed = threading.Lock()
 _hooks_connected = False
 
@@ -311,5 +314,8 @@ def install_worker_hooks() -> None:
                                         dispatch_uid="celery_scheduler.flush_main")
         # settings that make released tasks wait in a worker (see worker_advice)
         signals.worker_ready.connect(warn_on_ready, weak=False, dispatch_uid="celery_scheduler.advice")
+        # a worker on Redis that holds messages survives the broker going away (see the module)
+        signals.worker_init.connect(redis_worker_fix.install, weak=False,
+                                    dispatch_uid=REDIS_FIX_UID)
         atexit.register(flush_reports, 5.0)
         _hooks_connected = True

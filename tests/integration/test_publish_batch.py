@@ -7,11 +7,6 @@ so it can be stopped under the publisher without touching the shared one.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -22,6 +17,7 @@ from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.release import Publisher
 from celery_scheduler.wire import Release
+from tests.integration.private_redis import PrivateRedis
 
 pytestmark = [pytest.mark.redis]
 
@@ -29,50 +25,10 @@ NOW = 1_893_456_000_000
 QUEUE = "releases"
 
 
-class PrivateRedis:
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed: scripts/services up redis installs it"
-        self.binary = binary
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-
-    def queued_task_ids(self) -> list[str]:
-        """Task ids in the queue, oldest first (kombu pushes on the left, workers pop the right)."""
-        raw = redis.Redis.from_url(self.url).lrange(QUEUE, 0, -1)
-        return [json.loads(message)["headers"]["id"] for message in reversed(raw)]
-
-
-@pytest.fixture
-def broker(redis_url: str) -> Iterator[PrivateRedis]:  # redis_url: the services are installed
-    server = PrivateRedis()
-    server.start()
-    yield server
-    server.stop()
+def queued_task_ids(server: PrivateRedis) -> list[str]:
+    """Task ids in the queue, oldest first (kombu pushes on the left, workers pop the right)."""
+    raw = redis.Redis.from_url(server.url).lrange(QUEUE, 0, -1)
+    return [json.loads(message)["headers"]["id"] for message in reversed(raw)]
 
 
 def _app(url: str) -> Celery:
@@ -91,39 +47,39 @@ def _items(first: int, count: int) -> list[tuple[ScheduleEnvelope, Release]]:
     return items
 
 
-def test_a_step_of_releases_reaches_the_queue_whole_and_in_order(broker: PrivateRedis) -> None:
-    publisher = Publisher(_app(broker.url), lease_seconds=300)
+def test_a_step_of_releases_reaches_the_queue_whole_and_in_order(private_redis: PrivateRedis) -> None:
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
     try:
         items = _items(0, 200)
         # Celery's default Redis settings allow kombu's publish batches: the batch path runs
         assert publisher._in_use().supports_batch_publish
         assert publisher.publish_many(items) == [None] * len(items)
-        assert broker.queued_task_ids() == [release.key.task_id for _, release in items]
+        assert queued_task_ids(private_redis) == [release.key.task_id for _, release in items]
     finally:
         publisher.close()
 
 
 def test_a_batch_cut_off_may_have_been_sent_and_one_without_a_connection_was_not(
-        broker: PrivateRedis) -> None:
-    publisher = Publisher(_app(broker.url), lease_seconds=300)
+        private_redis: PrivateRedis) -> None:
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
     try:
         assert publisher.publish_many(_items(0, 1)) == [None]  # a connection in use
-        broker.stop()
+        private_redis.stop()
         results = publisher.publish_many(_items(1, 50))
         # the connection failed under the batch: Redis may have taken any part of it
         assert len(results) == 50 and all(isinstance(e, ReleaseUncertainError) for e in results)
         results = publisher.publish_many(_items(51, 10))
         # a fresh producer proves its connection first: nothing of this one was sent
         assert len(results) == 10 and all(isinstance(e, ReleaseNotSentError) for e in results)
-        broker.start()  # empty: it keeps nothing on disk
+        private_redis.start()  # empty: it keeps nothing on disk
         again = _items(1, 50)
         assert publisher.publish_many(again) == [None] * 50  # a fresh producer after the failure
-        assert broker.queued_task_ids() == [release.key.task_id for _, release in again]
+        assert queued_task_ids(private_redis) == [release.key.task_id for _, release in again]
     finally:
         publisher.close()
 
 
-def test_one_redis_client_serves_every_step(broker: PrivateRedis,
+def test_one_redis_client_serves_every_step(private_redis: PrivateRedis,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[object] = []
     original = redis.Redis.__init__
@@ -133,13 +89,13 @@ def test_one_redis_client_serves_every_step(broker: PrivateRedis,
         original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(redis.Redis, "__init__", counting)
-    publisher = Publisher(_app(broker.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
     try:
         steps = [_items(i * 10, 10) for i in range(20)] + [_items(200 + i, 1) for i in range(20)]
         for items in steps:
             assert publisher.publish_many(items) == [None] * len(items)
         assert len(made) <= 2, f"{len(made)} Redis clients made for {len(steps)} steps"
-        assert broker.queued_task_ids() == [release.key.task_id for items in steps
+        assert queued_task_ids(private_redis) == [release.key.task_id for items in steps
                                             for _, release in items]
     finally:
         publisher.close()
