@@ -70,16 +70,19 @@ REPLACE_AFTER_SECONDS = 10.0
 # At most this many undelivered outcomes are kept to send again (the oldest go first); a
 # task whose outcome is lost runs again when its lease ends.
 UNDELIVERED_KEPT = 10_000
+# An outcome is sent at most this many times: once, and once more after it timed out.
+MAX_SENDS = 2
 
 
 class OutcomeProducer:
     """Produces outcomes to the outcomes topic without waiting; one per worker process.
 
-    The Kafka client batches and retries in its own thread (``acks=all``, idempotent). An
-    outcome that is never delivered costs its task a second run when its lease ends.
-    A producer that reported a fatal error, or whose records have all failed for
-    ``REPLACE_AFTER_SECONDS``, is replaced by a new one at the next outcome, which sends the
-    outcomes the old one did not deliver once more.
+    The Kafka client batches and retries in its own thread (``acks=all``, idempotent), until
+    a record's delivery timeout (half the task lease), which a broker restart can outlast. An
+    outcome that timed out is sent once more: as soon as the producer delivers again, or by
+    the producer that replaces it. A producer that reported a fatal error, or whose records
+    have all failed for ``REPLACE_AFTER_SECONDS``, is replaced at the next outcome. An outcome
+    that is never delivered costs its task a second run when its lease ends.
     """
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
@@ -99,9 +102,10 @@ class OutcomeProducer:
         self._generation = 0  # of the producer in use; failures of replaced ones do not count
         self._failing_since: float | None = None  # first failed report since the last success
         self._fatal: Any = None
-        # Outcomes that failed on their first producer; the next one sends them once more.
-        self._undelivered: collections.deque[tuple[bytes, bytes, int]] = collections.deque(
-            maxlen=UNDELIVERED_KEPT)
+        # Outcomes that failed, with how often they were sent: sent again once a producer
+        # delivers (this one, or the one that replaces it).
+        self._undelivered: collections.deque[tuple[tuple[bytes, bytes, int], int]] = \
+            collections.deque(maxlen=UNDELIVERED_KEPT)
         self.replaced = 0
         self._producer = self._new_producer()
 
@@ -114,12 +118,22 @@ class OutcomeProducer:
         with self._lock:
             self._replace_if_broken()
             self._produce((outcome.encode(), outcome.key.ordering_id.encode("utf-8"),
-                           outcome.partition), retry=False)
+                           outcome.partition), sends=1)
             self._producer.poll(0)  # serve the reports of earlier records
+            self._send_again_if_delivering()
 
-    def _produce(self, record: tuple[bytes, bytes, int], retry: bool) -> None:
+    def _send_again_if_delivering(self) -> None:
+        """Send the outcomes that failed once more (the lock held), once a record was
+        delivered after they failed: the broker answers again, as after a restart."""
+        if self._undelivered and self._failing_since is None:
+            again = list(self._undelivered)
+            self._undelivered.clear()
+            for record, sends in again:
+                self._produce(record, sends + 1)
+
+    def _produce(self, record: tuple[bytes, bytes, int], sends: int) -> None:
         value, key, partition = record
-        on_delivery = functools.partial(self._delivered, self._generation, record, retry)
+        on_delivery = functools.partial(self._delivered, self._generation, record, sends)
         try:
             self._producer.produce(self.topic, value, key=key, partition=partition,
                                    on_delivery=on_delivery)
@@ -130,20 +144,22 @@ class OutcomeProducer:
 
     def flush(self, timeout: float) -> int:
         with self._lock:
+            self._producer.poll(0)
+            self._send_again_if_delivering()
             return int(self._producer.flush(timeout))
 
     def _on_error(self, error: Any) -> None:
         if error.fatal():
             self._fatal = error  # replaced at the next outcome
 
-    def _delivered(self, generation: int, record: tuple[bytes, bytes, int], retry: bool,
+    def _delivered(self, generation: int, record: tuple[bytes, bytes, int], sends: int,
                    error: Any, message: Any) -> None:
         if error is None:
             if generation == self._generation:
                 self._failing_since = None
             return
-        if not retry:
-            self._undelivered.append(record)  # sent again by the producer that replaces this one
+        if sends < MAX_SENDS:
+            self._undelivered.append((record, sends))  # see _send_again_if_delivering
         else:
             logger.warning("an outcome did not reach Kafka (%s); its task runs again when its "
                            "lease ends", error)
@@ -171,12 +187,9 @@ class OutcomeProducer:
             old.poll(0)  # reports the records it held as failed
         except Exception:  # the old client may be in any state
             logger.debug("purging the replaced producer failed", exc_info=True)
-        again = list(self._undelivered)
-        self._undelivered.clear()
         logger.warning("replaced the Kafka producer of outcomes (%s); sending the %d outcomes it "
-                       "did not deliver again", reason, len(again))
-        for record in again:
-            self._produce(record, retry=True)
+                       "did not deliver again", reason, len(self._undelivered))
+        self._send_again_if_delivering()
 
 
 _reporters: dict[tuple[int, str, str], OutcomeProducer] = {}

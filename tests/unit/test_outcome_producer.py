@@ -137,3 +137,33 @@ def test_an_outcome_goes_once_more_through_the_next_producer_not_again_and_again
     # 1 and 2 failed their second try: lost (their tasks run again at lease end); 3 goes on
     assert producer.replaced == 2
     assert made[2].produced == [_outcome(n).encode() for n in (3, 4)]
+
+
+def test_an_outcome_that_timed_out_goes_again_as_soon_as_the_producer_delivers(made: Made) -> None:
+    """A broker restart longer than the delivery timeout: the producer recovers, so it is
+    not replaced, and the outcome it dropped meanwhile is sent again by it."""
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    made[0].error = TIMED_OUT
+    producer.send(_outcome(1))  # timed out
+    assert made[0].produced == [_outcome(1).encode()]
+    made[0].error = None  # the broker is back
+    producer.send(_outcome(2))  # delivered: 1 goes again
+    assert made[0].produced == [_outcome(n).encode() for n in (1, 2, 1)]
+    producer.send(_outcome(3))
+    producer.flush(0)
+    assert made[0].produced == [_outcome(n).encode() for n in (1, 2, 1, 3)]
+    assert producer.replaced == 0 and len(made) == 1
+
+
+def test_an_outcome_that_fails_its_second_send_is_not_sent_a_third_time(made: Made) -> None:
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    made[0].error = TIMED_OUT
+    producer.send(_outcome(1))
+    made[0].error = None
+    producer.send(_outcome(2))  # 1 goes again ...
+    made[0].error = TIMED_OUT
+    producer.flush(0)  # ... and times out again: lost (its task runs again at lease end)
+    made[0].error = None
+    producer.send(_outcome(3))
+    producer.flush(0)
+    assert made[0].produced == [_outcome(n).encode() for n in (1, 2, 1, 3)]
