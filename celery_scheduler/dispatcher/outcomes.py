@@ -17,9 +17,12 @@ A lease that ends without an outcome means the task runs again, so the engine mu
 that the outcome is not merely unread. About once a second the reader asks Kafka where each
 of its partitions ends, and once it has read that far it knows every outcome produced before
 it asked (:meth:`OutcomeReader.read_until`); the engine judges a lease only when that time is
-past the lease's end. A consumer that stops fetching (a client may, after a broker restart,
-with no error: librdkafka issue #5153) shows as a check that does not complete while
-nothing arrives; the reader then replaces its consumer and goes on from where it was.
+past the lease's end. A partition whose end Kafka did not give (an answer may leave some
+out, just after a broker restart) is asked for again at the next check. A consumer that
+stops fetching (a client may, after a broker restart, with no error: librdkafka issue #5153)
+shows as a partition whose check does not complete while nothing of it arrives, whatever
+its other partitions do; the reader then replaces its consumer and goes on from where it
+was.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ class OutcomeReader:
         self._check: tuple[int, float, dict[int, int] | None] | None = None
         self._next_check = 0.0
         self._ends_unanswered = False  # the last ask for the partitions' ends failed
-        self._progress_mono = time.monotonic()  # when something was last read
+        self._progress: dict[int, float] = {}  # per partition: when it was last read (monotonic)
         self.replaced = 0  # consumers replaced because they stopped fetching
         self._thread: threading.Thread | None = None
 
@@ -126,6 +129,7 @@ class OutcomeReader:
             self._assigned.update(tp.partition for tp in new)
             for tp in new:
                 self._read_until[tp.partition] = 0
+                self._progress[tp.partition] = time.monotonic()
             self._check, self._next_check = None, 0.0  # a check that covers them, at once
 
     def revoke(self, partitions: Iterable[int]) -> None:
@@ -142,6 +146,7 @@ class OutcomeReader:
                 self._committed.pop(number, None)
                 self._reached.pop(number, None)
                 self._read_until.pop(number, None)
+                self._progress.pop(number, None)
 
     def read_until(self, partition: int) -> int:
         """The wall time (ms) before which every outcome produced to *partition* has been read.
@@ -206,7 +211,7 @@ class OutcomeReader:
     def _note_reached(self, partition: int, offset: int) -> None:
         if partition in self._assigned and offset > self._reached.get(partition, -1):
             self._reached[partition] = offset
-            self._progress_mono = time.monotonic()
+            self._progress[partition] = time.monotonic()
 
     def check(self) -> None:
         """Advance :meth:`read_until` where the last check's ends are read; replace a stalled
@@ -220,18 +225,25 @@ class OutcomeReader:
                 return
             self._check = (int(time.time() * 1000), now, None)
         asked_ms, asked_mono, ends = self._check
-        if ends is None:
-            ends = self._ends()
-            if ends is not None:
+        if ends is None or not self._assigned <= ends.keys():
+            # the ends Kafka has not given yet; an end given later than the check was asked
+            # is as good (everything produced before the ask lies before it)
+            answer = self._ends()
+            if answer is not None:
+                ends = {**answer, **(ends or {})}
                 self._check = (asked_ms, asked_mono, ends)
-        if ends is not None:
-            for number, end in ends.items():
-                if number in self._assigned and self._reached.get(number, -1) >= end:
-                    self._read_until[number] = max(self._read_until.get(number, 0), asked_ms)
-            if all(self._read_until.get(n, 0) >= asked_ms for n in self._assigned):
-                self._check, self._next_check = None, now + CHECK_SECONDS
-                return
-        if now - max(asked_mono, self._progress_mono) > STALL_SECONDS:
+        behind = []
+        for number in self._assigned:
+            end = None if ends is None else ends.get(number)
+            if end is not None and self._reached.get(number, -1) >= end:
+                self._read_until[number] = max(self._read_until.get(number, 0), asked_ms)
+            elif self._read_until.get(number, 0) < asked_ms:
+                behind.append(number)
+        if not behind:
+            self._check, self._next_check = None, now + CHECK_SECONDS
+            return
+        if any(now - max(asked_mono, self._progress.get(number, 0.0)) > STALL_SECONDS
+               for number in behind):
             self._replace_consumer(ends)
 
     def _ends(self) -> dict[int, int] | None:
@@ -267,7 +279,7 @@ class OutcomeReader:
                 self._consumer.incremental_assign(start)
             self.replaced += 1
         self._check, self._next_check = None, 0.0
-        self._progress_mono = time.monotonic()
+        self._progress = dict.fromkeys(self._assigned, time.monotonic())
 
     def _commit(self, partitions: set[int], asynchronous: bool) -> None:
         durable = self._durable()
