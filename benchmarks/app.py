@@ -35,8 +35,8 @@ app.conf.update(
     scheduler_kafka_partitions=int(os.environ.get("BENCH_PARTITIONS", "12")),
     scheduler_cassandra_keyspace=os.environ.get("BENCH_KEYSPACE", "bench"),
     scheduler_lease_seconds=float(os.environ.get("BENCH_LEASE", "300")),
-    # BENCH_RELEASE_ETA=0 measures any scenario with the eta mode (the default) off
-    scheduler_release_eta=os.environ.get("BENCH_RELEASE_ETA", "1") == "1",
+    # BENCH_RELEASE_ETA=1 measures the eta mode (not the default) in any scenario
+    scheduler_release_eta=os.environ.get("BENCH_RELEASE_ETA") == "1",
     # BENCH_INGEST_LINGER=0 measures the ingest loop without its linger
     # BENCH_RELEASE_AHEAD=0 measures releases sent by the engine thread as it marks them
     scheduler_release_ahead_seconds=float(os.environ.get("BENCH_RELEASE_AHEAD", "0.5")),

@@ -346,7 +346,7 @@ def run(ctx: Context) -> list[Section]:
         "celery_scheduler's lateness is split at the moment the dispatcher published the task to "
         "Celery (a header the benchmark app stamps): before it, the dispatcher (ingest, loading, "
         "the release marking); after it, Redis, the worker's prefetch queue and its store check. "
-        "With scheduler_release_eta (the default) a task marked ahead of its due time is "
+        "With scheduler_release_eta (not the default) a task marked ahead of its due time is "
         "published then, its due time as Celery's eta: its due to published is negative, and "
         "published to started includes the time the worker held it. "
         "Each part's percentile is taken on its own, so the two do not add up to the total's.",

@@ -88,9 +88,9 @@ class Settings:
     # a due task is marked released in Cassandra up to this long before its due time, and
     # sent from a thread of its own (0: marked and sent once due) ...
     release_ahead_seconds: float = 0.5
-    # ... at once, its due time as Celery's eta for the worker to hold it until then (True),
-    # or at its due time (False; see docs/configuration.md for when to choose it)
-    release_eta: bool = True
+    # ... at its due time (False), or at once, its due time as Celery's eta for the worker
+    # to hold it until then (True; see docs/configuration.md for why it is not the default)
+    release_eta: bool = False
     startup_timeout: float = 120.0  # a starting dispatcher waits this long for Kafka and Cassandra
     # while every record read is due more than 2 s ahead, a dispatcher keeps reading for up
     # to this long before it writes them: fewer, larger batches at a light load (0: no wait)

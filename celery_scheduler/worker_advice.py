@@ -12,11 +12,10 @@ is late by as long as it waits there. These Celery settings cause that without a
   takes messages only now and then, for tens of seconds, where prefork and threads workers
   take them at once. In the quick chaos run on RabbitMQ, solo workers started tasks 69 s
   late at the median (p99 93 s), threads workers 0.03 s (p99 22 s); README: Brokers.
-- **eta mode without an eta limit.** With ``scheduler_release_eta`` on (the default),
-  releases come ahead of their due time as Celery eta messages, which Celery does not count
-  against the prefetch count: without ``worker_eta_task_limit`` a worker whose pool is busy
-  with long tasks takes every one sent its way, tasks a free worker could have run.
-
+- **eta mode without an eta limit.** With ``scheduler_release_eta`` on, releases come ahead of
+  their due time as Celery eta messages, which Celery does not count against the prefetch
+  count: without ``worker_eta_task_limit`` a worker whose pool is busy with long tasks takes
+  every one sent its way, tasks a free worker could have run.
 (A worker on Redis that holds eta messages used to exit when the broker went away, a
 Celery 5.7 and kombu 5.7 bug: ``redis_worker_fix`` keeps it alive, so that needs no advice.)
 
@@ -44,7 +43,7 @@ class WorkerSettings:
     transport: str  # kombu's driver type: "amqp" for RabbitMQ, "redis", ...
     pool: str  # the pool's name: "solo", "prefork", "threads", ...
     prefetch_count: int  # the count the worker starts with (0: unlimited)
-    release_eta: bool = True  # the app's scheduler_release_eta
+    release_eta: bool = False  # the app's scheduler_release_eta
     eta_task_limit: int | None = None  # Celery's worker_eta_task_limit (None: no limit)
 
     @classmethod
@@ -77,9 +76,9 @@ def advice(settings: WorkerSettings) -> list[str]:
             "(Celery's default) or --pool=threads.")
     if settings.release_eta and settings.eta_task_limit is None:
         found.append(
-            "scheduler_release_eta is on (the default) and worker_eta_task_limit is not set: released "
-            "tasks arrive ahead of their due time as eta messages, which do not count against "
-            "the prefetch count, so this worker takes all that come its way even while its pool is "
+            "scheduler_release_eta is on and worker_eta_task_limit is not set: released tasks "
+            "arrive ahead of their due time as eta messages, which do not count against the "
+            "prefetch count, so this worker takes all that come its way even while its pool is "
             "busy, and a free worker could have run them. Set worker_eta_task_limit (for example "
             "to the prefetch count).")
     return found

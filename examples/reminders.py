@@ -29,9 +29,6 @@ app.conf.update(
     scheduler_cassandra_contact_points=os.environ.get("CASSANDRA_HOSTS", "127.0.0.1"),
     scheduler_cassandra_keyspace="reminders",
     broker_connection_retry_on_startup=True,
-    # released tasks arrive up to half a second early as eta messages: a worker holds at
-    # most this many (Celery does not count them against the prefetch limit)
-    worker_eta_task_limit=16,
 )
 
 

@@ -76,17 +76,16 @@ def test_a_release_that_reaches_its_worker_before_it_is_due_waits_until_then(
 
 
 @both_brokers
-def test_with_release_eta_off_tasks_run_on_time_in_order_per_ordering_id(
-        scheduler: Scheduler, schedule) -> None:
-    starts = run_on_time(scheduler, schedule, {"CELERY_SCHEDULER_TEST_RELEASE_ETA": "0"})
+def test_tasks_run_on_time_in_order_per_ordering_id(scheduler: Scheduler, schedule) -> None:
+    starts = run_on_time(scheduler, schedule)
     # held by the dispatcher and sent at their due time: no eta
     assert [s["eta"] for s in starts] == [None] * len(starts)
 
 
 @both_brokers
-def test_tasks_go_out_ahead_and_their_worker_holds_them_in_order_per_ordering_id(
+def test_with_release_eta_tasks_go_out_ahead_and_their_worker_holds_them(
         scheduler: Scheduler, schedule) -> None:
-    starts = run_on_time(scheduler, schedule)  # scheduler_release_eta: the default
+    starts = run_on_time(scheduler, schedule, {"CELERY_SCHEDULER_TEST_RELEASE_ETA": "1"})
     # Marked ahead of their due time, they went to the broker at once, their due time as
     # Celery's eta (one marked late would go without): the worker held them until then.
     etas = [(dt.datetime.fromisoformat(s["eta"]), s["scheduled_for"]) for s in starts

@@ -33,8 +33,7 @@ def test_a_worker_with_celerys_defaults_is_told_what_to_change(start_worker, rab
 def test_a_worker_set_up_as_the_readme_says_starts_without_warnings(start_worker, rabbitmq_url: str,
                                                                        unique_name: str) -> None:
     worker = start_worker("tests.apps.dispatching", unique_name, "--pool=threads",
-                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url,
-                               "CELERY_SCHEDULER_TEST_ETA_TASK_LIMIT": "4"})
+                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url})
     assert "ready." in worker.log()
     assert warnings_of(worker) == "", worker.log()
     worker.kill()
@@ -42,9 +41,9 @@ def test_a_worker_set_up_as_the_readme_says_starts_without_warnings(start_worker
 
 def test_a_worker_in_eta_mode_without_an_eta_limit_is_told_to_set_one(
         start_worker, rabbitmq_url: str, unique_name: str) -> None:
-    # scheduler_release_eta is on by default
     worker = start_worker("tests.apps.dispatching", unique_name, "--pool=threads",
-                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url})
+                          env={"CELERY_SCHEDULER_TEST_BROKER": rabbitmq_url,
+                               "CELERY_SCHEDULER_TEST_RELEASE_ETA": "1"})
     logged = warnings_of(worker)
     assert "worker_eta_task_limit is not set" in logged, worker.log()
     assert SOLO not in logged and SOLO_ON_RABBITMQ not in logged and "supervisor" not in logged

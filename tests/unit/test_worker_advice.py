@@ -12,7 +12,7 @@ from celery_scheduler.worker_advice import WorkerSettings, advice, warn_on_ready
 
 
 def settings(**changes: object) -> WorkerSettings:
-    base = {"transport": "redis", "pool": "prefork", "prefetch_count": 8, "eta_task_limit": 8}
+    base = {"transport": "redis", "pool": "prefork", "prefetch_count": 8}
     return WorkerSettings(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -52,28 +52,20 @@ def test_the_ready_handler_reads_a_consumer_and_logs_each_warning(caplog: pytest
     assert WorkerSettings.of(sender) == WorkerSettings("amqp", "solo", 2)
     with caplog.at_level(logging.WARNING, logger="celery_scheduler.worker"):
         warn_on_ready(sender=sender)
-    # the prefetch count, solo on RabbitMQ, and the eta mode (the default) without a limit
-    assert len(caplog.records) == 3, caplog.text
+    assert len(caplog.records) == 2, caplog.text  # the prefetch count, solo on RabbitMQ
     caplog.clear()
-    quiet = consumer("redis://127.0.0.1:1/0", 1, "celery.concurrency.solo")
-    quiet.app.conf.worker_eta_task_limit = 1
     with caplog.at_level(logging.WARNING, logger="celery_scheduler.worker"):
-        warn_on_ready(sender=quiet)
+        warn_on_ready(sender=consumer("redis://127.0.0.1:1/0", 1, "celery.concurrency.solo"))
     assert caplog.records == []
 
 
-@pytest.mark.parametrize("transport", ["redis", "amqp"])
-def test_eta_mode_asks_for_an_eta_limit_on_either_broker(transport: str) -> None:
-    (limit,) = advice(settings(transport=transport, eta_task_limit=None))
-    assert "worker_eta_task_limit" in limit and "(the default)" in limit
-    assert advice(settings(transport=transport, eta_task_limit=8)) == []
-    # not in eta mode: no eta messages
-    assert advice(settings(transport=transport, release_eta=False, eta_task_limit=None)) == []
-
-
-def test_the_eta_mode_is_the_default() -> None:
-    sender = consumer("redis://127.0.0.1:1/0", 8, "celery.concurrency.prefork")
-    assert WorkerSettings.of(sender).release_eta
+def test_eta_mode_asks_for_an_eta_limit_on_any_broker_and_a_supervisor_on_redis() -> None:
+    (limit,) = advice(settings(release_eta=True))  # and no supervisor: redis_worker_fix
+    assert "worker_eta_task_limit" in limit
+    (limit,) = advice(settings(transport="amqp", release_eta=True))
+    assert "worker_eta_task_limit" in limit
+    assert advice(settings(transport="amqp", release_eta=True, eta_task_limit=8)) == []
+    assert advice(settings(eta_task_limit=None)) == []  # not in eta mode: no eta messages
 
 
 def test_the_ready_handler_reads_the_eta_mode_and_limit_from_the_app() -> None:

@@ -37,7 +37,6 @@ CELERY_BROKER_URL = _env("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 CELERY_TASK_DEFAULT_QUEUE = _env("CELERY_TASK_DEFAULT_QUEUE", "django_reminders")
 CELERY_TASK_IGNORE_RESULT = True  # the scheduler records outcomes itself
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_WORKER_ETA_TASK_LIMIT = 16  # released tasks arrive up to 0.5 s early as eta messages
 
 # The scheduler: Celery's scheduler_* settings, with the CELERY_ prefix
 CELERY_SCHEDULER_KAFKA_BOOTSTRAP_SERVERS = _env("CELERY_SCHEDULER_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")

@@ -14,7 +14,6 @@ CELERY_DEFAULTS: Mapping[str, Any] = {
     "task_default_queue": "flask_reminders",
     "task_ignore_result": True,  # the scheduler records outcomes itself
     "broker_connection_retry_on_startup": True,
-    "worker_eta_task_limit": 16,  # released tasks arrive up to 0.5 s early as eta messages
     "scheduler_kafka_bootstrap_servers": "127.0.0.1:9092",
     "scheduler_kafka_topic": "flask_reminders",
     "scheduler_kafka_partitions": 6,
