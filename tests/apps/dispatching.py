@@ -44,7 +44,7 @@ app.conf.update(
     scheduler_retry_backoff_max=1.0,
     scheduler_max_attempts=3,
     scheduler_on_exhausted=os.environ.get("CELERY_SCHEDULER_TEST_ON_EXHAUSTED", "skip"),
-    scheduler_release_eta=os.environ.get("CELERY_SCHEDULER_TEST_RELEASE_ETA", "1") == "1",
+    scheduler_release_eta=os.environ.get("CELERY_SCHEDULER_TEST_RELEASE_ETA") == "1",
     task_default_queue=os.environ.get("CELERY_SCHEDULER_TEST_QUEUE", "dispatching"),
     # Celery reads this once, when the app first publishes: it cannot be changed later.
     # Workers keep accepting JSON only, whatever it is.
@@ -56,8 +56,6 @@ if os.environ.get("CELERY_SCHEDULER_TEST_VISIBILITY_TIMEOUT"):
     # Redis gives an unacknowledged message to another worker after this long
     app.conf.broker_transport_options = {
         "visibility_timeout": float(os.environ["CELERY_SCHEDULER_TEST_VISIBILITY_TIMEOUT"])}
-if os.environ.get("CELERY_SCHEDULER_TEST_ETA_TASK_LIMIT"):
-    app.conf.worker_eta_task_limit = int(os.environ["CELERY_SCHEDULER_TEST_ETA_TASK_LIMIT"])
 if os.environ.get("CELERY_SCHEDULER_TEST_SIGNING_SECRET"):
     app.conf.scheduler_signing_keys = {"k1": os.environ["CELERY_SCHEDULER_TEST_SIGNING_SECRET"]}
     app.conf.scheduler_signing_key_id = "k1"
