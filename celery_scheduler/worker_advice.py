@@ -16,6 +16,7 @@ is late by as long as it waits there. These Celery settings cause that without a
   their due time as Celery eta messages, which Celery does not count against the prefetch
   count: without ``worker_eta_task_limit`` a worker whose pool is busy with long tasks takes
   every one sent its way, tasks a free worker could have run.
+
 (A worker on Redis that holds eta messages used to exit when the broker went away, a
 Celery 5.7 and kombu 5.7 bug: ``redis_worker_fix`` keeps it alive, so that needs no advice.)
 
