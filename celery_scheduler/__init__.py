@@ -14,6 +14,7 @@ from celery_scheduler.api import (
     flush,
     scheduled_task,
 )
+from celery_scheduler.batch import Call, ScheduledBatch
 from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.messages import schedule_message
@@ -22,8 +23,10 @@ from celery_scheduler.store.base import State, TaskStatus
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "Call",
     "RetryPolicy",
     "ScheduleHandle",
+    "ScheduledBatch",
     "ScheduledTask",
     "State",
     "TaskKey",

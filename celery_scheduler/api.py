@@ -22,20 +22,24 @@ import datetime as dt
 import importlib
 import inspect
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celery.local import PromiseProxy, Proxy
 
 from celery_scheduler.arguments import Binder
+from celery_scheduler.batch import Call, ScheduledBatch, encode_calls
 from celery_scheduler.calls import call_digest, check_options, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient, get_client
+from celery_scheduler.config import Settings
 from celery_scheduler.envelope import (
     MAX_TASK_NAME,
     CancelEnvelope,
     RetryPolicy,
+    ScheduleEncoder,
     ScheduleEnvelope,
+    encode,
     encode_arguments,
 )
 from celery_scheduler.errors import (
@@ -46,6 +50,7 @@ from celery_scheduler.errors import (
 from celery_scheduler.keys import TaskKey, check_key_part
 from celery_scheduler.store.base import TaskStatus
 from celery_scheduler.tasklog.base import Ack, Position
+from celery_scheduler.tasklog.kafka import STUCK_GRACE
 
 __all__ = ["KeySpec", "ScheduleHandle", "ScheduledTask", "as_scheduled", "constant", "flush",
            "registered", "scheduled_task"]
@@ -60,6 +65,9 @@ class constant:
 
 # A key spec: a parameter name, a callable of the task's arguments, or a constant(...).
 KeySpec = str | Callable[..., Any] | constant
+
+# Encoders a scheduled task keeps, one per retry policy its calls use (most use one).
+MAX_ENCODERS = 8
 
 # Scheduled task names, for the dispatcher's allowlist and the worker-side hooks.
 _REGISTRY: dict[str, ScheduledTask] = {}
@@ -203,6 +211,8 @@ class ScheduledTask:
         self._retry = retry
         self._resolved: Any = None  # the task behind @app.task's proxy, once it resolved
         self._zone: tuple[Any, Any] = (None, None)  # an app and its timezone, read once
+        # by retry policy and size limit: the encoders of calls without Celery options
+        self._encoders: dict[tuple[RetryPolicy, int | None], ScheduleEncoder] = {}
 
     def _app(self) -> Any:
         """The task's Celery app, without the proxy's cost on every call where it can be saved.
@@ -280,7 +290,24 @@ class ScheduledTask:
         client = get_client(app)
         envelope = self._build(args or (), kwargs or {}, at, countdown, ordering_id,
                                uniqueness_key, retry, options, client, app)
-        return ScheduleHandle(client, envelope, client.publish(envelope, wait=wait), app=app)
+        key = envelope.key
+        return ScheduleHandle(client, envelope, client.publish_record(
+            key.ordering_id, self._encode(envelope, client.settings), wait), app=app)
+
+    def _encode(self, envelope: ScheduleEnvelope, settings: Settings) -> bytes:
+        """The envelope's bytes; without options, through an encoder kept per retry policy."""
+        if envelope.options:
+            return encode(envelope, settings.max_envelope_bytes)
+        encoders = self._encoders
+        found = (envelope.retry, settings.max_envelope_bytes)
+        encoder = encoders.get(found)
+        if encoder is None:
+            encoder = ScheduleEncoder(self.name, {}, envelope.retry, settings.max_envelope_bytes)
+            if len(encoders) < MAX_ENCODERS:  # calls that each pass a new policy: no cache
+                encoders[found] = encoder
+        key = envelope.key
+        return encoder.encode(key.ordering_id, key.scheduled_ms, key.uniqueness_key,
+                              envelope.args, envelope.kwargs, envelope.enqueued_ms)
 
     def build(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
               at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
@@ -301,11 +328,21 @@ class ScheduledTask:
         current = client.clock()
         scheduled_ms = scheduled_ms_of(at, countdown, current, self._timezone(app),
                                        settings.grace_seconds)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
+        ordering, unique, encoded_args, encoded_kwargs = self._checked(
+            args, kwargs, ordering_id, uniqueness_key)
+        return ScheduleEnvelope.checked(
+            TaskKey(ordering, scheduled_ms, unique), self.name, encoded_args, encoded_kwargs,
+            check_options(options) if options else {},
+            retry or self._retry or settings.retry_policy, current)
+
+    def _checked(self, args: Sequence[Any], kwargs: Mapping[str, Any], ordering_id: str | None,
+                 uniqueness_key: str | None) -> tuple[str, str, list[Any], dict[str, Any]]:
+        """A call's ordering id, uniqueness key and JSON arguments, or its ScheduleError."""
         if not isinstance(args, (list, tuple)):
             raise ScheduleError(f"args of task {self.name} must be a list or tuple, got "
                                 f"{type(args).__name__} {args!r:.200}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
         if (type(kwargs) is not dict and not isinstance(kwargs, Mapping)) or (
                 kwargs and any(type(name) is not str for name in kwargs)):
             raise ScheduleError(f"kwargs of task {self.name} must be a mapping with string keys, "
@@ -331,10 +368,39 @@ class ScheduledTask:
             # digest the bound form, so f(7, 100) and f(7, amount=100) are the same call
             bound = self._binder.bound(arguments)
             unique = call_digest(self.name, *encode_arguments(bound.args, bound.kwargs))
-        return ScheduleEnvelope.checked(
-            TaskKey(ordering, scheduled_ms, unique), self.name, encoded_args, encoded_kwargs,
-            check_options(options) if options else {},
-            retry or self._retry or settings.retry_policy, current)
+        return ordering, unique, encoded_args, encoded_kwargs
+
+    def schedule_many(self, calls: Iterable[Call | tuple[Any, ...]], *,
+                      retry: RetryPolicy | None = None, wait: bool = True, **options: Any
+                      ) -> ScheduledBatch:
+        """Schedule many calls at once; each is ``(at, args)`` or ``(at, args, kwargs)``.
+
+        *at* is a datetime (a naive one is in ``app.timezone``). The calls share *retry* and
+        the Celery *options* (``queue``, ``priority``, ... as for :meth:`schedule`); their
+        ordering ids and uniqueness keys come from the decorator. Every call is checked
+        before any is published: one that :meth:`schedule` would refuse raises its error,
+        naming the call's index, and nothing is published. The calls then go to Kafka in
+        order; the call returns once Kafka acknowledged all of them, or raises
+        :class:`~celery_scheduler.errors.TaskLogUnavailableError` (scheduling the same calls
+        again is safe: a task key runs once). With ``wait=False`` it returns once they are
+        handed to the producer; ``batch.wait()`` or ``flush(app)`` waits for Kafka.
+
+        The encoded calls are held in memory until they are produced: split a very large
+        input into batches of, say, 100,000 calls.
+
+        >>> send_reminder.schedule_many(  # doctest: +SKIP
+        ...     (due, (customer_id,), {"reminder_kind": "trial-ends"}) for customer_id, due in rows)
+        <ScheduledBatch proj.tasks.send_reminder 5000 call(s), acknowledged>
+        """
+        app = self._app()
+        client = get_client(app)
+        records, keys = encode_calls(self, calls, client, self._timezone(app), retry, options)
+        batch = ScheduledBatch(self.name, keys, client.publish_many(records))
+        if wait:
+            # each record is answered within its delivery timeout once produced; a batch still
+            # waiting three of them and 10 s later is given up (its records reported failed)
+            batch.wait(3 * client.settings.kafka_produce_timeout + STUCK_GRACE)
+        return batch
 
     def cancel(self, key: TaskKey) -> None:
         """Cancel the pending task with *key* (from ``handle.key`` or a status listing)."""

@@ -14,6 +14,7 @@ import inspect
 import json
 import keyword
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from kombu.utils.json import dumps as _kombu_dumps
 
 from celery_scheduler.errors import NotSerializableError
 
-__all__ = ["Binder", "encode_arguments", "kombu_dumps"]
+__all__ = ["Binder", "encode_arguments", "kombu_dumps", "plain_kwargs", "plain_values"]
 
 _P = inspect.Parameter
 
@@ -32,6 +33,8 @@ class Binder:
     def __init__(self, signature: inspect.Signature, name: str = "task") -> None:
         self.signature = signature
         self._bind = _compile(signature, name if name.isidentifier() else "task")
+        # the compiled binder: ``compiled(*args, **kwargs)`` is ``arguments(args, kwargs)``
+        self.compiled = self._bind
         parameters = signature.parameters.values()
         # how the arguments are passed on: by position up to the first keyword-only one
         self._positional = [p.name for p in parameters
@@ -39,6 +42,11 @@ class Binder:
         self._star = next((p.name for p in parameters if p.kind is _P.VAR_POSITIONAL), None)
         self._keyword = [p.name for p in parameters if p.kind is _P.KEYWORD_ONLY]
         self._star_star = next((p.name for p in parameters if p.kind is _P.VAR_KEYWORD), None)
+        # the values of a signature of two or more positional parameters and nothing else, in
+        # one call
+        self._only_positional = (
+            operator.itemgetter(*self._positional) if len(self._positional) > 1
+            and self._star is None and not self._keyword and self._star_star is None else None)
 
     def arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Every parameter's value (defaults applied), by name, in order; ``TypeError`` if
@@ -55,6 +63,9 @@ class Binder:
 
     def call_with(self, function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
         """Call *function* with the task's arguments, as the task itself would be called."""
+        positional = self._only_positional
+        if positional is not None:  # the usual signature: named parameters, by position
+            return function(*positional(arguments))
         args = [arguments[name] for name in self._positional]
         if self._star is not None:
             args.extend(arguments[self._star])
@@ -117,21 +128,31 @@ def encode_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]
     Values kombu's JSON knows (datetime, date, time, UUID, Decimal, bytes) become its tagged
     objects, which Celery's JSON serializer turns back into those types in the worker.
     """
-    if not isinstance(kwargs, Mapping):
-        raise NotSerializableError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
+    if type(kwargs) is not dict:
+        if not isinstance(kwargs, Mapping):
+            raise NotSerializableError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
+        kwargs = dict(kwargs)
+    if type(args) is not list and type(args) is not tuple:
+        args = list(args)  # read once: it may be an iterator
+    try:
+        # Most calls pass plain JSON values: copying them is several times cheaper than the
+        # round trip through kombu's encoder, and gives the same result. Scalars, the usual
+        # argument, are taken as they are without a call each.
+        listed = [value if type(value) in _SCALARS else _plain_copy(value) for value in args]
+        if not kwargs:
+            return listed, {}
+        copied: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            if type(name) is not str:
+                raise _NotPlain
+            copied[name] = value if type(value) in _SCALARS else _plain_copy(value)
+        return listed, copied
+    except (_NotPlain, RecursionError):
+        pass
     for name in kwargs:
         if not isinstance(name, str):
             raise NotSerializableError(f"keyword argument names must be strings, got {name!r}")
     listed = list(args)
-    try:
-        # Most calls pass plain JSON values: copying them is several times cheaper than the
-        # round trip through kombu's encoder, and gives the same result.
-        # (scalars, the usual argument, are taken as they are without a call each)
-        return ([value if type(value) in _SCALARS else _plain_copy(value) for value in listed],
-                {name: value if type(value) in _SCALARS else _plain_copy(value)
-                 for name, value in kwargs.items()})
-    except (_NotPlain, RecursionError):
-        pass
     try:
         text = kombu_dumps([listed, dict(kwargs)], allow_nan=False)
     except RecursionError:
@@ -149,11 +170,30 @@ def encode_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]
     return encoded_args, encoded_kwargs
 
 
+def plain_values(values: Sequence[Any]) -> bool:
+    """Whether *values* are JSON scalars (finite floats), which JSON carries as they are."""
+    for value in values:
+        kind = type(value)
+        if kind not in _SCALARS and (kind is not float or value - value != 0):  # inf, nan
+            return False
+    return True
+
+
+def plain_kwargs(kwargs: dict[str, Any]) -> bool:
+    """Whether *kwargs* has string names and JSON scalar values (finite floats)."""
+    for name, value in kwargs.items():
+        kind = type(value)
+        if type(name) is not str or (
+                kind not in _SCALARS and (kind is not float or value - value != 0)):
+            return False
+    return True
+
+
 class _NotPlain(Exception):
     """A value that kombu's JSON encoder has to convert (or refuse)."""
 
 
-_SCALARS = (str, int, bool, type(None))
+_SCALARS = frozenset({str, int, bool, type(None)})
 
 
 def _plain_copy(value: Any) -> Any:

@@ -19,7 +19,7 @@ from celery_scheduler.envelope import Envelope, encode
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
-from celery_scheduler.tasklog.base import TaskLog
+from celery_scheduler.tasklog.base import BatchAck, TaskLog
 
 __all__ = ["SchedulerClient", "get_client", "set_client"]
 
@@ -95,6 +95,14 @@ class SchedulerClient:
             return self.task_log.publish(key, data, timeout=self.settings.kafka_produce_timeout,
                                          headers=headers)
         return self.task_log.publish_async(key, data, headers)
+
+    def publish_many(self, records: list[tuple[str, bytes]]) -> BatchAck:
+        """Publish encoded envelopes (key, data) in order, each signed if the app signs."""
+        signer = self._signer
+        if signer is None:
+            return self.task_log.publish_many(records)
+        return self.task_log.publish_many(records, [
+            {SIGNATURE_HEADER: signer.sign(key.encode("utf-8"), data)} for key, data in records])
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for records published with ``wait=False``; return how many are still pending."""

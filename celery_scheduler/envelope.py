@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ __all__ = [
     "Envelope",
     "RetryEnvelope",
     "RetryPolicy",
+    "ScheduleEncoder",
     "ScheduleEnvelope",
     "decode",
     "encode",
@@ -191,12 +193,62 @@ def encode(envelope: Envelope, max_bytes: int | None = None) -> bytes:
             raise NotSerializableError(
                 f"task {envelope.key} cannot be encoded as JSON: {exc}") from exc
     if max_bytes is not None and len(data) > max_bytes:
-        raise EnvelopeTooLargeError(
-            f"task {envelope.key} encodes to {len(data)} bytes, over the limit of {max_bytes} "
-            "(scheduler_max_envelope_bytes); pass a reference such as a row id instead of "
-            "the data, or raise the limit (and Kafka's max.message.bytes with it)"
-        )
+        raise _too_large(envelope.key, len(data), max_bytes)
     return data
+
+
+def _too_large(key: Any, size: int, max_bytes: int) -> EnvelopeTooLargeError:
+    return EnvelopeTooLargeError(
+        f"task {key} encodes to {size} bytes, over the limit of {max_bytes} "
+        "(scheduler_max_envelope_bytes); pass a reference such as a row id instead of "
+        "the data, or raise the limit (and Kafka's max.message.bytes with it)"
+    )
+
+
+class ScheduleEncoder:
+    """Encodes the schedule envelopes of one task with one set of options and retry policy.
+
+    Every such envelope shares its last fields in sorted order (``options``, ``retry``,
+    ``task``, ``type``, ``v``): they are encoded once, and each call encodes only its own
+    (``args``, ``enqueued_at``, ``key``, ``kwargs``), which sort before them. The bytes are
+    those :func:`encode` writes for the same envelope.
+    """
+
+    __slots__ = ("_shared", "max_bytes", "options", "retry", "task")
+
+    def __init__(self, task: str, options: dict[str, Any], retry: RetryPolicy,
+                 max_bytes: int | None = None) -> None:
+        self.task, self.options, self.retry, self.max_bytes = task, options, retry, max_bytes
+        try:
+            shared = orjson.dumps({"options": options, "retry": retry.as_json(), "task": task,
+                                   "type": "schedule", "v": VERSION}, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # an integer beyond 64 bits in the options: encode() each time
+            self._shared: bytes | None = None
+        else:
+            self._shared = b"," + shared[1:]
+
+    def encode(self, ordering_id: str, scheduled_ms: int, uniqueness_key: str,
+               args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int) -> bytes:
+        """The envelope of one call, whose key parts were checked and whose arguments are
+        JSON values (a tuple is written as a list)."""
+        shared = self._shared
+        if shared is not None:
+            try:
+                own = orjson.dumps({"args": args, "enqueued_at": enqueued_ms,
+                                    "key": {"at": scheduled_ms, "ordering_id": ordering_id,
+                                            "unique": uniqueness_key},
+                                    "kwargs": kwargs}, option=orjson.OPT_SORT_KEYS)
+            except TypeError:
+                pass
+            else:
+                data = own[:-1] + shared
+                if self.max_bytes is not None and len(data) > self.max_bytes:
+                    raise _too_large(TaskKey(ordering_id, scheduled_ms, uniqueness_key),
+                                     len(data), self.max_bytes)
+                return data
+        return encode(ScheduleEnvelope.checked(
+            TaskKey(ordering_id, scheduled_ms, uniqueness_key), self.task, list(args),
+            dict(kwargs), self.options, self.retry, enqueued_ms), self.max_bytes)
 
 
 # --- decoding ----------------------------------------------------------------------------

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import abc
 import threading
+import time
 from typing import Literal, NamedTuple, Protocol
 
 from confluent_kafka import Message, TopicPartition
 
-__all__ = ["UNACKNOWLEDGED", "Ack", "Position", "TaskLog", "TaskLogReader"]
+__all__ = ["UNACKNOWLEDGED", "Ack", "BatchAck", "Position", "TaskLog", "TaskLogReader"]
 
 # Said by every error for a record that was sent but not acknowledged: the caller must not
 # read it as "the task will not run".
@@ -104,6 +105,89 @@ class Ack:
         return f"<Ack {state}>"
 
 
+class BatchAck:
+    """The acknowledgement of a batch of records (``publish_many``): done once every record
+    was acknowledged or failed.
+
+    :meth:`wait` raises :class:`~celery_scheduler.errors.TaskLogUnavailableError` when some
+    were not acknowledged; :meth:`failed` returns them, as (key, value), so that they can be
+    published again (records are envelopes: publishing one again is safe).
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._failed: list[tuple[str, bytes, BaseException]] = []
+        self._done = threading.Event()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def failed(self) -> list[tuple[str, bytes]]:
+        """The records not acknowledged so far (all of them are known once done)."""
+        return [(key, value) for key, value, _ in list(self._failed)]
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every record is acknowledged; raise if one was not, or on *timeout*."""
+        from celery_scheduler.errors import TaskLogUnavailableError
+
+        if not self._wait_done(timeout):
+            raise TaskLogUnavailableError(
+                f"the task log did not acknowledge all {self.count} record(s) of a batch within "
+                f"{timeout}s; " + UNACKNOWLEDGED)
+        failed = list(self._failed)
+        if failed:
+            error = failed[0][2]
+            raise TaskLogUnavailableError(
+                f"{len(failed)} of {self.count} record(s) of a batch were not acknowledged "
+                f"(the first: {error}); " + UNACKNOWLEDGED) from error
+
+    def _wait_done(self, timeout: float | None) -> bool:
+        return self._done.wait(timeout)
+
+    def _fail(self, key: str, value: bytes, error: BaseException) -> None:
+        self._failed.append((key, value, error))
+
+    def _finish(self) -> None:
+        self._done.set()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<BatchAck {self.count} record(s), {state}, {len(self._failed)} failed>"
+
+
+class _AcksBatch(BatchAck):
+    """A batch published record by record: done once each record's Ack is."""
+
+    def __init__(self, records: list[tuple[str, bytes, Ack]]) -> None:
+        super().__init__(len(records))
+        self._records = records
+        self._watch()
+
+    def _watch(self) -> None:
+        for _, _, ack in self._records:
+            if not ack.done():
+                return
+        for key, value, ack in self._records:
+            error = ack.exception(0)
+            if error is not None:
+                self._fail(key, value, error)
+        self._finish()
+
+    def done(self) -> bool:
+        if not self._done.is_set():
+            self._watch()
+        return self._done.is_set()
+
+    def _wait_done(self, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _, _, ack in self._records:
+            try:
+                ack.exception(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return False
+        return self.done()
+
+
 class TaskLog(abc.ABC):
     """Append-only, partitioned log of envelopes; records of one key keep their order."""
 
@@ -128,6 +212,14 @@ class TaskLog(abc.ABC):
                 f"the task log did not acknowledge the record for {key!r} within {timeout}s; "
                 + UNACKNOWLEDGED
             ) from None
+
+    def publish_many(self, records: list[tuple[str, bytes]],
+                     headers: list[dict[str, bytes]] | None = None) -> BatchAck:
+        """Start appending each (key, value) record, in order, with ``headers[i]`` if given;
+        one acknowledgement for all."""
+        return _AcksBatch([
+            (key, value, self.publish_async(key, value, None if headers is None else headers[i]))
+            for i, (key, value) in enumerate(records)])
 
     @abc.abstractmethod
     def flush(self, timeout: float | None = None) -> int:

@@ -1,7 +1,8 @@
 """Helpers for tests that write to the scheduler topic as a foreign producer would.
 
 A test gets a scheduler of its own (topic, keyspace and queue), produces raw records into
-chosen partitions, and reads the dead-letter topic back by each record's source offset.
+chosen partitions, and reads the dead-letter topic back by each record's source offset;
+:func:`read_topic` reads what the package itself wrote to a topic.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
@@ -22,6 +23,24 @@ from tests.integration.dispatch_fixtures import Scheduler
 from tests.services import drop_scheduler
 
 PARTITIONS = 6  # tests.apps.dispatching's default
+
+
+def read_topic(bootstrap: str, topic: str, expected: int) -> dict[int, list[bytes]]:
+    """The values of *topic*'s records by partition, in order, once *expected* were read
+    (or after a minute)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-check",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, n, 0) for n in range(PARTITIONS)])
+    found: dict[int, list[bytes]] = {n: [] for n in range(PARTITIONS)}
+    deadline = time.monotonic() + 60
+    try:
+        while sum(map(len, found.values())) < expected and time.monotonic() < deadline:
+            for message in consumer.consume(5000, 1.0):
+                if message.error() is None:
+                    found[message.partition()].append(message.value())
+    finally:
+        consumer.close()
+    return found
 
 
 @contextlib.contextmanager

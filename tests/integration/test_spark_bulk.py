@@ -15,12 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from celery_scheduler.envelope import decode
 from celery_scheduler.keys import to_epoch_ms
 from celery_scheduler.partitioner import partition_for
 from tests.integration.dispatch_fixtures import Scheduler
+from tests.integration.raw_topic import read_topic
 from tests.services import drop_scheduler
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
@@ -31,22 +31,6 @@ UTC = dt.timezone.utc
 PARTITIONS = 6  # tests.apps.dispatching's default
 ROWS = 100_000
 SAMPLE = 20  # due a few seconds after the job, to run through a dispatcher and a worker
-
-
-def _topic(bootstrap: str, topic: str, expected: int) -> dict[int, list[bytes]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-check",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, n, 0) for n in range(PARTITIONS)])
-    found: dict[int, list[bytes]] = {n: [] for n in range(PARTITIONS)}
-    deadline = time.monotonic() + 60
-    try:
-        while sum(map(len, found.values())) < expected and time.monotonic() < deadline:
-            for message in consumer.consume(5000, 1.0):
-                if message.error() is None:
-                    found[message.partition()].append(message.value())
-    finally:
-        consumer.close()
-    return found
 
 
 def test_a_dataframe_is_scheduled_row_by_row_with_refused_rows_kept(
@@ -79,7 +63,7 @@ def test_a_dataframe_is_scheduled_row_by_row_with_refused_rows_kept(
 
     # exactly the valid rows, each in the partition schedule_at would choose
     topic = scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"]
-    found = _topic(kafka_bootstrap, topic, ROWS - invalid)
+    found = read_topic(kafka_bootstrap, topic, ROWS - invalid)
     assert sum(map(len, found.values())) == ROWS - invalid
     seqs = set()
     for partition, values in found.items():

@@ -17,7 +17,8 @@ def test_every_setting_is_documented() -> None:
 
 def test_public_api() -> None:
     assert set(celery_scheduler.__all__) == {
-        "RetryPolicy", "ScheduleHandle", "ScheduledTask", "State", "TaskKey", "TaskStatus",
+        "Call", "RetryPolicy", "ScheduleHandle", "ScheduledBatch", "ScheduledTask", "State",
+        "TaskKey", "TaskStatus",
         "__version__", "as_scheduled", "constant", "flush", "schedule_message", "scheduled_task",
     }
     for name in celery_scheduler.__all__:

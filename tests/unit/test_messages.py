@@ -4,7 +4,6 @@ task (order per ordering id, dedupe, cancel) through the testing helper's real e
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,17 +12,11 @@ from celery_scheduler.envelope import decode, encode
 from celery_scheduler.errors import EnvelopeDecodeError, ScheduleError, ScheduleTimeError
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
 from celery_scheduler.store.base import State
-from celery_scheduler.testing import SchedulerTesting, scheduler_testing
+from celery_scheduler.testing import SchedulerTesting
 from tests.unit.apps import app
+from tests.unit.conftest import START
 
 UTC = dt.timezone.utc
-START = dt.datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def scheduler() -> Iterator[SchedulerTesting]:
-    with scheduler_testing(app, start=START) as testing:
-        yield testing
 
 
 def test_a_message_is_produced_when_due_in_order_once(scheduler: SchedulerTesting) -> None:

@@ -30,8 +30,11 @@ class SilentProducer:
         self.produced: list[bytes] = []
         self.purged = False
 
-    def produce(self, topic: str, key: bytes, value: bytes, headers: Any, on_delivery: Any) -> None:
-        self.produced.append(value)
+    # Kafka's signature: the task log passes value, key, partition and callback by position
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, on_delivery: Any = None, timestamp: int = 0,
+                headers: Any = None) -> None:
+        self.produced.append(value or b"")
 
     def poll(self, timeout: float = 0) -> int:
         return 0
@@ -112,8 +115,10 @@ class ReportingProducer(SilentProducer):
         super().__init__()
         self.reports: list[Any] = []
 
-    def produce(self, topic: str, key: bytes, value: bytes, headers: Any, on_delivery: Any) -> None:
-        super().produce(topic, key, value, headers, on_delivery)
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, on_delivery: Any = None, timestamp: int = 0,
+                headers: Any = None) -> None:
+        super().produce(topic, value, key, partition, on_delivery)
         self.reports.append(on_delivery)
 
 
@@ -143,8 +148,9 @@ def test_a_report_that_comes_after_the_replacement_changes_nothing(log: KafkaTas
 
 def test_a_record_the_producer_refuses_is_not_left_waiting(log: KafkaTaskLog) -> None:
     class Refusing(SilentProducer):
-        def produce(self, topic: str, key: bytes, value: bytes, headers: Any,
-                    on_delivery: Any) -> None:
+        def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                    partition: int = -1, on_delivery: Any = None, timestamp: int = 0,
+                    headers: Any = None) -> None:
             raise kafka.KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
 
     log._producer = Refusing()

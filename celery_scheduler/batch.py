@@ -1,0 +1,167 @@
+"""Many calls of one task scheduled at once: ``task.schedule_many(calls)``.
+
+::
+
+    batch = send_reminder.schedule_many(
+        (when, (customer_id,), {"reminder_kind": "trial-ends"}) for customer_id, when in rows)
+    batch.count          # calls scheduled
+    batch.keys           # their task keys, in order
+
+Each call is checked as ``schedule`` checks it, and every call before any is published: a
+call ``schedule`` would refuse raises its error, naming the call's index, and nothing of the
+batch goes to Kafka. The calls share the task's options and retry policy, so the part of
+the envelope they share is encoded once, and Kafka's acknowledgements come back as one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from celery_scheduler.arguments import plain_kwargs, plain_values
+from celery_scheduler.calls import check_options, scheduled_ms_of
+from celery_scheduler.client import SchedulerClient
+from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
+from celery_scheduler.errors import ScheduleError, ScheduleTimeError
+from celery_scheduler.keys import MAX_KEY_LENGTH, TaskKey, check_key_part
+from celery_scheduler.tasklog.base import BatchAck
+
+if TYPE_CHECKING:
+    from celery_scheduler.api import ScheduledTask
+
+__all__ = ["Call", "ScheduledBatch", "encode_calls"]
+
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+_EMPTY: dict[str, Any] = {}  # the kwargs of a call without them; never changed
+_UNSET = object()
+
+
+class Call(NamedTuple):
+    """One call of ``schedule_many``: run ``task(*args, **kwargs)`` at *at* (a datetime).
+
+    A plain tuple ``(at, args)`` or ``(at, args, kwargs)`` is the same.
+    """
+
+    at: dt.datetime
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = _NO_KWARGS
+
+
+class ScheduledBatch:
+    """What ``schedule_many`` returns: the calls' task keys and Kafka's acknowledgement."""
+
+    def __init__(self, task: str, keys: list[tuple[str, int, str]], ack: BatchAck) -> None:
+        self.task = task
+        self._keys = keys
+        self._ack = ack
+
+    @property
+    def count(self) -> int:
+        """How many calls the batch scheduled."""
+        return len(self._keys)
+
+    @property
+    def keys(self) -> list[TaskKey]:
+        """The calls' task keys, in the order of the calls (for status and cancel)."""
+        return [TaskKey(*key) for key in self._keys]
+
+    def done(self) -> bool:
+        """Whether Kafka answered for every call (acknowledged it, or failed it)."""
+        return self._ack.done()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until Kafka acknowledged every call.
+
+        Raises :class:`~celery_scheduler.errors.TaskLogUnavailableError` if some were not
+        (:meth:`failed` lists them) or after *timeout* seconds. Scheduling the same calls
+        again is safe: a task key runs once.
+        """
+        self._ack.wait(timeout)
+
+    def failed(self) -> list[TaskKey]:
+        """The keys of the calls Kafka did not acknowledge (complete once :meth:`done`)."""
+        return [decode(value).key for _, value in self._ack.failed() if value]
+
+    def __repr__(self) -> str:
+        state = "acknowledged" if self.done() else "pending"
+        return f"<ScheduledBatch {self.task} {self.count} call(s), {state}>"
+
+
+def _at_call(error: ScheduleError, index: int, call: Any) -> ScheduleError:
+    """*error*, of its own type, saying which call of the batch it is about."""
+    return type(error)(f"call {index} of the batch ({call!r:.120}): {error}")
+
+
+def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerClient,
+                 timezone: Any, retry: RetryPolicy | None, options: Mapping[str, Any]
+                 ) -> tuple[list[tuple[str, bytes]], list[tuple[str, int, str]]]:
+    """Check and encode every call: the (ordering id, envelope) records and the task keys."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
+    if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Iterable):
+        raise ScheduleError(
+            f"calls must be an iterable of (at, args) or (at, args, kwargs), got "
+            f"{type(calls).__name__} {calls!r:.200}")
+    settings = client.settings
+    current = client.clock()
+    grace = settings.grace_seconds
+    encoder = ScheduleEncoder(task.name, check_options(options) if options else {},
+                              retry or task._retry or settings.retry_policy,
+                              settings.max_envelope_bytes)
+    encode, check = encoder.encode, task._checked
+    # The usual call (plain JSON values; keys from the decorator) is checked here inline, at
+    # a third of the cost of schedule()'s checks, which take every other call.
+    bind = task._binder.compiled
+    ordering_of, unique_of = task._ordering_id, task._uniqueness_key
+    inline = bind is not None and ordering_of is not None and unique_of is not None
+    records: list[tuple[str, bytes]] = []
+    keys: list[tuple[str, int, str]] = []
+    last_at: Any = _UNSET
+    scheduled_ms = 0
+    for index, call in enumerate(calls):
+        try:
+            size = len(call) if isinstance(call, (tuple, list)) else 0
+            if size == 3:
+                at, args, kwargs = call
+                if type(kwargs) is not dict and not kwargs:
+                    kwargs = _EMPTY  # Call's default: checked at dict speed
+            elif size == 2:
+                (at, args), kwargs = call, _EMPTY
+            else:
+                raise ScheduleError(
+                    "a call must be (at, args) or (at, args, kwargs), such as "
+                    "celery_scheduler.Call(at, args, kwargs)")
+            if at is not last_at:  # calls often share a time: read it once
+                if at is None:
+                    raise ScheduleTimeError("the call has no time: give a datetime")
+                scheduled_ms = scheduled_ms_of(at, None, current, timezone, grace)
+                last_at = at
+            if inline and (type(args) is tuple or type(args) is list) and type(kwargs) is dict \
+                    and plain_values(args) and (not kwargs or plain_kwargs(kwargs)):
+                try:
+                    arguments = bind(*args, **kwargs)  # type: ignore[misc]
+                except TypeError:
+                    arguments = None  # check() says why
+                if arguments is not None:
+                    ordering = ordering_of(arguments)  # type: ignore[misc]
+                    if not (type(ordering) is str and 0 < len(ordering) <= MAX_KEY_LENGTH
+                            and ordering.isascii() and "\x00" not in ordering):
+                        ordering = check_key_part(ordering, "ordering id")
+                    unique = unique_of(arguments)  # type: ignore[misc]
+                    if not (type(unique) is str and 0 < len(unique) <= MAX_KEY_LENGTH
+                            and unique.isascii() and "\x00" not in unique):
+                        unique = check_key_part(unique, "uniqueness key")
+                    records.append((ordering, encode(ordering, scheduled_ms, unique, args,
+                                                     kwargs, current)))
+                    keys.append((ordering, scheduled_ms, unique))
+                    continue
+            ordering, unique, encoded_args, encoded_kwargs = check(args, kwargs, None, None)
+            records.append((ordering, encode(ordering, scheduled_ms, unique, encoded_args,
+                                             encoded_kwargs, current)))
+        except ScheduleError as exc:
+            raise _at_call(exc, index, call) from exc
+        keys.append((ordering, scheduled_ms, unique))
+    return records, keys
+

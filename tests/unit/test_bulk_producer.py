@@ -1,0 +1,174 @@
+"""The batches' producer: records in order, a full queue waited for, failures named, a stuck
+producer given up and replaced. A fake producer stands in for librdkafka's, so each case
+runs at the moment the test names; ``tests/integration/test_schedule_many.py`` runs it
+against Kafka."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
+from celery_scheduler.tasklog import bulk
+from celery_scheduler.tasklog.bulk import BulkProducer
+
+
+class Message:
+    def __init__(self, key: str, value: bytes) -> None:
+        self._key, self._value = key, value
+
+    def key(self) -> bytes:
+        return self._key.encode()
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class FakeProducer:
+    """Holds what it is given until the test delivers, fails or purges it."""
+
+    made: ClassVar[list[FakeProducer]] = []
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.held: list[tuple[str, bytes, Any]] = []
+        self.room = 10**9  # records it takes before BufferError
+        self.fatal_once = False
+        FakeProducer.made.append(self)
+
+    def produce(self, topic: str, value: bytes | None = None, key: str | None = None,
+                partition: int = -1, on_delivery: Any = None, timestamp: int = 0,
+                headers: Any = None) -> None:
+        if self.fatal_once:
+            self.fatal_once = False
+            error = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
+            raise KafkaException(error)
+        if self.room <= 0:
+            raise BufferError("queue full")
+        self.room -= 1
+        assert key is not None and value is not None
+        self.held.append((key, value, on_delivery))
+
+    def deliver(self, count: int | None = None) -> None:
+        done, self.held = self.held[:count], self.held[len(self.held[:count]):]
+        self.room += len(done)  # nothing reported: delivery.report.only.error
+
+    def fail(self, key: str, code: int = KafkaError._MSG_TIMED_OUT) -> None:
+        for record in [r for r in self.held if r[0] == key]:
+            self.held.remove(record)
+            record[2](KafkaError(code, "timed out"), Message(record[0], record[1]))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return len(self.held)
+
+    def purge(self) -> None:
+        for key, value, callback in self.held:
+            callback(KafkaError(KafkaError._PURGE_QUEUE, "purged"), Message(key, value))
+        self.held = []
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+
+def _translate(error: KafkaError, key: str) -> Exception:
+    return TaskLogUnavailableError(f"{key}: {error.str()}")
+
+
+@pytest.fixture
+def producer(monkeypatch: pytest.MonkeyPatch) -> Iterator[BulkProducer]:
+    FakeProducer.made = []
+    monkeypatch.setattr(bulk, "Producer", FakeProducer)
+    monkeypatch.setattr(bulk, "FULL_WAIT", 0.001)
+    yield BulkProducer({"bootstrap.servers": "x", "error_cb": print, "linger.ms": 0}, "topic",
+                       0.2, _translate)
+
+
+RECORDS = [(f"o{i}", f"v{i}".encode()) for i in range(5)]
+
+
+def test_it_reports_only_failures_and_lingers(producer: BulkProducer) -> None:
+    config = FakeProducer.made[0].config
+    assert config["delivery.report.only.error"] is True and config["linger.ms"] == 5
+    assert "error_cb" not in config  # the task log's error callback is its own producer's
+
+
+def test_records_go_in_order_and_the_batch_is_done_once_the_producer_is_empty(
+        producer: BulkProducer) -> None:
+    batch = producer.publish(RECORDS)
+    fake = FakeProducer.made[-1]
+    assert [key for key, _, _ in fake.held] == ["o0", "o1", "o2", "o3", "o4"]
+    assert not batch.done()
+    fake.deliver()
+    assert batch.done()
+    batch.wait(1)
+
+
+def test_a_full_queue_is_waited_for_and_nothing_is_produced_twice(
+        producer: BulkProducer, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeProducer.made[-1]
+    fake.room = 2
+    delivered: list[str] = []
+
+    def poll(timeout: float = 0) -> int:  # the broker takes what is queued
+        delivered.extend(key for key, _, _ in fake.held)
+        fake.deliver()
+        return 0
+
+    monkeypatch.setattr(fake, "poll", poll)
+    producer.publish(RECORDS)
+    delivered.extend(key for key, _, _ in fake.held)
+    assert delivered == ["o0", "o1", "o2", "o3", "o4"]
+
+
+def test_a_queue_that_stays_full_says_how_many_were_produced(producer: BulkProducer) -> None:
+    FakeProducer.made[-1].room = 3
+    with pytest.raises(TaskLogUnavailableError, match=r"full for 0.2s after 3 of 5 record"):
+        producer.publish(RECORDS)
+
+
+def test_failed_records_are_named_and_the_others_count_as_acknowledged(
+        producer: BulkProducer) -> None:
+    batch = producer.publish(RECORDS)
+    fake = FakeProducer.made[-1]
+    fake.fail("o3")
+    fake.deliver()
+    assert batch.done() and batch.failed() == [("o3", b"v3")]
+    with pytest.raises(TaskLogUnavailableError, match=r"1 of 5 record\(s\) .*o3: timed out"):
+        batch.wait(1)
+
+
+def test_a_wait_that_times_out_gives_the_rest_up_and_replaces_the_producer(
+        producer: BulkProducer) -> None:
+    batch = producer.publish(RECORDS)
+    stuck = FakeProducer.made[-1]
+    stuck.deliver(2)
+    with pytest.raises(TaskLogUnavailableError, match=r"3 of 5 record\(s\) .*purged"):
+        batch.wait(0.01)
+    assert batch.failed() == RECORDS[2:]
+    assert producer.replaced == 1 and FakeProducer.made[-1] is not stuck
+    again = producer.publish(RECORDS[:1])  # the next batch goes to the new producer
+    assert [key for key, _, _ in FakeProducer.made[-1].held] == ["o0"] and not again.done()
+
+
+def test_a_fatal_error_replaces_the_producer_once(producer: BulkProducer) -> None:
+    first = FakeProducer.made[-1]
+    first.fatal_once = True
+    producer.publish(RECORDS[:2])
+    assert producer.replaced == 1
+    assert [key for key, _, _ in FakeProducer.made[-1].held] == ["o0", "o1"]
+
+
+def test_an_error_that_is_not_fatal_is_raised(producer: BulkProducer,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+
+    monkeypatch.setattr(FakeProducer.made[-1], "produce", refuse)
+    with pytest.raises(TaskLogError, match="o0: too large"):
+        producer.publish(RECORDS)

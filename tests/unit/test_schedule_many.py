@@ -1,0 +1,225 @@
+"""``schedule_many``: many calls checked like ``schedule``'s, encoded once, acknowledged as one."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import types
+import uuid
+from typing import Any
+
+import pytest
+
+from celery_scheduler import Call, RetryPolicy, TaskKey
+from celery_scheduler.arguments import plain_kwargs, plain_values
+from celery_scheduler.envelope import ScheduleEncoder, ScheduleEnvelope, encode
+from celery_scheduler.errors import (
+    EnvelopeTooLargeError,
+    InvalidKeyError,
+    NotSerializableError,
+    ScheduleError,
+    ScheduleTimeError,
+    TaskLogUnavailableError,
+)
+from celery_scheduler.tasklog.base import Ack
+from celery_scheduler.tasklog.memory import MemoryTaskLog
+from celery_scheduler.testing import SchedulerTesting
+from tests.unit.apps import charge, note, remind
+from tests.unit.conftest import START
+
+UTC = dt.timezone.utc
+
+
+def _document(envelope: ScheduleEnvelope) -> dict[str, Any]:
+    return envelope.as_json()
+
+
+@pytest.mark.parametrize(("args", "kwargs", "options", "retry"), [
+    (["c1"], {"kind": "welcome"}, {}, RetryPolicy()),
+    (["ünïcode ✓", 1.5, None, True], {"z": [1, {"b": 2, "a": 1}], "a": "x"}, {"queue": "mail"},
+     RetryPolicy(3, 2.0, 30.0)),
+    ([2**70], {}, {}, RetryPolicy()),  # beyond orjson's integers: the standard library's
+    ([{"__type__": "datetime", "__value__": "2030-01-01T00:00:00"}], {},
+     {"headers": {"b": 1, "a": 2}, "priority": 5}, RetryPolicy(1, 0.0, 0.0)),
+    ([], {}, {"expires": 2**70}, RetryPolicy()),  # shared fields the fast encoder refuses
+])
+def test_the_encoder_writes_the_bytes_encode_writes(args: list[Any], kwargs: dict[str, Any],
+                                                    options: dict[str, Any],
+                                                    retry: RetryPolicy) -> None:
+    key = TaskKey("o-1", 1_893_456_000_123, "u\"nique\\")
+    envelope = ScheduleEnvelope.checked(key, "proj.task", args, kwargs, options, retry, 42)
+    encoder = ScheduleEncoder("proj.task", options, retry, 10_000)
+    assert encoder.encode(key.ordering_id, key.scheduled_ms, key.uniqueness_key, args, kwargs,
+                          42) == encode(envelope, 10_000)
+
+
+def test_the_encoder_refuses_an_envelope_over_the_limit() -> None:
+    encoder = ScheduleEncoder("proj.task", {}, RetryPolicy(), 200)
+    with pytest.raises(EnvelopeTooLargeError, match=r"encodes to .* over the limit of 200"):
+        encoder.encode("o", 1, "u", ["x" * 300], {}, 0)
+
+
+def test_schedule_many_publishes_what_schedule_would(scheduler: SchedulerTesting) -> None:
+    times = [START + dt.timedelta(minutes=minutes) for minutes in (5, 5, 90)]
+    for when, customer in zip(times, ("c1", "c2", "c1"), strict=True):
+        remind.schedule_at(when, customer, kind=f"k-{customer}-{when.minute}")
+    one_by_one = [_document(envelope) for envelope in scheduler.records()]
+    scheduler.task_log._records = [[] for _ in range(scheduler.task_log.partitions())]
+
+    batch = remind.schedule_many(
+        (when, (customer,), {"kind": f"k-{customer}-{when.minute}"})
+        for when, customer in zip(times, ("c1", "c2", "c1"), strict=True))
+
+    assert [_document(envelope) for envelope in scheduler.records()] == one_by_one
+    assert batch.count == 3 and batch.done() and batch.failed() == []
+    assert batch.keys == [TaskKey("c1", _ms(times[0]), "k-c1-5"), TaskKey("c2", _ms(times[1]), "k-c2-5"),
+                          TaskKey("c1", _ms(times[2]), "k-c1-30")]
+    batch.wait(0)  # acknowledged already: returns
+
+
+def _ms(when: dt.datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def test_calls_come_in_every_documented_shape(scheduler: SchedulerTesting) -> None:
+    when = START + dt.timedelta(hours=1)
+    batch = remind.schedule_many(iter([
+        Call(when, ("c1",)),                                  # kwargs left out: the default
+        Call(when, ["c2"], types.MappingProxyType({"kind": "k2"})),
+        (when, ("c3",)),
+        [when, ("c4",), {"kind": "k4"}],
+        (when.replace(tzinfo=None), (), {"customer_id": "c5"}),  # naive: app.timezone (UTC)
+    ]))
+    assert [key.ordering_id for key in batch.keys] == ["c1", "c2", "c3", "c4", "c5"]
+    assert [key.uniqueness_key for key in batch.keys] == ["default", "k2", "default", "k4",
+                                                          "default"]
+    assert {key.scheduled_ms for key in batch.keys} == {_ms(when)}
+    assert len(scheduler.pending()) == 5
+
+
+def test_values_json_does_not_carry_as_they_are_are_encoded_as_schedule_does(
+        scheduler: SchedulerTesting) -> None:
+    when = START + dt.timedelta(hours=1)
+    values = ["c1", dt.datetime(2030, 1, 1, tzinfo=UTC), uuid.UUID(int=7), decimal.Decimal("1.5"),
+              b"\x00", (1, 2), 2**70]
+    note.schedule_at(when, "c1", text=values)  # type: ignore[arg-type]
+    [one_by_one] = scheduler.records()
+    scheduler.task_log._records = [[] for _ in range(scheduler.task_log.partitions())]
+    note.schedule_many([(when, ("c1",), {"text": values})])
+    [batched] = scheduler.records()
+    assert _document(batched) == _document(one_by_one)
+    assert batched.kwargs["text"][1] == {"__type__": "datetime",
+                                         "__value__": "2030-01-01T00:00:00+00:00"}
+
+
+def test_the_default_uniqueness_key_is_the_call_digest(scheduler: SchedulerTesting) -> None:
+    when = START + dt.timedelta(hours=1)
+    handle = note.schedule_at(when, "c1", "hello")
+    batch = note.schedule_many([(when, ("c1",), {"text": "hello"})])
+    assert batch.keys == [handle.key]  # f(a, b) and f(a, text=b) are one call
+
+
+def test_options_and_retry_apply_to_every_call(scheduler: SchedulerTesting) -> None:
+    when = START + dt.timedelta(hours=1)
+    policy = RetryPolicy(2, 3.0, 9.0)
+    charge.schedule_many([(when, (1, 10)), (when, (2, 20))], retry=policy, queue="money",
+                         priority=3)
+    envelopes = scheduler.pending()
+    assert [(e.key.ordering_id, e.args) for e in envelopes] == [("account-1", [1, 10]),
+                                                                  ("account-2", [2, 20])]
+    assert all(e.options == {"queue": "money", "priority": 3} and e.retry == policy
+               for e in envelopes)
+
+
+@pytest.mark.parametrize(("bad", "error", "says"), [
+    ((START + dt.timedelta(hours=1), ("c9", "k", "extra")), ScheduleError, "arguments do not match"),
+    ((START + dt.timedelta(hours=1), (42,)), InvalidKeyError, "ordering id must be a string"),
+    ((START + dt.timedelta(hours=1), ("c9",), {"kind": ""}), InvalidKeyError, "must not be empty"),
+    ((START + dt.timedelta(hours=1), ("c9",), {"kind": math.nan}), NotSerializableError,
+     "cannot be encoded"),
+    ((START - dt.timedelta(hours=1), ("c9",)), ScheduleTimeError, "in the past"),
+    ((None, ("c9",)), ScheduleTimeError, "has no time"),
+    (("tomorrow", ("c9",)), ScheduleTimeError, "must be a datetime"),
+    ((START + dt.timedelta(hours=1),), ScheduleError, r"must be \(at, args\)"),
+    ("c9", ScheduleError, r"must be \(at, args\)"),
+    ((START + dt.timedelta(hours=1), "c9"), ScheduleError, "must be a list or tuple"),
+    ((START + dt.timedelta(hours=1), ("c9",), {1: "x"}), ScheduleError, "string keys"),
+])
+def test_a_bad_call_raises_its_own_error_with_its_index_and_nothing_is_published(
+        scheduler: SchedulerTesting, bad: Any, error: type[Exception], says: str) -> None:
+    good = (START + dt.timedelta(hours=1), ("c1",), {"kind": "k"})
+    with pytest.raises(error, match=says) as raised:
+        remind.schedule_many([good, good, bad, good])
+    assert type(raised.value) is error
+    assert str(raised.value).startswith("call 2 of the batch (")
+    assert scheduler.records() == []
+
+
+def test_an_argument_json_cannot_carry_is_refused_with_its_index(
+        scheduler: SchedulerTesting) -> None:
+    when = START + dt.timedelta(hours=1)
+    with pytest.raises(NotSerializableError, match=r"call 1 of the batch .*cannot be encoded"):
+        note.schedule_many([(when, ("c1", "ok")), (when, ("c1", math.inf))])
+    with pytest.raises(NotSerializableError, match="call 0 of the batch"):
+        note.schedule_many([(when, ("c1", object()))])
+    assert scheduler.records() == []
+
+
+def test_what_is_not_a_list_of_calls_is_refused(scheduler: SchedulerTesting) -> None:
+    for calls in ("abc", {"at": START}, 5):
+        with pytest.raises(ScheduleError, match="calls must be an iterable"):
+            remind.schedule_many(calls)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match="retry must be a RetryPolicy"):
+        remind.schedule_many([], retry=3)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match="unknown Celery option 'colour'"):
+        remind.schedule_many([], colour="red")
+    assert remind.schedule_many([]).count == 0
+
+
+class FailingLog(MemoryTaskLog):
+    """Takes every record; fails those whose key is in *failing*."""
+
+    def __init__(self, failing: set[str]) -> None:
+        super().__init__(12)
+        self.failing = failing
+
+    def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
+                      ) -> Ack:
+        if key not in self.failing:
+            return super().publish_async(key, value, headers)
+        ack = Ack()
+        ack.settle(None, TaskLogUnavailableError(f"no ack for {key}"))
+        return ack
+
+
+def test_calls_kafka_does_not_acknowledge_are_named(scheduler: SchedulerTesting,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    client = remind.client
+    monkeypatch.setattr(client, "_task_log", FailingLog({"c2", "c4"}))
+    when = START + dt.timedelta(hours=1)
+    calls = [(when, (f"c{i}",), {"kind": "k"}) for i in range(6)]
+    with pytest.raises(TaskLogUnavailableError, match=r"2 of 6 record\(s\) .*no ack for c2"):
+        remind.schedule_many(calls)
+    batch = remind.schedule_many(calls, wait=False)
+    assert batch.done()
+    assert batch.failed() == [TaskKey("c2", _ms(when), "k"), TaskKey("c4", _ms(when), "k")]
+    with pytest.raises(TaskLogUnavailableError, match="make the same call again"):
+        batch.wait(1)
+
+
+@pytest.mark.parametrize(("values", "plain"), [
+    (("a", 1, True, None, 1.5, -0.0), True),
+    ((math.nan,), False),
+    ((math.inf,), False),
+    ((-math.inf,), False),
+    (([1],), False),  # containers take the full path
+    ((decimal.Decimal(1),), False),
+])
+def test_plain_values_are_only_json_scalars(values: tuple[Any, ...], plain: bool) -> None:
+    assert plain_values(values) is plain
+    assert plain_kwargs(dict(zip("abcdef", values, strict=False))) is plain
+
+
+def test_plain_kwargs_need_string_names() -> None:
+    assert plain_kwargs({1: "x"}) is False  # type: ignore[dict-item]
