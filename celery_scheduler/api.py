@@ -28,7 +28,7 @@ from typing import Any
 
 from celery.local import PromiseProxy, Proxy
 
-from celery_scheduler.arguments import Binder
+from celery_scheduler.arguments import Binder, KeySource
 from celery_scheduler.batch import Call, ScheduledBatch, encode_calls
 from celery_scheduler.calls import call_digest, check_options, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient, get_client
@@ -124,6 +124,15 @@ def _resolver(spec: KeySpec | None, what: str, binder: Binder, task: str
     )
 
 
+def _source(spec: KeySpec) -> KeySource:
+    """A key spec that :func:`_resolver` accepted, as the binder compiles it."""
+    if isinstance(spec, constant):
+        return ("value", spec.value)
+    if isinstance(spec, str):
+        return ("name", spec)
+    return ("call", spec)
+
+
 class ScheduleHandle:
     """What a schedule call returns: the task key, and status, cancel and retry for it."""
 
@@ -208,6 +217,9 @@ class ScheduledTask:
         self._binder = Binder(signature, getattr(task.run, "__name__", "task"))
         self._ordering_id = _resolver(ordering_id, "ordering id", self._binder, self.name)
         self._uniqueness_key = _resolver(uniqueness_key, "uniqueness key", self._binder, self.name)
+        # both keys of a call from its arguments in one compiled call (schedule_many's)
+        self._keys_of = (self._binder.compile_keys(_source(ordering_id), _source(uniqueness_key))
+                         if ordering_id is not None and uniqueness_key is not None else None)
         self._retry = retry
         self._resolved: Any = None  # the task behind @app.task's proxy, once it resolved
         self._zone: tuple[Any, Any] = (None, None)  # an app and its timezone, read once

@@ -22,9 +22,12 @@ from kombu.utils.json import dumps as _kombu_dumps
 
 from celery_scheduler.errors import NotSerializableError
 
-__all__ = ["Binder", "encode_arguments", "kombu_dumps", "plain_kwargs", "plain_values"]
+__all__ = ["Binder", "KeySource", "encode_arguments", "kombu_dumps", "plain_kwargs", "plain_values"]
 
 _P = inspect.Parameter
+
+# Where a key comes from: ("name", parameter), ("value", constant) or ("call", function).
+KeySource = tuple[str, Any]
 
 
 class Binder:
@@ -32,9 +35,8 @@ class Binder:
 
     def __init__(self, signature: inspect.Signature, name: str = "task") -> None:
         self.signature = signature
-        self._bind = _compile(signature, name if name.isidentifier() else "task")
-        # the compiled binder: ``compiled(*args, **kwargs)`` is ``arguments(args, kwargs)``
-        self.compiled = self._bind
+        self._name = name if name.isidentifier() else "task"
+        self._bind = _compile(signature, self._name)
         parameters = signature.parameters.values()
         # how the arguments are passed on: by position up to the first keyword-only one
         self._positional = [p.name for p in parameters
@@ -55,11 +57,37 @@ class Binder:
             bound = self.signature.bind(*args, **kwargs)
             bound.apply_defaults()
             return dict(bound.arguments)
-        return self._bind(*args, **kwargs)
+        arguments: dict[str, Any] = self._bind(*args, **kwargs)
+        return arguments
 
     def bound(self, arguments: dict[str, Any]) -> inspect.BoundArguments:
         """The ``inspect`` form of *arguments*: ``.args`` and ``.kwargs`` as a call takes them."""
         return inspect.BoundArguments(self.signature, arguments)
+
+    def compile_keys(self, ordering: KeySource, unique: KeySource
+                     ) -> Callable[..., tuple[Any, Any]] | None:
+        """A function taking a call's arguments as the task does, returning its ordering id
+        and uniqueness key without building the arguments by name; None if the signature
+        cannot be compiled. Each source is ``("name", parameter)``, ``("value", constant)``
+        or ``("call", function)`` (called with the task's arguments); a function that
+        raises, or a call that does not fit, raises as it would."""
+        if self._bind is None:
+            return None
+        call = ", ".join([*self._positional, *([f"*{self._star}"] if self._star else []),
+                          *(f"{name}={name}" for name in self._keyword),
+                          *([f"**{self._star_star}"] if self._star_star else [])])
+        names: dict[str, Any] = {}
+        expressions = []
+        for index, (kind, source) in enumerate((ordering, unique)):
+            if kind == "name":
+                if source not in self.signature.parameters:
+                    return None
+                expressions.append(source)
+            else:
+                names[f"__binder_key_{index}"] = source
+                expressions.append(f"__binder_key_{index}" + (f"({call})" if kind == "call" else ""))
+        return _compile(self.signature, self._name, f"return {expressions[0]}, {expressions[1]}",
+                        names)
 
     def call_with(self, function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
         """Call *function* with the task's arguments, as the task itself would be called."""
@@ -75,10 +103,12 @@ class Binder:
         return function(*args, **kwargs)
 
 
-def _compile(signature: inspect.Signature, function_name: str
-             ) -> Callable[..., dict[str, Any]] | None:
-    """A function with *signature*'s parameters that returns them by name, or None if the
-    signature cannot be written as Python source (then ``inspect`` binds)."""
+def _compile(signature: inspect.Signature, function_name: str, body: str | None = None,
+             names: Mapping[str, Any] | None = None) -> Callable[..., Any] | None:
+    """A function with *signature*'s parameters whose body is *body* (by default: return
+    them by name), or None if the signature cannot be written as Python source (then
+    ``inspect`` binds). *names* are globals the body uses; each starts with ``__binder``.
+    """
     if keyword.iskeyword(function_name):
         function_name = "task"
     parts: list[str] = []
@@ -104,15 +134,16 @@ def _compile(signature: inspect.Signature, function_name: str
         if parameter.kind is _P.POSITIONAL_ONLY and (
                 index + 1 == len(kinds) or kinds[index + 1] is not _P.POSITIONAL_ONLY):
             parts.append("/")
-    names = ", ".join(f"{p!r}: {p}" for p in signature.parameters)
+    if body is None:
+        body = "return {" + ", ".join(f"{p!r}: {p}" for p in signature.parameters) + "}"
     # named like the task, so that a call that does not fit says "remind() missing ..."
-    source = f"def {function_name}({', '.join(parts)}):\n    return {{{names}}}\n"
-    namespace: dict[str, Any] = dict(defaults)
+    source = f"def {function_name}({', '.join(parts)}):\n    {body}\n"
+    namespace: dict[str, Any] = {**defaults, **(names or {})}
     try:
         exec(compile(source, "<celery_scheduler binder>", "exec"), namespace)
     except SyntaxError:
         return None
-    function: Callable[..., dict[str, Any]] = namespace[function_name]
+    function: Callable[..., Any] = namespace[function_name]
     return function
 
 

@@ -113,9 +113,7 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
     encode, check = encoder.encode, task._checked
     # The usual call (plain JSON values; keys from the decorator) is checked here inline, at
     # a third of the cost of schedule()'s checks, which take every other call.
-    bind = task._binder.compiled
-    ordering_of, unique_of = task._ordering_id, task._uniqueness_key
-    inline = bind is not None and ordering_of is not None and unique_of is not None
+    keys_of = task._keys_of
     records: list[tuple[str, bytes]] = []
     keys: list[tuple[str, int, str]] = []
     last_at: Any = _UNSET
@@ -138,18 +136,17 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
                     raise ScheduleTimeError("the call has no time: give a datetime")
                 scheduled_ms = scheduled_ms_of(at, None, current, timezone, grace)
                 last_at = at
-            if inline and (type(args) is tuple or type(args) is list) and type(kwargs) is dict \
-                    and plain_values(args) and (not kwargs or plain_kwargs(kwargs)):
+            if keys_of is not None and (type(args) is tuple or type(args) is list) \
+                    and type(kwargs) is dict and plain_values(args) \
+                    and (not kwargs or plain_kwargs(kwargs)):
                 try:
-                    arguments = bind(*args, **kwargs)  # type: ignore[misc]
-                except TypeError:
-                    arguments = None  # check() says why
-                if arguments is not None:
-                    ordering = ordering_of(arguments)  # type: ignore[misc]
+                    ordering, unique = keys_of(*args, **kwargs)
+                except Exception:  # a call that does not fit, a key function that fails
+                    ordering = None  # check() says why, as schedule() would
+                if ordering is not None:
                     if not (type(ordering) is str and 0 < len(ordering) <= MAX_KEY_LENGTH
                             and ordering.isascii() and "\x00" not in ordering):
                         ordering = check_key_part(ordering, "ordering id")
-                    unique = unique_of(arguments)  # type: ignore[misc]
                     if not (type(unique) is str and 0 < len(unique) <= MAX_KEY_LENGTH
                             and unique.isascii() and "\x00" not in unique):
                         unique = check_key_part(unique, "uniqueness key")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import inspect
 import math
 import types
 import uuid
@@ -11,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from celery_scheduler import Call, RetryPolicy, TaskKey
-from celery_scheduler.arguments import plain_kwargs, plain_values
+from celery_scheduler import Call, RetryPolicy, TaskKey, scheduled_task
+from celery_scheduler.arguments import Binder, plain_kwargs, plain_values
 from celery_scheduler.envelope import ScheduleEncoder, ScheduleEnvelope, encode
 from celery_scheduler.errors import (
     EnvelopeTooLargeError,
@@ -25,7 +26,7 @@ from celery_scheduler.errors import (
 from celery_scheduler.tasklog.base import Ack
 from celery_scheduler.tasklog.memory import MemoryTaskLog
 from celery_scheduler.testing import SchedulerTesting
-from tests.unit.apps import charge, note, remind
+from tests.unit.apps import app, charge, note, remind
 from tests.unit.conftest import START
 
 UTC = dt.timezone.utc
@@ -223,3 +224,59 @@ def test_plain_values_are_only_json_scalars(values: tuple[Any, ...], plain: bool
 
 def test_plain_kwargs_need_string_names() -> None:
     assert plain_kwargs({1: "x"}) is False  # type: ignore[dict-item]
+
+
+def _positional_only(a: str, b: int = 2, /, c: int = 3) -> None: ...
+
+
+def _star(a: str, *rest: int, key: str = "k", **more: Any) -> None: ...
+
+
+def _keyword_only(*, a: str, b: int) -> None: ...
+
+
+@pytest.mark.parametrize(("function", "args", "kwargs"), [
+    (_positional_only, ("x",), {}),
+    (_positional_only, ("x", 5), {"c": 9}),
+    (_star, ("x", 1, 2), {"key": "z", "extra": True}),
+    (_star, ("x",), {}),
+    (_keyword_only, (), {"b": 4, "a": "y"}),
+])
+def test_the_compiled_keys_are_those_the_arguments_give(function: Any, args: tuple[Any, ...],
+                                                        kwargs: dict[str, Any]) -> None:
+    binder = Binder(inspect.signature(function), function.__name__)
+    def by_call(*a: Any, **k: Any) -> str:
+        return repr((a, sorted(k.items())))
+
+    first = next(iter(inspect.signature(function).parameters))
+    keys_of = binder.compile_keys(("name", first), ("call", by_call))
+    assert keys_of is not None
+    arguments = binder.arguments(args, kwargs)
+    assert keys_of(*args, **kwargs) == (arguments[first], binder.call_with(by_call, arguments))
+    constant_keys = binder.compile_keys(("value", "fixed"), ("name", first))
+    assert constant_keys is not None and constant_keys(*args, **kwargs) == ("fixed", arguments[first])
+
+
+def test_a_call_the_compiled_keys_do_not_fit_raises_as_the_task_would() -> None:
+    binder = Binder(inspect.signature(_keyword_only), "_keyword_only")
+    keys_of = binder.compile_keys(("name", "a"), ("name", "b"))
+    assert keys_of is not None
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'b'"):
+        keys_of(a="x")
+    assert binder.compile_keys(("name", "nope"), ("name", "b")) is None
+
+
+@scheduled_task(ordering_id=lambda n: f"share-{100 // int(n)}", uniqueness_key="n")
+@app.task(name="unit.share")
+def share(n: str) -> None: ...
+
+
+def test_a_key_function_that_fails_gets_the_error_schedule_gives(
+        scheduler: SchedulerTesting) -> None:
+    when = START + dt.timedelta(hours=1)
+    with pytest.raises(InvalidKeyError, match="raised ZeroDivisionError") as one:
+        share.schedule_at(when, "0")
+    with pytest.raises(InvalidKeyError, match="raised ZeroDivisionError") as batched:
+        share.schedule_many([(when, ("5",)), (when, ("0",))])
+    assert str(batched.value) == f"call 1 of the batch ({(when, ('0',))!r:.120}): {one.value}"
+    assert scheduler.records() == []
