@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.integration.dispatch_fixtures import Scheduler
-from tests.integration.test_spark_bulk import PARTITIONS, _topic
+from tests.integration.raw_topic import PARTITIONS, read_topic
 from tests.services import REPO
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
@@ -106,5 +106,5 @@ def test_the_bulk_job_runs_on_a_standalone_cluster(
     finally:
         spark.stop()
         gc.collect()
-    found = _topic(kafka_bootstrap, scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"], ROWS)
+    found = read_topic(kafka_bootstrap, scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"], ROWS)
     assert sum(map(len, found.values())) == ROWS and len(found) == PARTITIONS
