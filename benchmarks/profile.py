@@ -3,6 +3,7 @@
 ::
 
     python benchmarks/profile.py schedule --form batched --count 20000
+    python benchmarks/profile.py schedule --form many --count 30000
     python benchmarks/profile.py schedule --form sync --count 3000
     python benchmarks/profile.py ingest --count 20000
     python benchmarks/profile.py backlog --count 20000 --ordering-ids 2000
@@ -13,8 +14,9 @@ Each run creates a topic, keyspace and Celery queue of its own on the default se
 reference rate of the same records (a plain confluent-kafka producer for ``schedule``, plain
 concurrent Cassandra inserts for ``ingest``), prints the profile, and drops what it created.
 
-* ``schedule``: ``task.schedule(..., wait=False)`` then one flush (``batched``), or
-  ``schedule_at`` waiting for each acknowledgement (``sync``).
+* ``schedule``: ``task.schedule(..., wait=False)`` then one flush (``batched``),
+  ``task.schedule_many`` of every call at once (``many``; the calls are made before the
+  clock starts), or ``schedule_at`` waiting for each acknowledgement (``sync``).
 * ``ingest``: the dispatcher's ingest loop (poll, decode, check, persist, commit) over records
   a week ahead, with the release engine running beside it as in a dispatcher.
 * ``backlog``: the release engine draining overdue tasks already stored in Cassandra, each
@@ -197,7 +199,7 @@ def _producer_rate(args: argparse.Namespace, topic: str, records: list[tuple[byt
 
 class _Taken(TaskLog):
     """A task log that takes each record and acknowledges it at once (``--no-kafka``): what
-    is left of a schedule call is its own Python work."""
+    is left of a schedule call is its own Python work (a batch's records go one by one)."""
 
     def publish_async(self, key: str, value: bytes, headers: dict[str, bytes] | None = None
                       ) -> Ack:
@@ -216,9 +218,14 @@ def profile_schedule(args: argparse.Namespace) -> None:
         set_client(app, client)
         when = _far_future()
         work.schedule(("warm-up", -1), at=when)  # connect and read metadata first
+        calls = [(when, (f"o{i % args.ordering_ids}", i)) for i in range(args.count)]
+        if args.form == "many":
+            work.schedule_many(calls[:1000])  # its producer connects on the first batch
         run = Run(not args.no_profile)
         with run.measure():
-            if args.form == "batched":
+            if args.form == "many":
+                work.schedule_many(calls)
+            elif args.form == "batched":
                 for i in range(args.count):
                     work.schedule((f"o{i % args.ordering_ids}", i), at=when, wait=False)
                 assert client.flush(60) == 0
@@ -365,8 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("path", choices=["schedule", "ingest", "backlog"])
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--ordering-ids", type=int, default=1000)
-    parser.add_argument("--form", choices=["batched", "sync"], default="batched",
-                        help="schedule path: wait=False calls and one flush, or one ack per call")
+    parser.add_argument("--form", choices=["batched", "many", "sync"], default="batched",
+                        help="schedule path: wait=False calls and one flush, schedule_many, or "
+                             "one ack per call")
     parser.add_argument("--no-profile", action="store_true", help="measure without pyinstrument")
     parser.add_argument("--no-kafka", action="store_true",
                         help="schedule: acknowledge each record at once, without Kafka")
