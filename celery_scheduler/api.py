@@ -30,7 +30,7 @@ from celery.local import PromiseProxy, Proxy
 
 from celery_scheduler.arguments import Binder, KeySource
 from celery_scheduler.batch import Call, ScheduledBatch, encode_calls
-from celery_scheduler.calls import call_digest, check_options, scheduled_ms_of
+from celery_scheduler.calls import call_digest, check_options, check_retry, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.config import Settings
 from celery_scheduler.envelope import (
@@ -340,8 +340,7 @@ class ScheduledTask:
         current = client.clock()
         scheduled_ms = scheduled_ms_of(at, countdown, current, self._timezone(app),
                                        settings.grace_seconds)
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
+        check_retry(retry)
         ordering, unique, encoded_args, encoded_kwargs = self._checked(
             args, kwargs, ordering_id, uniqueness_key)
         return ScheduleEnvelope.checked(

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery_scheduler.arguments import plain_kwargs, plain_values
-from celery_scheduler.calls import check_options, scheduled_ms_of
+from celery_scheduler.calls import check_options, check_retry, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
 from celery_scheduler.errors import ScheduleError, ScheduleTimeError
@@ -98,8 +98,7 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
                  timezone: Any, retry: RetryPolicy | None, options: Mapping[str, Any]
                  ) -> tuple[list[tuple[str, bytes]], list[tuple[str, int, str]]]:
     """Check and encode every call: the (ordering id, envelope) records and the task keys."""
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
+    check_retry(retry)
     if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Iterable):
         raise ScheduleError(
             f"calls must be an iterable of (at, args) or (at, args, kwargs), got "

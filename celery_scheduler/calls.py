@@ -11,11 +11,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from celery_scheduler.envelope import encode_arguments, option_problem
+from celery_scheduler.envelope import RetryPolicy, encode_arguments, option_problem
 from celery_scheduler.errors import ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import MAX_MS, TaskKey, check_key_part, to_epoch_ms
 
-__all__ = ["call_digest", "check_options", "scheduled_ms_of"]
+__all__ = ["call_digest", "check_options", "check_retry", "scheduled_ms_of"]
 
 
 def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -29,6 +29,12 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if "headers" in checked:
         checked["headers"] = encode_arguments((), checked["headers"])[1]
     return checked
+
+
+def check_retry(retry: Any) -> None:
+    """Refuse a ``retry=`` that is neither None nor a RetryPolicy."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
 
 
 def scheduled_ms_of(at: Any, countdown: Any, current: int, timezone: Any,

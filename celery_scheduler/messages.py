@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_scheduler.api import ScheduleHandle
-from celery_scheduler.calls import call_digest, scheduled_ms_of
+from celery_scheduler.calls import call_digest, check_retry, scheduled_ms_of
 from celery_scheduler.client import get_client
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError, ScheduleError
@@ -140,8 +140,7 @@ def schedule_message(topic: str, value: bytes | str, *, key: bytes | str | None 
     message = DelayedMessage.make(topic, value, key, headers)
     current = client.clock()
     when = scheduled_ms_of(at, countdown, current, app.timezone, settings.grace_seconds)
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise ScheduleError(f"retry must be a RetryPolicy, got {retry!r:.200}")
+    check_retry(retry)
     args = message.args()
     unique = (check_key_part(uniqueness_key, "uniqueness key") if uniqueness_key is not None
               else call_digest(MESSAGE_TASK, args, {}))
