@@ -6,7 +6,8 @@
 
 Publishes *count* releases through the dispatcher's publisher (``release.Publisher``, as its
 sender thread does) to a queue of its own on the local Redis, in steps of each batch size,
-and prints the CPU time of this process per release. For comparison, the same task sent
+and prints the CPU time of this process per release, pushed onto Redis by the publisher
+itself (``release_redis``) and through kombu's producer. For comparison, the same task sent
 with Celery's ``apply_async`` one at a time, and the finished messages pushed with a bare
 ``LPUSH`` (one command a message, and one pipeline a batch). At light load a dispatcher
 sends each release alone, at its due time: the figure for batch 1 is part of its CPU per
@@ -58,17 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     client = redis.Redis.from_url(REDIS)
     publisher = Publisher(app, lease_seconds=300)
+    through_kombu = Publisher(app, lease_seconds=300, redis_push=False)
     try:
-        assert publisher.publish_many(_items(10)) == [None] * 10  # connected, the queue declared
+        for each in (publisher, through_kombu):  # connected, the queue declared
+            assert each.publish_many(_items(10)) == [None] * 10
         for batch in (int(b) for b in options.batches.split(",")):
-            items = _items(options.count)
-            steps = [items[i:i + batch] for i in range(0, len(items), batch)]
+            for name, used in (("release publish", publisher),
+                               ("release publish through kombu's producer", through_kombu)):
+                items = _items(options.count)
+                steps = [items[i:i + batch] for i in range(0, len(items), batch)]
 
-            def step(chunk: list[tuple[ScheduleEnvelope, Release]]) -> Callable[[], object]:
-                return lambda: publisher.publish_many(chunk)
+                def step(chunk: list[tuple[ScheduleEnvelope, Release]], used: Publisher = used
+                         ) -> Callable[[], object]:
+                    return lambda: used.publish_many(chunk)
 
-            cpu = _cpu_per_call([step(chunk) for chunk in steps], batch)
-            print(f"release publish, {batch} a step: {cpu * 1e6:,.0f} us CPU each", flush=True)
+                cpu = _cpu_per_call([step(chunk) for chunk in steps], batch)
+                print(f"{name}, {batch} a step: {cpu * 1e6:,.0f} us CPU each", flush=True)
         count = options.count
         sent = _cpu_per_call([lambda: plain.apply_async(ARGS, queue=QUEUE)] * count, 1)
         print(f"Celery apply_async, one at a time: {sent * 1e6:,.0f} us CPU each", flush=True)
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bare LPUSH, 100 a pipeline: {piped * 1e6:,.0f} us CPU each", flush=True)
     finally:
         publisher.close()
+        through_kombu.close()
         client.delete(QUEUE)
     return 0
 

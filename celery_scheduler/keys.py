@@ -10,6 +10,7 @@ milliseconds is rounded up, so that a task never runs before the time it was giv
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import uuid
 from dataclasses import dataclass
 
@@ -124,7 +125,7 @@ class TaskKey:
         """The scheduled time as an aware UTC datetime."""
         return from_epoch_ms(self.scheduled_ms)
 
-    @property
+    @functools.cached_property
     def task_id(self) -> str:
         """The Celery task id every release of this key uses (stable across retries)."""
         name = f"{self.ordering_id}\x1f{self.scheduled_ms}\x1f{self.uniqueness_key}"

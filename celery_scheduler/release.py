@@ -9,15 +9,19 @@ worker-side hooks which key and attempt the execution belongs to.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import loads as _kombu_loads
 
 from celery_scheduler.confirms import Confirms, supports_confirms
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
+from celery_scheduler.release_redis import RedisPush
 from celery_scheduler.wire import HEADER, Release
 
 __all__ = ["Publisher", "publish", "publish_each", "send_release"]
@@ -67,12 +71,13 @@ def _shown(value: Any) -> str:
 
 def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
             now: dt.datetime | None = None, producer: Any = None,
-            declared: set[tuple[Any, ...]] | None = None) -> None:
+            declared: set[tuple[Any, ...]] | None = None, push: RedisPush | None = None) -> None:
     """Send *envelope*'s task to Celery for *release* (through *producer*, if given).
 
     With *declared* (the routes this producer's connection has declared already), a route
     is declared by its first message only: Celery would declare the queue again for every
-    message, a fifth of the CPU of a release.
+    message, a fifth of the CPU of a release. With *push* (a Redis broker), a message it
+    takes waits there for the step's pipeline instead of going through kombu.
     """
     options = dict(envelope.options)
     options.pop("task_id", None)  # sent as the task id below
@@ -92,6 +97,8 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
         if "soft_time_limit" in options:
             options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
     args, kwargs = _arguments(envelope)
+    if args is not envelope.args or kwargs is not envelope.kwargs:
+        push = None  # objects kombu's JSON tags (datetimes, ...): its encoder writes them
     if declared is not None:
         route = (envelope.task, options.get("queue"), options.get("exchange"),
                  options.get("routing_key"))
@@ -108,11 +115,12 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
         app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=envelope.task_id,
                       retries=CELERY_RETRIES_EXHAUSTED, producer=producer, **sent)
         return
-    send_release(app, producer, envelope.task, envelope.task_id, args, kwargs, sent)
+    send_release(app, producer, envelope.task, envelope.task_id, args, kwargs, sent, push)
 
 
 def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[Any],
-                 kwargs: dict[str, Any], options: dict[str, Any]) -> None:
+                 kwargs: dict[str, Any], options: dict[str, Any], push: RedisPush | None = None
+                 ) -> None:
     """Send one released task through *producer*: ``app.send_task`` less what a release ignores.
 
     The message, its routing and the publish signals are Celery's own (the same calls
@@ -145,9 +153,17 @@ def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[An
         task_id, name, args, kwargs, None, eta, None, None, expires,
         CELERY_RETRIES_EXHAUSTED, None, None, None, app.thread_oid, time_limit,
         soft_time_limit, app.conf.task_send_sent_event, None, None,
-        shadow, None, ignore_result=ignore_result, **options)
+        shadow, None, origin=_origin(os.getpid()), ignore_result=ignore_result, **options)
+    if push is not None and push.add(name, message, options):
+        return
     with producer.connection._reraise_as_library_errors():
         amqp.send_task_message(producer, name, message, **options)
+
+
+@functools.lru_cache(maxsize=4)
+def _origin(pid: int) -> str:
+    """The message's ``origin`` (Celery's name for this process), made once per process."""
+    return anon_nodename()  # type: ignore[no-any-return]
 
 
 def publish_each(publish: Callable[[T, Release], None], items: list[tuple[T, Release]]
@@ -196,12 +212,14 @@ class Publisher:
     is let go and the next call takes a fresh one.
     """
 
-    def __init__(self, app: Any, lease_seconds: float) -> None:
+    def __init__(self, app: Any, lease_seconds: float, *, redis_push: bool = True) -> None:
         self.app = app
+        self._redis_push = redis_push  # False: every release goes through kombu's producer
         self.lease_seconds = lease_seconds
         self._producer: Any = None
         self._confirms: Confirms | None = None  # set while the producer is our RabbitMQ one
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
+        self._push: RedisPush | None = None  # set while the producer is on Redis
 
     def publish(self, envelope: ScheduleEnvelope, release: Release) -> None:
         producer = self._in_use()
@@ -238,13 +256,18 @@ class Publisher:
             return self._publish_confirmed(producer, items)
         if not getattr(producer, "supports_batch_publish", False):
             return publish_each(self.publish, items)
+        push = self._push
         try:
             # never flushed half-way: the batch is sent whole or counts as not sent
             with producer.batch(max_size=1 << 30):
                 for envelope, release in items:
                     publish(self.app, envelope, release, self.lease_seconds, producer=producer,
-                            declared=self._declared)
+                            declared=self._declared, push=push)
+            if push is not None:
+                push.push()  # what kombu did not send, in one pipeline
         except Exception as exc:
+            if push is not None:
+                push.discard()
             self.close()
             return [_uncertain(exc)] * len(items)
         return [None] * len(items)
@@ -291,6 +314,7 @@ class Publisher:
     def close(self) -> None:
         # a new connection may reach a broker that lost non-durable queues: declare again
         self._declared = set()
+        self._push = None
         producer, self._producer = self._producer, None
         confirms, self._confirms = self._confirms, None
         if producer is None:
@@ -319,6 +343,8 @@ class Publisher:
             connection.release()
             self._producer = self.app.producer_pool.acquire(block=True)
             _reuse_redis_client(self._producer.channel)
+            if self._redis_push:
+                self._push = RedisPush.for_channel(self.app, self._producer.channel)
         return self._producer
 
 

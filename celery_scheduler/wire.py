@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from celery_scheduler.keys import TaskKey
 
 __all__ = ["HEADER", "Outcome", "Release", "outcome_topic", "parse_header"]
@@ -34,7 +36,8 @@ def _key_of(data: dict[str, Any]) -> TaskKey:
 
 
 def _dumps(document: dict[str, Any]) -> str:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    # compact, non-ASCII as is: json.dumps(ensure_ascii=False, separators=(",", ":")), in C
+    return orjson.dumps(document).decode("utf-8")
 
 
 @dataclass(frozen=True)

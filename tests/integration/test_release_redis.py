@@ -1,0 +1,244 @@
+"""Releases pushed straight onto Redis lists are the documents kombu would have pushed.
+
+The publisher pushes a release's document itself (``release_redis.RedisPush``) once its
+route is declared; each test publishes the same releases with that push turned off, through
+kombu's producer, and compares what reached Redis, field by field (all but the delivery tag,
+a fresh UUID per message). A real Celery worker then runs pushed releases.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, signals
+from celery.app import amqp as celery_amqp
+from celery.contrib.testing.worker import start_worker
+
+from celery_scheduler import release_redis
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.release import Publisher
+from celery_scheduler.wire import Release
+from tests.integration.private_redis import PrivateRedis
+
+pytestmark = [pytest.mark.redis]
+
+NOW = 1_893_456_000_000
+QUEUE = "pushed"
+
+
+def _app(url: str, **conf: Any) -> Celery:
+    app = Celery("release-redis", broker=url, set_as_current=False)
+    app.conf.update(task_default_queue=QUEUE, broker_connection_timeout=2, **conf)
+
+    @app.task(name="pushed.record", soft_time_limit=30, shared=False)
+    def record(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return app
+
+
+def _release(n: int, *, args: list[Any] | None = None, options: dict[str, Any] | None = None,
+             ahead_ms: int = 0) -> tuple[ScheduleEnvelope, Release]:
+    key = TaskKey(f"o{n}", NOW + n, f"u{n}")
+    envelope = ScheduleEnvelope(key, "pushed.record", args=[n, "text", 1.5, None, [1, {"a": 2}]]
+                                if args is None else args, kwargs={"k": n}, options=options or {})
+    not_before = 0 if not ahead_ms else int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000) + ahead_ms
+    return envelope, Release(key, n % 12, 1, 1, NOW + 300_000, not_before)
+
+
+# Each case: a release's schedule-call options (and arguments), as users set them.
+CASES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "priority": {"options": {"priority": 7}},
+    "expires": {"options": {"expires": 120}},
+    "own queue": {"options": {"queue": "elsewhere"}},
+    "own headers": {"options": {"headers": {"team": "billing"}}},
+    "time limits": {"options": {"time_limit": 60, "soft_time_limit": 20}},
+    "sent ahead (eta)": {"ahead_ms": 60_000},
+    "unicode": {"args": ["é ✓ \u2028", {"nested": ["ü"]}]},
+}
+
+
+def _queued(url: str) -> dict[str, list[dict[str, Any]]]:
+    """Each list in Redis (but kombu's bindings), its documents decoded, oldest first."""
+    client = redis.Redis.from_url(url)
+    found = {}
+    for key in client.keys("*"):
+        name = key.decode()
+        if name.startswith("_kombu") or client.type(key) != b"list":
+            continue
+        found[name] = [json.loads(raw) for raw in reversed(client.lrange(key, 0, -1))]
+    return found
+
+
+def _comparable(document: dict[str, Any]) -> dict[str, Any]:
+    document = json.loads(json.dumps(document))
+    document["properties"].pop("delivery_tag")
+    document["headers"].pop("origin")  # the publishing process's pid and host: the same here
+    document["body"] = json.loads(base64.b64decode(document["body"]))
+    return document
+
+
+def _publish_all(app: Celery, url: str, items: list[tuple[ScheduleEnvelope, Release]], *,
+                 push: bool) -> dict[str, list[dict[str, Any]]]:
+    redis.Redis.from_url(url).flushdb()
+    publisher = Publisher(app, lease_seconds=300, redis_push=push)
+    try:
+        for envelope, release in items:  # one a step, as a dispatcher sends at light load
+            assert publisher.publish_many([(envelope, release)]) == [None]
+    finally:
+        publisher.close()
+    return _queued(url)
+
+
+@pytest.fixture
+def counted_kombu_sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The task names sent through kombu's producer (not pushed)."""
+    sent: list[str] = []
+    real = celery_amqp.AMQP.send_task_message  # a cached property: Celery builds it per app
+
+    def counting(self: Any) -> Any:
+        send = real.__get__(self)
+
+        def send_task_message(producer: Any, name: str, message: Any, **options: Any) -> Any:
+            sent.append(name)
+            return send(producer, name, message, **options)
+        return send_task_message
+
+    monkeypatch.setattr(celery_amqp.AMQP, "send_task_message", property(counting))
+    yield sent
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_pushed_release_is_the_document_kombu_pushes(private_redis: PrivateRedis, case: str) -> None:
+    spec = CASES[case]
+    # the first release of a route declares its queue through kombu; the rest are pushed
+    items = [_release(n, args=spec.get("args"), options=spec.get("options"),
+                      ahead_ms=spec.get("ahead_ms", 0)) for n in range(3)]
+    app = _app(private_redis.url)  # one app: its reply_to (a per-app id) is in every message
+    pushed = _publish_all(app, private_redis.url, items, push=True)
+    through_kombu = _publish_all(app, private_redis.url, items, push=False)
+    assert pushed.keys() == through_kombu.keys() and pushed
+    for name in pushed:
+        assert len(pushed[name]) == len(items)
+        for ours, kombus in zip(pushed[name], through_kombu[name], strict=True):
+            ours, kombus = _comparable(ours), _comparable(kombus)
+            if case == "sent ahead (eta)":  # the due time is taken at send time: same within 1 s
+                ours_eta, kombu_eta = (dt.datetime.fromisoformat(d["headers"].pop("eta"))
+                                       for d in (ours, kombus))
+                assert abs((ours_eta - kombu_eta).total_seconds()) < 1
+            if case == "expires":
+                ours_at, kombu_at = (dt.datetime.fromisoformat(d["headers"].pop("expires"))
+                                     for d in (ours, kombus))
+                assert abs((ours_at - kombu_at).total_seconds()) < 1
+                assert abs(int(ours["properties"].pop("expiration"))
+                           - int(kombus["properties"].pop("expiration"))) < 1000
+            assert ours == kombus
+
+
+def test_only_the_routes_first_release_goes_through_kombu(private_redis: PrivateRedis,
+                                                          counted_kombu_sends: list[str]) -> None:
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    try:
+        items = [_release(n) for n in range(20)]
+        assert publisher.publish_many(items[:1]) == [None]
+        assert publisher.publish_many(items[1:]) == [None] * 19
+        assert counted_kombu_sends == ["pushed.record"]
+        queued = _queued(private_redis.url)[QUEUE]
+        assert [d["headers"]["id"] for d in queued] == [r.key.task_id for _, r in items]
+    finally:
+        publisher.close()
+
+
+def test_what_the_push_leaves_to_kombu_goes_through_kombu(private_redis: PrivateRedis,
+                                                          counted_kombu_sends: list[str]) -> None:
+    # arguments holding objects kombu's JSON tags, and an app that sends task-sent events
+    tagged = _release(1, args=[{"__type__": "datetime", "__value__": "2030-01-01T00:00:00+00:00"}])
+    for app, items in ((_app(private_redis.url), [_release(0), tagged]),
+                       (_app(private_redis.url, task_send_sent_event=True), [_release(2), _release(3)]),
+                       (_app(private_redis.url, task_compression="gzip"), [_release(4), _release(5)])):
+        counted_kombu_sends.clear()
+        publisher = Publisher(app, lease_seconds=300)
+        try:
+            for item in items:
+                assert publisher.publish_many([item]) == [None]
+        finally:
+            publisher.close()
+        assert counted_kombu_sends == ["pushed.record"] * 2
+    documents = _queued(private_redis.url)[QUEUE]
+    body = json.loads(base64.b64decode(documents[1]["body"]))
+    assert body[0] == [{"__type__": "datetime", "__value__": "2030-01-01T00:00:00+00:00"}]
+
+
+def test_publish_signals_see_and_stamp_every_pushed_release(private_redis: PrivateRedis,
+                                                            counted_kombu_sends: list[str]) -> None:
+    before: list[str] = []
+    after: list[tuple[str, str]] = []
+
+    def stamp(sender: str, headers: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
+        headers["stamped"] = f"{sender}:{routing_key}"
+        before.append(headers["id"])
+
+    def published(sender: str, headers: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
+        after.append((headers["id"], routing_key))
+
+    signals.before_task_publish.connect(stamp)
+    signals.after_task_publish.connect(published)
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    try:
+        items = [_release(n) for n in range(5)]
+        for item in items:
+            assert publisher.publish_many([item]) == [None]
+    finally:
+        publisher.close()
+        signals.before_task_publish.disconnect(stamp)
+        signals.after_task_publish.disconnect(published)
+    ids = [release.key.task_id for _, release in items]
+    assert len(counted_kombu_sends) == 1  # the rest were pushed, and signalled all the same
+    assert before == ids and after == [(i, QUEUE) for i in ids]
+    assert [d["headers"]["stamped"] for d in _queued(private_redis.url)[QUEUE]] == [
+        f"pushed.record:{QUEUE}"] * 5
+
+
+def test_a_celery_worker_runs_pushed_releases(private_redis: PrivateRedis,
+                                              counted_kombu_sends: list[str]) -> None:
+    app = _app(private_redis.url)
+    ran: list[tuple[Any, ...]] = []
+    done = threading.Event()
+
+    @app.task(name="pushed.collect", shared=False)
+    def collect(n: int, text: str) -> None:
+        ran.append((n, text))
+        if len(ran) == 10:
+            done.set()
+
+    publisher = Publisher(app, lease_seconds=300)
+    items = []
+    for n in range(10):
+        key = TaskKey(f"o{n}", NOW + n, "u")
+        items.append((ScheduleEnvelope(key, "pushed.collect", args=[n, "é"]), Release(key, 0, 1, 1)))
+    try:
+        assert publisher.publish_many(items[:1]) + publisher.publish_many(items[1:]) == [None] * 10
+    finally:
+        publisher.close()
+    assert len(counted_kombu_sends) == 1
+    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
+                      shutdown_timeout=10, queues=[QUEUE]):
+        assert done.wait(30), f"the worker ran {ran}"
+    assert sorted(ran) == [(n, "é") for n in range(10)]
+
+
+def test_the_plain_check_leaves_other_values_to_kombus_encoder() -> None:
+    assert release_redis._plain({"a": [1, 2.5, None, True, ("x",)]})
+    assert not release_redis._plain({"a": dt.datetime(2030, 1, 1)})
+    assert not release_redis._plain({1: "not a text key"})
+    # kombu's encoder tags what orjson would write differently
+    assert b"__type__" in release_redis._json({"at": dt.datetime(2030, 1, 1)})
