@@ -220,6 +220,7 @@ class Publisher:
         self._confirms: Confirms | None = None  # set while the producer is our RabbitMQ one
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
         self._push: RedisPush | None = None  # set while the producer is on Redis
+        self._batches: bool | None = None  # whether the producer takes publish batches, once known
 
     def publish(self, envelope: ScheduleEnvelope, release: Release) -> None:
         producer = self._in_use()
@@ -254,7 +255,9 @@ class Publisher:
             return [_not_sent(exc)] * len(items)
         if self._confirms is not None:
             return self._publish_confirmed(producer, items)
-        if not getattr(producer, "supports_batch_publish", False):
+        if self._batches is None:  # kombu works it out from the connection's settings each time
+            self._batches = bool(getattr(producer, "supports_batch_publish", False))
+        if not self._batches:
             return publish_each(self.publish, items)
         push = self._push
         try:
@@ -315,6 +318,7 @@ class Publisher:
         # a new connection may reach a broker that lost non-durable queues: declare again
         self._declared = set()
         self._push = None
+        self._batches = None
         producer, self._producer = self._producer, None
         confirms, self._confirms = self._confirms, None
         if producer is None:
