@@ -28,6 +28,11 @@ logger = logging.getLogger(__name__)
 
 # Longest a partition goes without a fill, whatever it was told.
 SAFETY_REFRESH_MS = 10_000
+# A partition whose last fill ran out of room is read again once it has room for a page
+# (or a quarter of what it may hold, if less), or, with less room than that, this long after
+# the last fill: a read per page rather than per finished task, and yet an ordering id that
+# only a few freed places would let in waits no longer than this.
+PARTIAL_REFILL_MS = 1_000
 
 
 def loaded_from(row: StoredTask) -> Loaded:
@@ -51,6 +56,8 @@ class PartitionLoader:
         # Reading is needed only when something may have changed (see the module's doc).
         self.dirty = True
         self.full = False  # the last fill stopped for lack of room, not at the horizon
+        self.refill_room = max(1, min(page_size, max_loaded // 4))
+        self.room_waiting = False  # full, and some room freed since, less than refill_room
         self.last_fill_ms = 0
         self.horizon: int | None = None  # the bucket the last fill read up to
         self.refresh_ms = SAFETY_REFRESH_MS
@@ -60,7 +67,8 @@ class PartitionLoader:
 
     def due_for_fill(self, now_ms: int) -> bool:
         return (self.dirty or self.horizon != self._horizon(now_ms)
-                or now_ms - self.last_fill_ms >= self.refresh_ms)
+                or now_ms - self.last_fill_ms >= self.refresh_ms
+                or (self.room_waiting and now_ms - self.last_fill_ms >= PARTIAL_REFILL_MS))
 
     def written_ahead(self, row: StoredTask, room: bool) -> bool:
         """*row* was just written ahead of the cursor: whether to put it straight into memory.
@@ -78,14 +86,18 @@ class PartitionLoader:
         self.dirty = True
         return False
 
-    def room_freed(self) -> None:
-        """A task of this partition left memory: read on if the last fill ran out of room.
+    def room_freed(self, loaded: int) -> None:
+        """A task of this partition left memory, *loaded* remain: read on if the last fill
+        ran out of room, once there is room for a page (see ``PARTIAL_REFILL_MS``).
 
         A fill that reached the horizon has nothing more to read until the horizon moves
         (the periodic fill) or ingest writes ahead of the cursor (which marks it dirty).
         """
         if self.full:
-            self.dirty = True
+            if self.max_loaded - loaded >= self.refill_room:
+                self.dirty = True
+            else:
+                self.room_waiting = True
 
     def passed(self, position: Cursor) -> bool:
         """Whether the cursor is at or beyond *position* (a row there will not be read again)."""
@@ -130,6 +142,7 @@ class PartitionLoader:
     def _filled(self, now_ms: int, horizon: int) -> None:
         # Only a fill that read to its end counts: one a store error cut short is made again.
         self.dirty, self.last_fill_ms, self.horizon = False, now_ms, horizon
+        self.room_waiting = False
 
     def _next_bucket(self, horizon: int, now_ms: int, emptied: bool) -> bool:
         assert self.cursor is not None

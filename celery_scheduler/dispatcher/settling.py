@@ -102,9 +102,14 @@ class Settling:
     def _drop(self, key: TaskKey) -> None:
         """Forget *key* (it will not run here), making room for more of its partition."""
         task = self.timetable.remove(key)
-        partition = self.partitions.get(task.partition) if task is not None else None
+        if task is not None:
+            self._room_freed(task.partition)
+
+    def _room_freed(self, number: int) -> None:
+        """Tasks of partition *number* left memory: more of it may be loaded."""
+        partition = self.partitions.get(number)
         if partition is not None:
-            partition.loader.room_freed()
+            partition.loader.room_freed(self.timetable.count(number))
 
 
     def _unsettled(self, tasks: list[Loaded], open_: dict[TaskKey, Loaded]) -> list[Loaded]:
@@ -224,6 +229,8 @@ class Settling:
                 self.timetable.remove(task.key)
             self.completed_count += 1
             self.metrics.finished("succeeded")
+        for number in {task.partition for task in tasks}:
+            self._room_freed(number)
 
     def _max_attempts(self, task: Loaded) -> int:
         return task.envelope.retry.max_attempts
@@ -231,9 +238,6 @@ class Settling:
     def _apply_outcome(self, task: Loaded, succeeded: bool, error: str | None) -> None:
         now = self.clock()
         self._window.finished()
-        partition = self.partitions.get(task.partition)
-        if partition is not None:
-            partition.loader.room_freed()  # more may be loaded
         if succeeded:
             # Stored with the others of this step, or of the next few, in one round trip
             # (_store_succeeded); its ordering id stays blocked until then.
@@ -266,6 +270,7 @@ class Settling:
                          task.key, task.attempts)
         else:
             self.timetable.remove(task.key)
+            self._room_freed(task.partition)
             self.completed_count += 1
             logger.error("%s failed %d times; giving up", task.key, task.attempts)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import types
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,7 +19,7 @@ from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
-from celery_scheduler.store.base import Cursor, State, bucket_of
+from celery_scheduler.store.base import Cursor, State, StoredTask, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.wire import Outcome, Release
 from tests.unit.fakes import NOW
@@ -864,3 +865,45 @@ def test_a_previous_owners_release_that_succeeds_as_its_lease_ends_is_not_releas
     h.step()
     assert h.released == [(after, 1)]
     assert store.status(envelope.key).state is State.SUCCEEDED
+
+
+def test_a_full_partition_is_read_again_a_page_at_a_time(store: MemoryScheduleStore,
+                                                         clock: Clock) -> None:
+    """A backlog larger than memory: each finished task frees a place, but the partition is
+    read again once a page fits (or a second after the last read), not once per task."""
+    h = Harness(store, clock, max_loaded=20, page_size=10)
+    for i in range(100):  # written by an earlier owner: only a read finds them
+        assert store.put(0, ScheduleEnvelope(TaskKey(f"o{i:03}", NOW + i, "u"), "t"), clock())
+    reads: list[int] = []
+    read = store.read
+
+    def counted(*args: Any, **kwargs: Any) -> list[StoredTask]:
+        rows = read(*args, **kwargs)
+        reads.append(len(rows))
+        return rows
+
+    store.read = counted  # type: ignore[method-assign]
+    h.step(1000)
+    assert reads == [10, 10] and h.engine.timetable.count(0) == 20
+
+    def finish(count: int) -> None:
+        running = [(k, a) for k, a in h.released if store.status(k).state is State.RELEASED]
+        for key, attempt in running[:count]:
+            h.report(key, attempt, True)
+
+    reads.clear()
+    finish(4)
+    for _ in range(3):
+        h.step(100)  # successes stored, 4 places free: less than a page's worth (5)
+    assert reads == []
+    finish(1)
+    h.step(100)
+    h.step(100)
+    assert reads == [5]  # the fifth freed place: one read of all five
+    reads.clear()
+    finish(2)
+    h.step(100)
+    h.step(100)
+    assert reads == []
+    h.step(1000)  # a second after the last read, the two places are filled anyway
+    assert reads == [2]
