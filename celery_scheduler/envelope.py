@@ -52,6 +52,7 @@ __all__ = [
     "ScheduleEncoder",
     "ScheduleEnvelope",
     "decode",
+    "decode_stored",
     "encode",
     "encode_arguments",
     "option_problem",
@@ -302,6 +303,30 @@ def decode(data: bytes) -> Envelope:
                        enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"))
     raise EnvelopeDecodeError(f"unknown envelope type {kind!r} (expected 'schedule', 'cancel' "
                               "or 'retry')")
+
+
+def decode_stored(data: bytes) -> Envelope:
+    """Decode a task the scheduler stored (a schedule row's envelope).
+
+    Every stored envelope passed :func:`decode` when ingest accepted it, so its fields were
+    checked then: this reads the document with orjson and builds the task without checking
+    them again, a tenth of :func:`decode`'s time (the dispatcher reads every task once).
+    Whatever is not such a document (another version, a damaged row, a number beyond 64
+    bits) goes through :func:`decode`, which accepts it or says what is wrong.
+    """
+    try:
+        document = orjson.loads(data)
+        if (document["v"] == VERSION and document["type"] == "schedule"
+                and document.keys() == _SCHEDULE_FIELDS):
+            key, retry = document["key"], document["retry"]
+            return ScheduleEnvelope.checked(
+                TaskKey(key["ordering_id"], key["at"], key["unique"]), document["task"],
+                document["args"], document["kwargs"], document["options"],
+                RetryPolicy(retry["max_attempts"], retry["backoff"], retry["backoff_max"]),
+                document["enqueued_at"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        pass
+    return decode(data)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

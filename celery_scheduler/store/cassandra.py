@@ -19,7 +19,7 @@ from cassandra.cluster import Cluster, Session
 from cassandra.concurrent import execute_concurrent_with_args
 
 from celery_scheduler import clock
-from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
+from celery_scheduler.envelope import ScheduleEnvelope, decode_stored, encode
 from celery_scheduler.errors import EnvelopeDecodeError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import (
@@ -309,7 +309,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
             remnants: list[tuple[Any, str | None]] = []
             for row in rows:
                 try:
-                    envelope = decode(row.envelope) if row.envelope is not None else None
+                    envelope = decode_stored(row.envelope) if row.envelope is not None else None
                 except EnvelopeDecodeError as exc:
                     remnants.append((row, f"its stored task could not be decoded: {exc}"))
                     continue
