@@ -24,6 +24,7 @@ sends them, so a receiver that stamps headers sees and changes every release.
 from __future__ import annotations
 
 import base64
+import random
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,16 @@ _KOMBU_ONLY = ("mandatory", "immediate", "content_type", "content_encoding", "co
 # they are checked for these when there is one; arguments and options are JSON already.
 _PLAIN = (str, int, float, bool, type(None))
 _ORJSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
+def _delivery_tag() -> str:
+    """A random version 4 UUID, as kombu tags a message, from the process's generator.
+
+    ``uuid.uuid4`` reads the system's entropy source, and that call gives up the interpreter
+    lock: the sender thread then waits for the engine thread to hand it back, once per
+    message. The tag only needs to be unique among a channel's unacknowledged messages.
+    """
+    return str(uuid.UUID(int=random.getrandbits(128), version=4))
 
 
 def _plain(value: Any) -> bool:
@@ -157,7 +168,7 @@ class RedisPush:
         sent["delivery_info"] = dict(sent.get("delivery_info") or {}, exchange="",
                                      routing_key=routing_key)
         sent["body_encoding"] = "base64"
-        sent["delivery_tag"] = str(uuid.uuid4())
+        sent["delivery_tag"] = _delivery_tag()
         document = {
             "body": base64.b64encode(body_json).decode("ascii"),
             "content-encoding": "utf-8",
