@@ -316,7 +316,8 @@ def decode_stored(data: bytes) -> Envelope:
     """
     try:
         document = orjson.loads(data)
-        if (document["v"] == VERSION and document["type"] == "schedule"
+        version = document["v"]
+        if (type(version) is int and version == VERSION and document["type"] == "schedule"
                 and document.keys() == _SCHEDULE_FIELDS):
             key, retry = document["key"], document["retry"]
             return ScheduleEnvelope.checked(

@@ -112,6 +112,7 @@ NOT_A_TASK = [
     (b'{"v": NaN}', "NaN"),
     (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
     (mutated(v=2), "version 2"),
+    (mutated(v=True), "version True"),
     (mutated(type="explode"), "unknown envelope type"),
     (mutated(extra=1), "unknown field"),
     (mutated(retry=...), "missing field"),
@@ -125,7 +126,6 @@ NOT_A_TASK = [
     [
         *NOT_A_TASK,
         (b'{"v": 1, "v": 1}', "duplicate"),
-        (mutated(v=True), "version True"),
         (mutated(task=""), "task must be"),
         (mutated(task=5), "task must be"),
         (mutated(args={}), "args must be a list"),
