@@ -42,11 +42,12 @@ from celery_scheduler.errors import (
 from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store import open_store
+from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_aside
 from celery_scheduler.wire import outcome_topic
 
-__all__ = ["Dispatcher", "check", "engine_settings", "when_available"]
+__all__ = ["Dispatcher", "check", "engine_settings", "open_checked_store", "when_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,21 @@ def when_available(name: str, connect: Callable[[], T], deadline: float,
             delay = min(delay * 2, 10.0)
 
 
+def open_checked_store(settings: Settings) -> ScheduleStore:
+    """The schedule store, once its schema is the one this version writes.
+
+    Checked as part of connecting: a Cassandra that goes away between the two (a restart
+    under way) is an outage to wait out, and the store opened first is closed.
+    """
+    store = open_store(settings)
+    try:
+        store.check_schema()  # a keyspace made by an older version: run init first
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
 def _held_by_worker(task: Loaded) -> bool:
     """Whether *task*'s release may go to the broker before it is due: a Celery task's
     worker holds it until its ``eta``; a delayed message's reader of the topic would not."""
@@ -141,8 +157,8 @@ class Dispatcher:
         self._partitions = when_available(
             "Kafka", lambda: topic_partitions(metadata, s.kafka_topic, s.kafka_produce_timeout),
             deadline, self.stopping)
-        self.store = when_available("Cassandra", lambda: open_store(s), deadline, self.stopping)
-        self.store.check_schema()  # a keyspace made by an older version: run init first
+        self.store = when_available("Cassandra", lambda: open_checked_store(s), deadline,
+                                    self.stopping)
         self.metrics = metrics or Metrics()
         self.publisher = releasing.Publisher(app, s.lease_seconds)  # used by one thread only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),

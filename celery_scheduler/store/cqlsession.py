@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cassandra import DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
@@ -27,7 +28,7 @@ from cassandra.policies import (
 )
 from cassandra.query import BatchStatement, BatchType
 
-from celery_scheduler.errors import SchemaMissingError
+from celery_scheduler.errors import SchemaMissingError, StoreUnavailableError
 from celery_scheduler.store.cql import Statements, consistency_level, row_factory, translate_errors
 from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.schema import (
@@ -197,7 +198,12 @@ class CqlSession:
         return 0
 
     def _has_table(self, table: str) -> bool:
-        self._cluster.refresh_schema_metadata()
+        try:
+            self._cluster.refresh_schema_metadata()
+        except DriverException as exc:
+            # the driver's control connection lost its node (a restart under way): an
+            # outage, waited out at start like any other
+            raise StoreUnavailableError(f"Cassandra could not read the schema: {exc}") from exc
         keyspace = self._cluster.metadata.keyspaces.get(self.keyspace)
         return keyspace is not None and table in keyspace.tables
 

@@ -6,17 +6,21 @@ import threading
 import time
 
 import pytest
-from cassandra import AuthenticationFailed
+from cassandra import AuthenticationFailed, DriverException
 from cassandra.cluster import NoHostAvailable
 
+from celery_scheduler.config import Settings
+from celery_scheduler.dispatcher import service
 from celery_scheduler.dispatcher.service import when_available
 from celery_scheduler.errors import (
     ScheduleStoreError,
+    SchemaMissingError,
     StoreUnavailableError,
     TaskLogUnavailableError,
     TopicMissingError,
 )
 from celery_scheduler.store.cassandra import translate_errors
+from celery_scheduler.store.cqlsession import CqlSession
 
 
 def test_an_outage_is_waited_out() -> None:
@@ -74,3 +78,50 @@ def test_refused_credentials_are_not_an_outage() -> None:
                            {"127.0.0.1:9042": ConnectionRefusedError(111, "refused")})
     with pytest.raises(StoreUnavailableError, match="could not connect"), translate_errors("connect"):
         raise down
+
+
+class _ControlConnectionLost:
+    def refresh_schema_metadata(self) -> None:
+        raise DriverException("Schema metadata was not refreshed. See log for details.")
+
+
+def test_a_cassandra_that_goes_away_while_the_schema_is_checked_is_an_outage() -> None:
+    """A dispatcher restarted during a Cassandra restart connected, then lost the node before
+    its schema check: that must be waited out, not end the dispatcher."""
+    session = object.__new__(CqlSession)
+    session.keyspace = "ks"
+    session._cluster = _ControlConnectionLost()  # type: ignore[assignment]
+    with pytest.raises(StoreUnavailableError, match="could not read the schema"):
+        session.check_schema()
+
+
+class _Store:
+    def __init__(self, check_error: Exception | None) -> None:
+        self.check_error = check_error
+        self.closed = False
+
+    def check_schema(self) -> None:
+        if self.check_error is not None:
+            raise self.check_error
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_schema_check_is_part_of_connecting(monkeypatch: pytest.MonkeyPatch) -> None:
+    opened = [_Store(StoreUnavailableError("node restarting")), _Store(None)]
+    handed = list(opened)
+    monkeypatch.setattr(service, "open_store", lambda settings: handed.pop(0))
+    store = when_available("Cassandra", lambda: service.open_checked_store(Settings()),
+                           time.monotonic() + 30, threading.Event())
+    assert store is opened[1] and not store.closed
+    assert opened[0].closed  # the store whose check failed is not left connected
+
+
+def test_an_old_schema_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _Store(SchemaMissingError("keeps task statuses in 'task_status'; run init"))
+    monkeypatch.setattr(service, "open_store", lambda settings: old)
+    with pytest.raises(SchemaMissingError, match="run init"):
+        when_available("Cassandra", lambda: service.open_checked_store(Settings()),
+                       time.monotonic() + 30, threading.Event())
+    assert old.closed
