@@ -41,6 +41,10 @@ POLL_INTERVAL = 0.05
 STUCK_GRACE = 10.0
 # How long a batch's producer waits to fill a request, unless the options set linger.ms.
 BULK_LINGER_MS = 5
+# The longest a client waits between two attempts to reach a broker that is away. librdkafka's
+# own default is 10 s (Java clients use 1 s): after a broker restart it kept a dispatcher out
+# of its group, and a worker's outcomes unsent, for up to 10 s after the broker was back.
+RECONNECT_BACKOFF_MAX_MS = 1000
 
 
 def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,7 +55,8 @@ def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[st
     polled otherwise (an admin client, a producer used for metadata) must call
     :func:`forward_logs` after its requests.
     """
-    return {"bootstrap.servers": bootstrap_servers, "logger": librdkafka_logger, **options}
+    return {"bootstrap.servers": bootstrap_servers, "logger": librdkafka_logger,
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS, **options}
 
 
 def forward_logs(client: AdminClient | Producer) -> None:
