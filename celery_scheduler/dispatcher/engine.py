@@ -246,15 +246,15 @@ class Engine(LeaseUpkeep, Settling):
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, Assigned):
-            for number in event.partitions:
-                if number not in self.partitions:
-                    s = self.settings
-                    self.partitions[number] = Partition(PartitionLoader(
-                        self.store, number, page_size=s.page_size, max_loaded=s.max_loaded,
-                        lookahead_ms=int(s.lookahead_seconds * 1000)))
+            # A partition still held (kept through a lost group session) stays as it is.
+            new = [number for number in event.partitions if number not in self.partitions]
+            s = self.settings
+            for number in new:
+                self.partitions[number] = Partition(PartitionLoader(
+                    self.store, number, page_size=s.page_size, max_loaded=s.max_loaded,
+                    lookahead_ms=int(s.lookahead_seconds * 1000)))
             # the reader starts again from the committed offset
-            self._durable_offsets = {n: o for n, o in self._durable_offsets.items()
-                                     if n not in event.partitions}
+            self._durable_offsets = {n: o for n, o in self._durable_offsets.items() if n not in new}
             logger.info("assigned partitions %s", sorted(event.partitions))
         elif isinstance(event, Revocation):
             self._revoke(event)

@@ -13,13 +13,22 @@ owner. Kafka would have given it to any member of the group, so this dispatcher 
 be out of it and replaces its consumer. A dispatcher that merely has nothing to do (more
 dispatchers than partitions) finds every lease renewed, and keeps its consumer.
 
-Only the decision is here; the dispatcher (:mod:`celery_scheduler.dispatcher.service`) reads
-the leases and replaces the consumer.
+A broker restart also ends every dispatcher's group session at once: librdkafka reports
+the partitions *lost*, and the group forms again only after Kafka is back and the old
+members' sessions ran out on the broker too (another ``session.timeout.ms``). A dispatcher
+that dropped what it holds then would release nothing of those partitions for all that
+time, and then read their schedules again. Their leases in Cassandra, not the group, fence
+who releases from them, so a dispatcher keeps releasing from a lost partition while it
+holds its lease, until the group assigns again (then it keeps what it gets and gives up the
+rest), its lease is gone, or ``lost_hold_seconds`` have passed.
+
+Only the decisions are here; the dispatcher (:mod:`celery_scheduler.dispatcher.service`) reads
+the leases, replaces the consumer and hands partitions over.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from celery_scheduler.store.base import Lease
 
@@ -33,6 +42,11 @@ UNASSIGNED_SECONDS = 20.0
 ORPHAN_SECONDS = 10.0
 # Between two looks at the leases, and after a new consumer, before it is judged again.
 CHECK_SECONDS = 5.0
+# How long a dispatcher goes on releasing from partitions Kafka took from it with its
+# session, while it holds their leases: the length of a broker restart, plus a session
+# timeout (6 s) for the group to form again. Longer, and a partition the group gave to
+# another dispatcher waits longer for its lease when this one's consumer does not rejoin.
+LOST_HOLD_SECONDS = 20.0
 
 
 class Membership:
@@ -42,20 +56,53 @@ class Membership:
     def __init__(self, partitions: int, started: float, *,
                  unassigned_seconds: float = UNASSIGNED_SECONDS,
                  orphan_seconds: float = ORPHAN_SECONDS,
-                 check_seconds: float = CHECK_SECONDS) -> None:
+                 check_seconds: float = CHECK_SECONDS,
+                 lost_hold_seconds: float = LOST_HOLD_SECONDS) -> None:
         self.partitions = partitions
         self.unassigned_seconds = unassigned_seconds
         self.orphan_ms = int(orphan_seconds * 1000)
         self.check_seconds = check_seconds
+        self.lost_hold_seconds = lost_hold_seconds
         self._held: set[int] = set()
+        self._lost: dict[int, float] = {}  # partition -> until when it is kept, unassigned
         self._unassigned_since: float | None = started
         self._next_check = started
         self.rejoins = 0  # consumers replaced so far
 
-    def assigned(self, partitions: Iterable[int], now: float) -> None:
+    def assigned(self, partitions: Iterable[int], now: float) -> list[int]:
+        """Kafka assigned *partitions*; returns the lost partitions to give up now.
+
+        The first assignment after a loss comes once the group formed again: a lost
+        partition it did not bring back went to another member, which waits for its lease.
+        """
         self._held.update(partitions)
         if self._held:
             self._unassigned_since = None
+        gone = self._give_up(lambda number: number not in self._held)
+        self._lost.clear()  # the others are this dispatcher's again
+        return gone
+
+    def lost(self, partitions: Iterable[int], now: float) -> None:
+        """Kafka ended the session and took *partitions*: they are kept a while, unassigned."""
+        numbers = list(partitions)
+        self.revoked(numbers, now)
+        for number in numbers:
+            self._lost[number] = now + self.lost_hold_seconds
+
+    @property
+    def kept(self) -> list[int]:
+        """The lost partitions still kept."""
+        return sorted(self._lost)
+
+    def lost_to_give_up(self, now: float, leased: Callable[[int], bool]) -> list[int]:
+        """The lost partitions to give up now: kept long enough, or no longer *leased*."""
+        return self._give_up(lambda number: now >= self._lost[number] or not leased(number))
+
+    def _give_up(self, which: Callable[[int], bool]) -> list[int]:
+        gone = sorted(number for number in self._lost if which(number))
+        for number in gone:
+            del self._lost[number]
+        return gone
 
     def revoked(self, partitions: Iterable[int], now: float) -> None:
         self._held.difference_update(partitions)
@@ -81,9 +128,13 @@ class Membership:
         return [number for number in range(self.partitions)
                 if ends.get(number, 0) < now_ms - self.orphan_ms]
 
-    def rejoined(self, now: float) -> None:
-        """A new consumer joins: give it as long as a fresh start before judging it."""
+    def rejoined(self, now: float) -> list[int]:
+        """A new consumer joins: give it as long as a fresh start before judging it.
+
+        Returns the lost partitions still kept, to give up: the new consumer starts afresh.
+        """
         self.rejoins += 1
         self._held.clear()
         self._unassigned_since = now
         self._next_check = now
+        return self._give_up(lambda number: True)

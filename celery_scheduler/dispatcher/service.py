@@ -237,7 +237,12 @@ class Dispatcher:
     def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
         if consumer is not self.consumer:  # one replaced, closing aside
             return
-        self.membership.assigned((p.partition for p in partitions), time.monotonic())
+        kept = self.membership.kept
+        self._hand_over(self.membership.assigned((p.partition for p in partitions), time.monotonic()))
+        if kept:
+            logger.info("the group assigned partitions %s again; kept %s",
+                        sorted(p.partition for p in partitions),
+                        sorted(set(kept) & {p.partition for p in partitions}))
         self.ingest.assigned(partitions)
         self.engine.assign(p.partition for p in partitions)
         self.outcomes.assign(p.partition for p in partitions)
@@ -245,14 +250,35 @@ class Dispatcher:
     def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
         if consumer is not self.consumer:
             return
-        started = time.monotonic()
-        self.membership.revoked((p.partition for p in partitions), started)
+        self.membership.revoked((p.partition for p in partitions), time.monotonic())
         self.ingest.revoked(partitions)
-        if not self.engine.revoke(p.partition for p in partitions):
-            logger.error("partitions %s were not handed over in time", [p.partition for p in partitions])
-        self.outcomes.revoke(p.partition for p in partitions)
-        logger.info("handed over partitions %s in %.3fs", [p.partition for p in partitions],
-                    time.monotonic() - started)
+        self._hand_over([p.partition for p in partitions])
+
+    def _on_lost(self, consumer: Consumer, partitions: list[Any]) -> None:
+        """Kafka ended the group session (a broker away for longer than it): keep releasing
+        from the partitions while their leases are held, until the group forms again
+        (see :mod:`celery_scheduler.dispatcher.membership`)."""
+        if consumer is not self.consumer:
+            return
+        now = time.monotonic()
+        numbers = [p.partition for p in partitions]
+        self.membership.lost(numbers, now)
+        self.ingest.revoked(partitions)
+        logger.warning("Kafka ended this dispatcher's group session and took partitions %s; it "
+                       "goes on releasing those it holds the lease of until the group assigns "
+                       "them again (for up to %.0fs)", sorted(numbers),
+                       self.membership.lost_hold_seconds)
+        self._hand_over(self.membership.lost_to_give_up(now, self.engine.may_persist))
+
+    def _hand_over(self, numbers: list[int]) -> None:
+        """Stop releasing from partitions *numbers*, give their leases up, commit their outcomes."""
+        if not numbers:
+            return
+        started = time.monotonic()
+        if not self.engine.revoke(numbers):
+            logger.error("partitions %s were not handed over in time", numbers)
+        self.outcomes.revoke(numbers)
+        logger.info("handed over partitions %s in %.3fs", numbers, time.monotonic() - started)
 
     def run(self) -> None:
         s = self.settings
@@ -278,12 +304,13 @@ class Dispatcher:
 
     def _subscribe(self) -> None:
         self.consumer.subscribe([self.settings.kafka_topic], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _keep_membership(self) -> None:
         """Join the group again with a new consumer if this one seems to be out of it
         (see :mod:`celery_scheduler.dispatcher.membership`)."""
         now = time.monotonic()
+        self._hand_over(self.membership.lost_to_give_up(now, self.engine.may_persist))
         if not self.membership.due(now):
             return
         try:
@@ -300,7 +327,7 @@ class Dispatcher:
             "(their leases ran out): its Kafka consumer seems to be out of the group; joining "
             "it again with a new consumer", self.membership.unassigned_for(now), orphaned)
         old = self.reader.replace(Consumer(self._consumer_config))
-        self.membership.rejoined(now)
+        self._hand_over(self.membership.rejoined(now))
         self._subscribe()
         # it holds no partition, and its callbacks no longer reach the engine
         close_aside(old, "a consumer out of the group")

@@ -33,17 +33,43 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def dispatcher(scheduler: Scheduler) -> Iterator[Dispatcher]:  # noqa: F811
+def _dispatcher(scheduler: Scheduler) -> Dispatcher:  # noqa: F811
     from tests.apps import dispatching
 
     settings = get_settings(dispatching.app).replace(
         kafka_topic=scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"],
         cassandra_keyspace=scheduler.env["CELERY_SCHEDULER_TEST_KEYSPACE"])
-    running = Dispatcher(dispatching.app, settings=settings)
+    return Dispatcher(dispatching.app, settings=settings)
+
+
+@pytest.fixture
+def dispatcher(scheduler: Scheduler) -> Iterator[Dispatcher]:  # noqa: F811
+    running = _dispatcher(scheduler)
     # judged after 2 s without a partition instead of 20, leases ownerless as soon as they end
     running.membership = Membership(running.partition_count, time.monotonic(),
                                     unassigned_seconds=2.0, orphan_seconds=0.0, check_seconds=0.5)
+    yield from _running(running)
+
+
+@pytest.fixture
+def losing(scheduler: Scheduler) -> Iterator[tuple[Dispatcher, threading.Event]]:  # noqa: F811
+    """A dispatcher whose partitions, once the event is set, are taken from it as *lost*
+    (the session ended) when its consumer leaves the group."""
+    running = _dispatcher(scheduler)
+    # kept as long as the test may take, not the 20 s a broker restart needs
+    running.membership = Membership(running.partition_count, time.monotonic(), lost_hold_seconds=60.0)
+    lose = threading.Event()
+    revoke = running._on_revoke
+
+    def revoke_or_lose(consumer: Any, partitions: list[Any]) -> None:
+        (running._on_lost if lose.is_set() else revoke)(consumer, partitions)
+
+    running._on_revoke = revoke_or_lose  # type: ignore[method-assign]
+    for _ in _running(running):
+        yield running, lose
+
+
+def _running(running: Dispatcher) -> Iterator[Dispatcher]:
     switch = sys.getswitchinterval()
     thread = threading.Thread(target=running.run, name="dispatcher", daemon=True)
     thread.start()
@@ -91,3 +117,55 @@ def test_a_dispatcher_out_of_its_group_joins_it_again(
     scheduler.wait_for_starts(1, timeout=60)
     assert [(s["o"], s["seq"]) for s in scheduler.starts()] == [("rejoined", 0)]
     assert dispatcher.membership.rejoins == 1  # holding partitions, it stays with this consumer
+
+
+def test_a_dispatcher_goes_on_releasing_from_partitions_its_group_session_lost(
+        scheduler: Scheduler, schedule: Any,  # noqa: F811
+        losing: tuple[Dispatcher, threading.Event], caplog: pytest.LogCaptureFixture) -> None:
+    dispatcher, lose = losing
+    caplog.set_level(logging.INFO, logger="celery_scheduler.dispatcher.service")
+    every = list(range(dispatcher.partition_count))
+    _wait(lambda: _held(dispatcher) == every, 60, "leases of every partition")
+    epochs = {n: p.lease.epoch for n, p in dict(dispatcher.engine.partitions).items() if p.lease}
+    scheduler.worker()
+    queue = scheduler.env["CELERY_SCHEDULER_TEST_QUEUE"]
+    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=6)
+    for ordering_id in ("a", "b", "c"):
+        schedule.record.schedule((ordering_id, 0), at=due, queue=queue)
+    _wait(lambda: dispatcher.ingest.persisted_count >= 3, 30, "the tasks persisted")
+
+    # Kafka ends the session: the consumer's partitions are lost, and it is out of the group
+    # (left on the thread that reads it, which serves the callback)
+    lose.set()
+    consumer, poll_once = dispatcher.consumer, dispatcher.ingest.poll_once
+    rejoin = threading.Event()
+
+    def leave_then_poll(timeout: float = 0.2) -> int:
+        if rejoin.is_set() and not consumer.assignment():
+            rejoin.clear()
+            lose.clear()
+            dispatcher._subscribe()  # the group forms again
+        elif lose.is_set() and consumer.assignment():
+            consumer.unsubscribe()
+        return poll_once(timeout)
+
+    dispatcher.ingest.poll_once = leave_then_poll  # type: ignore[method-assign]
+    _wait(lambda: dispatcher.membership.kept == every, 30, "the partitions lost and kept")
+    assert any("ended this dispatcher's group session" in r.getMessage() for r in caplog.records)
+
+    # still unassigned, it releases the tasks when due: they run on time
+    scheduler.wait_for_starts(3, timeout=30)
+    assert dispatcher.membership.kept == every
+    assert not consumer.assignment()
+    assert sorted(s["o"] for s in scheduler.starts()) == ["a", "b", "c"]
+
+    # assigned again, it keeps the partitions: their leases were never let go
+    rejoin.set()
+    _wait(lambda: not dispatcher.membership.kept and sorted(
+        tp.partition for tp in consumer.assignment()) == every, 60, "the partitions assigned again")
+    assert {n: p.lease.epoch for n, p in dict(dispatcher.engine.partitions).items()
+            if p.lease} == epochs
+    assert not any("handed over" in r.getMessage() for r in caplog.records)
+    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
+    schedule.record.schedule(("a", 1), at=due, queue=queue)
+    scheduler.wait_for_starts(4, timeout=60)

@@ -58,3 +58,45 @@ def test_a_new_consumer_is_given_as_long_as_a_fresh_start() -> None:
     assert membership.rejoins == 1
     assert not membership.due(149.9)
     assert membership.due(150.0)
+
+
+def _lost_membership() -> Membership:
+    membership = Membership(6, 100.0, unassigned_seconds=20, orphan_seconds=10, check_seconds=5,
+                            lost_hold_seconds=20)
+    membership.assigned([0, 1, 2], 100.0)
+    membership.lost([0, 1, 2], 110.0)
+    return membership
+
+
+def test_lost_partitions_are_kept_while_leased_and_not_counted_as_held() -> None:
+    membership = _lost_membership()
+    assert membership.kept == [0, 1, 2]
+    assert membership.lost_to_give_up(129.9, lambda number: True) == []
+    assert membership.unassigned_for(125.0) == 15.0  # not held by the consumer
+
+
+def test_the_first_assignment_after_a_loss_keeps_what_it_brings_back_and_gives_up_the_rest() -> None:
+    membership = _lost_membership()
+    assert membership.assigned([1, 2, 4], 116.0) == [0]
+    assert membership.kept == []
+    # kept for good: no deadline left on partitions assigned again
+    assert membership.lost_to_give_up(500.0, lambda number: False) == []
+
+
+def test_an_empty_assignment_after_a_loss_gives_every_lost_partition_up() -> None:
+    membership = _lost_membership()
+    assert membership.assigned([], 116.0) == [0, 1, 2]
+
+
+def test_a_lost_partition_is_given_up_once_its_lease_is_gone_or_it_was_kept_long_enough() -> None:
+    membership = _lost_membership()
+    assert membership.lost_to_give_up(111.0, lambda number: number != 1) == [1]
+    assert membership.lost_to_give_up(129.9, lambda number: True) == []
+    assert membership.lost_to_give_up(130.0, lambda number: True) == [0, 2]
+    assert membership.kept == []
+
+
+def test_a_new_consumer_gives_up_what_the_old_one_lost() -> None:
+    membership = _lost_membership()
+    assert membership.rejoined(115.0) == [0, 1, 2]
+    assert membership.kept == []
