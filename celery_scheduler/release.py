@@ -12,7 +12,9 @@ import datetime as dt
 import functools
 import json
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from celery.utils.nodenames import anon_nodename
@@ -21,10 +23,10 @@ from kombu.utils.json import loads as _kombu_loads
 from celery_scheduler.confirms import Confirms, supports_confirms
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
-from celery_scheduler.release_redis import RedisPush
+from celery_scheduler.release_redis import Document, RedisPush
 from celery_scheduler.wire import HEADER, Release
 
-__all__ = ["Publisher", "publish", "publish_each", "send_release"]
+__all__ = ["Prepared", "Publisher", "publish", "publish_each", "send_release", "task_message"]
 
 T = TypeVar("T")
 
@@ -69,21 +71,13 @@ def _shown(value: Any) -> str:
     return text if len(text) <= ARGS_REPR_LIMIT else text[:ARGS_REPR_LIMIT - 3] + "..."
 
 
-def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
-            now: dt.datetime | None = None, producer: Any = None,
-            declared: set[tuple[Any, ...]] | None = None, push: RedisPush | None = None) -> None:
-    """Send *envelope*'s task to Celery for *release* (through *producer*, if given).
-
-    With *declared* (the routes this producer's connection has declared already), a route
-    is declared by its first message only: Celery would declare the queue again for every
-    message, a fifth of the CPU of a release. With *push* (a Redis broker), a message it
-    takes waits there for the step's pipeline instead of going through kombu.
-    """
+def _release_options(envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
+                     now: dt.datetime) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    """The arguments *envelope*'s task is sent with for *release*, and its send options."""
     options = dict(envelope.options)
-    options.pop("task_id", None)  # sent as the task id below
+    options.pop("task_id", None)  # sent as the task id
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
-    now = now or dt.datetime.now(dt.timezone.utc)
     due = None
     if release.not_before_ms > now.timestamp() * 1000:
         # sent ahead of its due time: the worker holds it until then, as for Celery's own eta
@@ -97,19 +91,36 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
         if "soft_time_limit" in options:
             options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
     args, kwargs = _arguments(envelope)
+    # JSON whatever the app's task_serializer says: the scheduler promises that nothing it
+    # carries is ever pickled, from the schedule call to the worker.
+    return args, kwargs, dict(options, headers=headers, serializer="json", argsrepr=_shown(args),
+                              kwargsrepr=_shown(kwargs))
+
+
+def _route(name: str, options: dict[str, Any]) -> tuple[Any, ...]:
+    return (name, options.get("queue"), options.get("exchange"), options.get("routing_key"))
+
+
+def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
+            now: dt.datetime | None = None, producer: Any = None,
+            declared: set[tuple[Any, ...]] | None = None, push: RedisPush | None = None) -> None:
+    """Send *envelope*'s task to Celery for *release* (through *producer*, if given).
+
+    With *declared* (the routes this producer's connection has declared already), a route
+    is declared by its first message only: Celery would declare the queue again for every
+    message, a fifth of the CPU of a release. With *push* (a Redis broker), a message it
+    takes waits there for the step's pipeline instead of going through kombu.
+    """
+    now = now or dt.datetime.now(dt.timezone.utc)
+    args, kwargs, sent = _release_options(envelope, release, lease_seconds, now)
     if args is not envelope.args or kwargs is not envelope.kwargs:
         push = None  # objects kombu's JSON tags (datetimes, ...): its encoder writes them
     if declared is not None:
-        route = (envelope.task, options.get("queue"), options.get("exchange"),
-                 options.get("routing_key"))
+        route = _route(envelope.task, sent)
         if route in declared:
-            options["declare"] = []
+            sent["declare"] = []
         else:
             declared.add(route)
-    # JSON whatever the app's task_serializer says: the scheduler promises that nothing it
-    # carries is ever pickled, from the schedule call to the worker.
-    sent = dict(options, headers=headers, serializer="json", argsrepr=_shown(args),
-                kwargsrepr=_shown(kwargs))
     if producer is None or app.current_worker_task is not None:
         # without a producer of its own, or inside a task (whose ids it inherits): Celery's own
         app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=envelope.task_id,
@@ -119,8 +130,8 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
 
 
 def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[Any],
-                 kwargs: dict[str, Any], options: dict[str, Any], push: RedisPush | None = None
-                 ) -> None:
+                 kwargs: dict[str, Any], options: dict[str, Any], push: RedisPush | None = None,
+                 now: dt.datetime | None = None) -> None:
     """Send one released task through *producer*: ``app.send_task`` less what a release ignores.
 
     The message, its routing and the publish signals are Celery's own (the same calls
@@ -130,6 +141,16 @@ def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[An
     from its own hook, never from the result backend. On a Redis broker without a result
     backend that is 10-15% of a release's publish CPU (``python -m benchmarks.publish_cost``).
     """
+    message, options = task_message(app, name, task_id, args, kwargs, options, now)
+    if push is not None and push.add(name, message, options):
+        return
+    with producer.connection._reraise_as_library_errors():
+        app.amqp.send_task_message(producer, name, message, **options)
+
+
+def task_message(app: Any, name: str, task_id: str, args: list[Any], kwargs: dict[str, Any],
+                 options: dict[str, Any], now: dt.datetime | None = None) -> tuple[Any, dict[str, Any]]:
+    """Celery's message for a released task, and its routed options (as ``send_task`` makes them)."""
     amqp = app.amqp
     task_type = app._tasks.get(name)
     if task_type is not None:
@@ -147,23 +168,28 @@ def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[An
     shadow = options.pop("shadow", None)
     options = amqp.router.route(options, name, args, kwargs, task_type)
     if expires is not None:
-        left = (expires - dt.datetime.now(dt.timezone.utc)).total_seconds()
+        left = (expires - (now or dt.datetime.now(dt.timezone.utc))).total_seconds()
         options["expiration"] = max(0.0, left)
     message = amqp.create_task_message(
         task_id, name, args, kwargs, None, eta, None, None, expires,
         CELERY_RETRIES_EXHAUSTED, None, None, None, app.thread_oid, time_limit,
         soft_time_limit, app.conf.task_send_sent_event, None, None,
         shadow, None, origin=_origin(os.getpid()), ignore_result=ignore_result, **options)
-    if push is not None and push.add(name, message, options):
-        return
-    with producer.connection._reraise_as_library_errors():
-        amqp.send_task_message(producer, name, message, **options)
+    return message, options
 
 
 @functools.lru_cache(maxsize=4)
 def _origin(pid: int) -> str:
     """The message's ``origin`` (Celery's name for this process), made once per process."""
     return anon_nodename()  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A release's message built ahead of its due time (:meth:`Publisher.prepare_many`)."""
+
+    generation: int  # of the publisher's producer it was built for
+    document: Document
 
 
 def publish_each(publish: Callable[[T, Release], None], items: list[tuple[T, Release]]
@@ -221,6 +247,9 @@ class Publisher:
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
         self._push: RedisPush | None = None  # set while the producer is on Redis
         self._batches: bool | None = None  # whether the producer takes publish batches, once known
+        # Bumped whenever the producer is let go: a message prepared for an earlier one is
+        # built again (its queue may have to be declared again on the new connection).
+        self._generation = 0
 
     def publish(self, envelope: ScheduleEnvelope, release: Release) -> None:
         producer = self._in_use()
@@ -236,7 +265,37 @@ class Publisher:
             self.close()
             raise
 
-    def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]]) -> list[Exception | None]:
+    def prepare_many(self, items: list[tuple[ScheduleEnvelope, Release]]) -> list[Prepared | None]:
+        """Build *items*' messages now, to be sent at their due times by :meth:`publish_many`.
+
+        A release is marked ahead of its due time and sent at it (``release_ahead_seconds``);
+        building its message in between, with the others marked in the same step, leaves
+        only the push to Redis (and Celery's publish signals, sent then as always) for its
+        due time. None for a message built when it is sent: not on Redis, the first of its
+        route on this connection (kombu declares the queue), or with arguments kombu's
+        encoder must write.
+        """
+        push = self._push
+        if push is None or self.app.current_worker_task is not None:
+            return [None] * len(items)
+        prepared: list[Prepared | None] = []
+        for envelope, release in items:
+            at = dt.datetime.fromtimestamp(max(time.time() * 1000, release.not_before_ms) / 1000,
+                                           dt.timezone.utc)
+            args, kwargs, sent = _release_options(envelope, release, self.lease_seconds, at)
+            if (args is not envelope.args or kwargs is not envelope.kwargs
+                    or _route(envelope.task, sent) not in self._declared):
+                prepared.append(None)
+                continue
+            sent["declare"] = []
+            message, options = task_message(self.app, envelope.task, envelope.task_id, args, kwargs,
+                                            sent, at)
+            document = push.prepare(envelope.task, message, options)
+            prepared.append(None if document is None else Prepared(self._generation, document))
+        return prepared
+
+    def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]],
+                     prepared: Sequence[Prepared | None] | None = None) -> list[Exception | None]:
         """Publish *items* in order, in one round trip where the broker allows it.
 
         Each result is None (sent), ``ReleaseNotSentError`` (certainly not sent: there was
@@ -246,7 +305,8 @@ class Publisher:
         ends, instead of one round trip each; a batch that fails is uncertain as a whole,
         since kombu cannot say which of them Redis took. On RabbitMQ they are sent one after
         the other and confirmed together. Other brokers (or a Redis transport set to retry
-        commands, which kombu does not batch) get them one at a time.
+        commands, which kombu does not batch) get them one at a time. *prepared* (from
+        :meth:`prepare_many`, one per item) saves building the messages again.
         """
         try:
             producer = self._connected()
@@ -260,12 +320,21 @@ class Publisher:
         if not self._batches:
             return publish_each(self.publish, items)
         push = self._push
+        ready = [p if p is not None and p.generation == self._generation else None
+                 for p in prepared or [None] * len(items)]
         try:
-            # never flushed half-way: the batch is sent whole or counts as not sent
-            with producer.batch(max_size=1 << 30):
-                for envelope, release in items:
-                    publish(self.app, envelope, release, self.lease_seconds, producer=producer,
-                            declared=self._declared, push=push)
+            if push is not None and all(p is not None for p in ready):
+                for document in ready:
+                    push.add_prepared(document.document)  # type: ignore[union-attr]
+            else:
+                # never flushed half-way: the batch is sent whole or counts as not sent
+                with producer.batch(max_size=1 << 30):
+                    for (envelope, release), document in zip(items, ready, strict=True):
+                        if push is not None and document is not None:
+                            push.add_prepared(document.document)
+                        else:
+                            publish(self.app, envelope, release, self.lease_seconds, producer=producer,
+                                    declared=self._declared, push=push)
             if push is not None:
                 push.push()  # what kombu did not send, in one pipeline
         except Exception as exc:
@@ -317,6 +386,9 @@ class Publisher:
     def close(self) -> None:
         # a new connection may reach a broker that lost non-durable queues: declare again
         self._declared = set()
+        self._generation += 1
+        if self._push is not None:
+            self._push.close()
         self._push = None
         self._batches = None
         producer, self._producer = self._producer, None

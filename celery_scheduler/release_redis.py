@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import base64
 import random
-import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import redis
 from celery import signals
 from kombu.entity import maybe_delivery_mode
 from kombu.utils import json as kombu_json
 
-__all__ = ["RedisPush"]
+__all__ = ["Document", "RedisPush"]
 
 # Options Celery's send_task_message takes itself; the rest are message properties.
 _CELERY_NAMED = frozenset(("exchange", "routing_key", "queue", "event_dispatcher", "retry",
@@ -52,6 +53,11 @@ _PLAIN = (str, int, float, bool, type(None))
 _ORJSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
+# The version (4) and variant (RFC 4122) bits of a random UUID, as uuid.UUID(version=4) sets them.
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
 def _delivery_tag() -> str:
     """A random version 4 UUID, as kombu tags a message, from the process's generator.
 
@@ -59,7 +65,8 @@ def _delivery_tag() -> str:
     lock: the sender thread then waits for the engine thread to hand it back, once per
     message. The tag only needs to be unique among a channel's unacknowledged messages.
     """
-    return str(uuid.UUID(int=random.getrandbits(128), version=4))
+    text = f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 def _plain(value: Any) -> bool:
@@ -98,6 +105,20 @@ def _json(value: Any) -> bytes:
         return _kombu_json(value)
 
 
+@dataclass(frozen=True)
+class Document:
+    """A release's message as :meth:`RedisPush.prepare` left it: routed, its body encoded."""
+
+    name: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    body: Any
+    body_base64: str
+    routing_key: str
+    options: dict[str, Any]
+    delivery_mode: int
+
+
 class RedisPush:
     """Builds released tasks' Redis documents and pushes a step's worth in one pipeline.
 
@@ -113,6 +134,7 @@ class RedisPush:
         self._compressed = bool(conf.task_compression)
         self._pending: list[tuple[str, bytes]] = []
         self._published: list[Callable[[], None]] = []
+        self._held: tuple[Any, Any] | None = None  # the pool and connection pushes go on
 
     @classmethod
     def for_channel(cls, app: Any, channel: Any) -> RedisPush | None:
@@ -143,24 +165,43 @@ class RedisPush:
 
     def add(self, name: str, message: Any, options: dict[str, Any]) -> bool:
         """Queue the document of Celery's *message* (routed *options*); False if kombu must send it."""
+        document = self.prepare(name, message, options)
+        if document is None:
+            return False
+        self.add_prepared(document)
+        return True
+
+    def prepare(self, name: str, message: Any, options: dict[str, Any]) -> Document | None:
+        """What :meth:`add_prepared` needs of *message*, built now; None if kombu must send it.
+
+        The body is encoded here; the publish signals, the delivery tag and the document
+        itself wait for :meth:`add_prepared`, as Celery's publish sends the signals just
+        before it writes the message.
+        """
         queue = self._queue(message, options)
         if queue is None:
-            return False
+            return None
         headers, properties, body, _ = message
-        body_json = _json(body)
         if options.get("headers"):
             headers.update(options["headers"])
         properties.update((key, value) for key, value in options.items() if key not in _CELERY_NAMED)
-        routing_key = queue.name
+        delivery_mode = maybe_delivery_mode(  # type: ignore[no-untyped-call]
+            options.get("delivery_mode") or queue.exchange.delivery_mode or self._default_delivery_mode)
+        return Document(name, headers, properties, body, base64.b64encode(_json(body)).decode("ascii"),
+                        queue.name, options, delivery_mode)
+
+    def add_prepared(self, document: Document) -> None:
+        """Queue *document* (from :meth:`prepare` on this channel) for the next :meth:`push`."""
+        name, headers, properties = document.name, document.headers, document.properties
+        options, routing_key = document.options, document.routing_key
         stamped = bool(signals.before_task_publish.receivers)
         if stamped:
             signals.before_task_publish.send(
-                sender=name, body=body, exchange="", routing_key=routing_key,
+                sender=name, body=document.body, exchange="", routing_key=routing_key,
                 declare=options["declare"], headers=headers, properties=properties,
                 retry_policy=dict(self._retry_policy, **(options.get("retry_policy") or {})))
         sent = {key: value for key, value in properties.items() if key not in _KOMBU_NAMED}
-        sent["delivery_mode"] = maybe_delivery_mode(  # type: ignore[no-untyped-call]
-            options.get("delivery_mode") or queue.exchange.delivery_mode or self._default_delivery_mode)
+        sent["delivery_mode"] = document.delivery_mode
         expiration = options.get("expiration")
         if expiration is not None:
             sent["expiration"] = str(int(expiration * 1000))
@@ -169,23 +210,23 @@ class RedisPush:
                                      routing_key=routing_key)
         sent["body_encoding"] = "base64"
         sent["delivery_tag"] = _delivery_tag()
-        document = {
-            "body": base64.b64encode(body_json).decode("ascii"),
+        encoded = {
+            "body": document.body_base64,
             "content-encoding": "utf-8",
             "content-type": "application/json",
             "headers": headers,
             "properties": sent,
         }
         channel = self._channel
-        key = channel._q_for_pri(routing_key, channel._get_message_priority(document, reverse=False))
+        key = channel._q_for_pri(routing_key, channel._get_message_priority(encoded, reverse=False))
         if stamped and not (_plain(headers) and _plain(sent)):
-            self._pending.append((key, _kombu_json(document)))
+            self._pending.append((key, _kombu_json(encoded)))
         else:
-            self._pending.append((key, _json(document)))
+            self._pending.append((key, _json(encoded)))
         if signals.after_task_publish.receivers:
+            body = document.body
             self._published.append(lambda: signals.after_task_publish.send(
                 sender=name, body=body, headers=headers, exchange="", routing_key=routing_key))
-        return True
 
     def push(self) -> None:
         """Push every document added, in order, in one pipeline; raises if it failed.
@@ -197,16 +238,46 @@ class RedisPush:
         published, self._published = self._published, []
         if not pending:
             return
-        with self._channel.conn_or_acquire() as client:
-            pipe = client.pipeline(transaction=False)
-            try:
-                for key, document in pending:
-                    pipe.lpush(key, document)
-                pipe.execute()
-            finally:
-                pipe.reset()
+        # The commands go on a connection of the channel's pool, kept between pushes, as a
+        # pipeline sends them (written together, then each reply read), without the
+        # pipeline's and the pool's layers: they took as much CPU as building the message,
+        # at light load where each push carries one.
+        connection = self._connection()
+        try:
+            connection.send_packed_command(
+                connection.pack_commands([("LPUSH", key, document) for key, document in pending]))
+            for _ in pending:
+                connection.read_response()
+        except BaseException:
+            self.close()  # replies may be left unread on it
+            raise
         for signal in published:
             signal()
 
     def discard(self) -> None:
         self._pending, self._published = [], []
+
+    def close(self) -> None:
+        """Give the connection back to the channel's pool, closed (the next push takes another)."""
+        held, self._held = self._held, None
+        if held is not None:
+            pool, connection = held
+            connection.disconnect()
+            pool.release(connection)
+
+    def _connection(self) -> Any:
+        """The connection pushes go on: the one kept, unless Redis closed it meanwhile."""
+        if self._held is None:
+            with self._channel.conn_or_acquire() as client:
+                pool = client.connection_pool
+                self._held = (pool, pool.get_connection())
+            return self._held[1]
+        connection = self._held[1]
+        try:
+            stale = connection.can_read()  # what the pool checks before it lends a connection
+        except (OSError, redis.ConnectionError):
+            stale = True
+        if stale:
+            connection.disconnect()
+            connection.connect()
+        return connection

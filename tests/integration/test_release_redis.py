@@ -126,22 +126,27 @@ def test_a_pushed_release_is_the_document_kombu_pushes(private_redis: PrivateRed
     app = _app(private_redis.url)  # one app: its reply_to (a per-app id) is in every message
     pushed = _publish_all(app, private_redis.url, items, push=True)
     through_kombu = _publish_all(app, private_redis.url, items, push=False)
-    assert pushed.keys() == through_kombu.keys() and pushed
-    for name in pushed:
-        assert len(pushed[name]) == len(items)
-        for ours, kombus in zip(pushed[name], through_kombu[name], strict=True):
-            ours, kombus = _comparable(ours), _comparable(kombus)
-            if case == "sent ahead (eta)":  # the due time is taken at send time: same within 1 s
-                ours_eta, kombu_eta = (dt.datetime.fromisoformat(d["headers"].pop("eta"))
-                                       for d in (ours, kombus))
-                assert abs((ours_eta - kombu_eta).total_seconds()) < 1
-            if case == "expires":
-                ours_at, kombu_at = (dt.datetime.fromisoformat(d["headers"].pop("expires"))
-                                     for d in (ours, kombus))
-                assert abs((ours_at - kombu_at).total_seconds()) < 1
-                assert abs(int(ours["properties"].pop("expiration"))
-                           - int(kombus["properties"].pop("expiration"))) < 1000
-            assert ours == kombus
+    _assert_same_documents(pushed, through_kombu, len(items))
+
+
+def _assert_same_documents(ours: dict[str, list[dict[str, Any]]], theirs: dict[str, list[dict[str, Any]]],
+                           count: int) -> None:
+    """Each queue's documents the same but for the delivery tag, and for the times taken when
+    each was built (eta, expires), which are the same within a second."""
+    assert ours.keys() == theirs.keys() and ours
+    for name in ours:
+        assert len(ours[name]) == count
+        for one, other in zip(ours[name], theirs[name], strict=True):
+            one, other = _comparable(one), _comparable(other)
+            for field in ("eta", "expires"):
+                if one["headers"].get(field) is not None or other["headers"].get(field) is not None:
+                    one_at, other_at = (dt.datetime.fromisoformat(d["headers"].pop(field))
+                                        for d in (one, other))
+                    assert abs((one_at - other_at).total_seconds()) < 1
+            if "expiration" in one["properties"] or "expiration" in other["properties"]:
+                assert abs(int(one["properties"].pop("expiration"))
+                           - int(other["properties"].pop("expiration"))) < 1000
+            assert one == other
 
 
 def test_only_the_routes_first_release_goes_through_kombu(private_redis: PrivateRedis,
@@ -242,3 +247,86 @@ def test_the_plain_check_leaves_other_values_to_kombus_encoder() -> None:
     assert not release_redis._plain({1: "not a text key"})
     # kombu's encoder tags what orjson would write differently
     assert b"__type__" in release_redis._json({"at": dt.datetime(2030, 1, 1)})
+
+
+def _built_ahead(app: Celery, url: str, items: list[tuple[ScheduleEnvelope, Release]]
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """*items* published as a dispatcher's sender does: the first of the route at once (it
+    declares the queue), the rest built ahead, then sent one a step."""
+    redis.Redis.from_url(url).flushdb()
+    publisher = Publisher(app, lease_seconds=300)
+    try:
+        assert publisher.publish_many(items[:1]) == [None]
+        prepared = publisher.prepare_many(items[1:])
+        assert all(message is not None for message in prepared)
+        for item, message in zip(items[1:], prepared, strict=True):
+            assert publisher.publish_many([item], [message]) == [None]
+    finally:
+        publisher.close()
+    return _queued(url)
+
+
+# A release sent ahead with Celery's eta goes when it is marked: it is never built ahead.
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"sent ahead (eta)"}))
+def test_a_release_built_ahead_is_the_document_built_when_sent(private_redis: PrivateRedis,
+                                                                case: str) -> None:
+    spec = CASES[case]
+    items = [_release(n, args=spec.get("args"), options=spec.get("options")) for n in range(3)]
+    app = _app(private_redis.url)
+    ahead = _built_ahead(app, private_redis.url, items)
+    when_sent = _publish_all(app, private_redis.url, items, push=True)
+    _assert_same_documents(ahead, when_sent, len(items))
+
+
+def test_only_a_declared_route_is_built_ahead(private_redis: PrivateRedis) -> None:
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    try:
+        first, second = _release(0), _release(1)
+        elsewhere = _release(2, options={"queue": "elsewhere"})
+        tagged = _release(3, args=[{"__type__": "datetime", "__value__": "2030-01-01T00:00:00+00:00"}])
+        assert publisher.prepare_many([first]) == [None]  # nothing declared on no connection yet
+        assert publisher.publish_many([first]) == [None]
+        built = publisher.prepare_many([second, elsewhere, tagged])
+        assert built[0] is not None
+        assert built[1] is None  # its queue is declared by its first message, through kombu
+        assert built[2] is None  # arguments kombu's encoder writes
+        assert publisher.publish_many([second, elsewhere, tagged], built) == [None] * 3
+    finally:
+        publisher.close()
+    queued = _queued(private_redis.url)
+    # (kombu's batch goes before the pushed ones: a step holds one task per ordering id at most)
+    assert sorted(d["headers"]["id"] for d in queued[QUEUE]) == sorted(
+        r.key.task_id for _, r in (first, second, tagged))
+    assert [d["headers"]["id"] for d in queued["elsewhere"]] == [elsewhere[1].key.task_id]
+
+
+def test_a_message_built_for_a_connection_let_go_is_built_again(private_redis: PrivateRedis,
+                                                                counted_kombu_sends: list[str]) -> None:
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    try:
+        items = [_release(n) for n in range(4)]
+        assert publisher.publish_many(items[:1]) == [None]
+        built = publisher.prepare_many(items[1:])
+        publisher.close()  # as after a failed send: the next connection declares its queue again
+        assert publisher.publish_many(items[1:], built) == [None] * 3
+    finally:
+        publisher.close()
+    assert counted_kombu_sends == ["pushed.record"] * 2
+    assert [d["headers"]["id"] for d in _queued(private_redis.url)[QUEUE]] == [
+        r.key.task_id for _, r in items]
+
+
+def test_pushes_go_on_after_redis_closed_their_connection(private_redis: PrivateRedis) -> None:
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    try:
+        items = [_release(n) for n in range(6)]
+        assert publisher.publish_many(items[:2]) == [None] * 2
+        # what a Redis restart or its idle timeout does to the connection the pushes go on
+        killed = redis.Redis.from_url(private_redis.url).client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1
+        assert publisher.publish_many(items[2:4]) == [None] * 2
+        assert publisher.publish_many(items[4:], publisher.prepare_many(items[4:])) == [None] * 2
+    finally:
+        publisher.close()
+    assert [d["headers"]["id"] for d in _queued(private_redis.url)[QUEUE]] == [
+        r.key.task_id for _, r in items]
