@@ -24,6 +24,7 @@ keeps the ordering rules free of locks.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -45,7 +46,9 @@ from celery_scheduler.dispatcher.state import (
     Event,
     Partition,
     Persisted,
+    PrepareMany,
     PublishMany,
+    PublishPrepared,
     Revocation,
     Sending,
     Sent,
@@ -74,7 +77,9 @@ class Engine(LeaseUpkeep, Settling):
                  settings: EngineSettings | None = None,
                  clock: Clock | None = None, metrics: Metrics | None = None,
                  publish_many: PublishMany | None = None,
-                 sends_early: Callable[[Loaded], bool] | None = None) -> None:
+                 sends_early: Callable[[Loaded], bool] | None = None,
+                 prepare_many: PrepareMany | None = None,
+                 publish_prepared: PublishPrepared | None = None) -> None:
         self.store = store
         self.publish = publish
         # the dispatcher sends a step's releases in one round trip where the broker allows
@@ -127,11 +132,23 @@ class Engine(LeaseUpkeep, Settling):
         # task due within _ahead_ms: the marks of a fifth of a second of due times share
         # requests, instead of each step marking the few that came into reach since the last.
         self._mark_lead_ms = self._ahead_ms * 3 // 5
-        self._sender = (OnTimeSender(self.publish_many, self.events.put, self._lease_certain, self.clock,
-                                     self.settings.release_batch)
+        # (it builds their messages while they wait, given prepare_many and publish_prepared)
+        # What the sender sent, all of it taken by the broker: counted at the next step, which
+        # it need not wake (a release that was not, or may not have been, sent does).
+        self._sent_quietly: collections.deque[Sent] = collections.deque()
+        self._sender = (OnTimeSender(self.publish_many, self._reported, self._lease_certain, self.clock,
+                                     self.settings.release_batch, prepare_many=prepare_many,
+                                     publish_prepared=publish_prepared)
                         if self._ahead_ms > 0 else None)
 
     # --- called from other threads -------------------------------------------------------
+
+    def _reported(self, event: Sent) -> None:
+        """The sender's report of a hand-over (its thread)."""
+        if all(error is None for _, error in event.results):
+            self._sent_quietly.append(event)
+        else:
+            self.events.put(event)
 
     def assign(self, partitions: Iterable[int]) -> None:
         self.events.put(Assigned(tuple(partitions)))
@@ -230,6 +247,9 @@ class Engine(LeaseUpkeep, Settling):
         return max(0.0, wait_ms / 1000)
 
     def _drain_events(self, wait: float) -> None:
+        while self._sent_quietly:
+            sent = self._sent_quietly.popleft()
+            self._sent(sent.results, sent.sent_ms)
         if self._outcome_retries:  # outcomes whose effect a failed write did not store
             retries, self._outcome_retries = self._outcome_retries, []
             self._on_outcomes(OutcomeBatch(retries, {}))

@@ -11,6 +11,11 @@ sent with ``eta=``, so its lateness is the worker's timer's, and the tasks marke
 go to the broker in one round trip. A message for a topic (Kafka delivery) has no such
 hold and always waits for its due time here.
 
+Between sends this thread builds the messages of the releases handed to it ahead of their
+due time (the Celery message, routed, its body encoded: ``Publisher.prepare_many``), so that
+at a due time only the push to the broker is left, and Celery's publish signals, which are
+sent then as Celery sends them.
+
 A release is sent only while its partition's lease is certain (the engine's fence, by this
 process's monotonic clock); otherwise it is reported not sent, and the engine puts the task
 back, its attempt not spent. Every hand-over is reported to the engine as a
@@ -26,29 +31,44 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from celery_scheduler.clock import Clock, now_ms
-from celery_scheduler.dispatcher.state import PublishMany, Sending, Sent
+from celery_scheduler.dispatcher.state import PrepareMany, PublishMany, PublishPrepared, Sending, Sent
 from celery_scheduler.errors import ReleaseNotSentError
 
 __all__ = ["OnTimeSender"]
 
 logger = logging.getLogger(__name__)
 
+# Most messages built in one go between sends, so a release due meanwhile is not held up.
+PREPARE_CHUNK = 50
 
 
 class OnTimeSender:
-    """Holds marked releases until they may be sent (:attr:`Sending.send_ms`), then publishes them."""
+    """Holds marked releases until they may be sent (:attr:`Sending.send_ms`), then publishes them.
+
+    With *prepare_many* (and *publish_prepared*, which takes what it built), the messages of
+    releases handed over ahead of their due time are built as soon as they arrive, a step's
+    worth together, and only pushed to the broker at their due time.
+    """
 
     def __init__(self, publish_many: PublishMany, report: Callable[[Sent], None],
                  lease_certain: Callable[[int], bool], clock: Clock | None = None,
-                 batch: int = 500) -> None:
+                 batch: int = 500, *, prepare_many: PrepareMany | None = None,
+                 publish_prepared: PublishPrepared | None = None) -> None:
+        if (prepare_many is None) != (publish_prepared is None):
+            raise ValueError("prepare_many and publish_prepared go together")
         self._publish_many = publish_many
+        self._prepare_many = prepare_many
+        self._publish_prepared = publish_prepared
         self._report = report
         self._lease_certain = lease_certain
         self._clock = clock or now_ms
         self._batch = batch
-        self._heap: list[tuple[int, int, Sending]] = []
+        # [send_ms, tie, release, its prepared message or None], earliest first
+        self._heap: list[list[Any]] = []
+        self._fresh: list[list[Any]] = []  # entries whose message is not built yet
         self._tie = itertools.count()
         self._waiting: collections.Counter[int] = collections.Counter()  # per partition, not sent yet
         self._changed = threading.Condition()
@@ -60,8 +80,11 @@ class OnTimeSender:
         """Send each of *items* once it may be (at once if that time has passed)."""
         with self._changed:
             for item in items:
-                heapq.heappush(self._heap, (item.send_ms, next(self._tie), item))
+                entry = [item.send_ms, next(self._tie), item, None]
+                heapq.heappush(self._heap, entry)
                 self._waiting[item.task.partition] += 1
+                if self._prepare_many is not None and not item.early:
+                    self._fresh.append(entry)
             self._changed.notify_all()
 
     def waiting(self) -> int:
@@ -87,10 +110,11 @@ class OnTimeSender:
             self._changed.notify_all()
         self._thread.join(timeout)
 
-    def _next(self) -> list[Sending] | None:
-        """The releases due now (waiting until some are); None once stopped."""
+    def _next(self) -> tuple[list[list[Any]], list[list[Any]]] | None:
+        """The releases due now and those to build first (waiting until there are some); None
+        once stopped."""
         with self._changed:
-            while not self._stopped:
+            while not self._stopped and not self._fresh:
                 if self._heap:
                     wait = (self._heap[0][0] - self._clock()) / 1000
                     if wait <= 0:
@@ -101,32 +125,57 @@ class OnTimeSender:
             if self._stopped:
                 return None
             now = self._clock()
-            due: list[Sending] = []
+            due: list[list[Any]] = []
             while self._heap and self._heap[0][0] <= now and len(due) < self._batch:
-                due.append(heapq.heappop(self._heap)[2])
-            return due
+                due.append(heapq.heappop(self._heap))
+            fresh, self._fresh = self._fresh[:PREPARE_CHUNK], self._fresh[PREPARE_CHUNK:]
+            return due, fresh
 
     def _serve(self) -> None:
-        while (due := self._next()) is not None:
-            try:
-                self._report(self._send(due))
-            finally:
-                with self._changed:
-                    self._waiting.subtract(item.task.partition for item in due)
-                    self._changed.notify_all()
+        while (work := self._next()) is not None:
+            due, fresh = work
+            if due:
+                try:
+                    self._report(self._send(due))
+                finally:
+                    with self._changed:
+                        self._waiting.subtract(entry[2].task.partition for entry in due)
+                        self._changed.notify_all()
+            if fresh:
+                self._prepare(fresh)
 
-    def _send(self, due: list[Sending]) -> Sent:
+    def _prepare(self, entries: list[list[Any]]) -> None:
+        """Build the messages of *entries* not due yet (those due go as they are)."""
+        assert self._prepare_many is not None
+        now = self._clock()
+        ahead = [entry for entry in entries if entry[0] > now]
+        if not ahead:
+            return
+        try:
+            built = self._prepare_many([(entry[2].task, entry[2].release) for entry in ahead])
+        except Exception:  # built when sent instead
+            logger.warning("building %d release message(s) ahead failed", len(ahead), exc_info=True)
+            return
+        for entry, message in zip(ahead, built, strict=True):
+            entry[3] = message
+
+    def _send(self, due: list[list[Any]]) -> Sent:
         results: dict[int, Exception | None] = {}
         certain: list[int] = []
-        for index, item in enumerate(due):
-            if self._lease_certain(item.task.partition):
+        for index, entry in enumerate(due):
+            partition = entry[2].task.partition
+            if self._lease_certain(partition):
                 certain.append(index)
             else:
                 results[index] = ReleaseNotSentError(
-                    f"the lease of partition {item.task.partition} was not certain when it was to be sent")
+                    f"the lease of partition {partition} was not certain when it was to be sent")
         if certain:
+            items = [(due[i][2].task, due[i][2].release) for i in certain]
             try:
-                sent = self._publish_many([(due[i].task, due[i].release) for i in certain])
+                if self._publish_prepared is not None:
+                    sent = self._publish_prepared(items, [due[i][3] for i in certain])
+                else:
+                    sent = self._publish_many(items)
             except Exception as exc:  # reported: the engine decides
                 # whether the broker took them is not known: they stay released, and their
                 # outcomes or the end of their leases decide, as for any uncertain send
@@ -134,4 +183,4 @@ class OnTimeSender:
                 sent = [exc] * len(certain)
             for index, error in zip(certain, sent, strict=True):
                 results[index] = error
-        return Sent([(item, results[index]) for index, item in enumerate(due)], self._clock())
+        return Sent([(entry[2], results[index]) for index, entry in enumerate(due)], self._clock())

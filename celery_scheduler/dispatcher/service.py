@@ -32,6 +32,7 @@ from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.outcomes import OutcomeReader
 from celery_scheduler.dispatcher.timetable import Loaded
+from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import (
     ConfigurationError,
     SchedulerError,
@@ -163,7 +164,8 @@ class Dispatcher:
         self.publisher = releasing.Publisher(app, s.lease_seconds)  # used by one thread only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many,
-                             sends_early=_held_by_worker if s.release_eta else None)
+                             sends_early=_held_by_worker if s.release_eta else None,
+                             prepare_many=self._prepare_many, publish_prepared=self._publish_many)
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
         self.delivery = KafkaDelivery(base, self.engine.outcomes)
@@ -215,18 +217,37 @@ class Dispatcher:
         if error is not None:
             raise error
 
-    def _publish_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Exception | None]:
-        """Each release to Celery, or for a delayed message to Kafka; results in *items*' order."""
+    def _prepare_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Any]:
+        """Each Celery release's message built ahead (see ``Publisher.prepare_many``)."""
+        tasks = [i for i, (task, _) in enumerate(items) if task.envelope.task != MESSAGE_TASK]
+        prepared: list[Any] = [None] * len(items)
+        built = self.publisher.prepare_many([(items[i][0].envelope, items[i][1]) for i in tasks])
+        for i, message in zip(tasks, built, strict=True):
+            prepared[i] = message
+        return prepared
+
+    def _publish_many(self, items: list[tuple[Loaded, wire.Release]],
+                      prepared: list[Any] | None = None) -> list[Exception | None]:
+        """Each release to Celery, or for a delayed message to Kafka; results in *items*' order.
+
+        *prepared* holds what :meth:`_prepare_many` built for each (or None)."""
         messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
         if not messages:
-            return self.publisher.publish_many([(task.envelope, release) for task, release in items])
+            return self.publisher.publish_many([(task.envelope, release) for task, release in items],
+                                               prepared)
         results: list[Exception | None] = [None] * len(items)
         tasks = [i for i in range(len(items)) if i not in set(messages)]
-        for indexes, send in ((messages, self.delivery.deliver), (tasks, self.publisher.publish_many)):
-            if indexes:
-                sent = send([(items[i][0].envelope, items[i][1]) for i in indexes])
-                for i, result in zip(indexes, sent, strict=True):
-                    results[i] = result
+
+        def chosen(indexes: list[int]) -> list[tuple[ScheduleEnvelope, wire.Release]]:
+            return [(items[i][0].envelope, items[i][1]) for i in indexes]
+
+        sent = [(messages, self.delivery.deliver(chosen(messages)))]
+        if tasks:
+            sent.append((tasks, self.publisher.publish_many(
+                chosen(tasks), None if prepared is None else [prepared[i] for i in tasks])))
+        for indexes, outcomes in sent:
+            for i, result in zip(indexes, outcomes, strict=True):
+                results[i] = result
         return results
 
     @property

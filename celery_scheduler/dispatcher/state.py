@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery_scheduler.dispatcher.loader import PartitionLoader
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
@@ -14,8 +15,8 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Lease, StoredTask
 from celery_scheduler.wire import Release
 
-__all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "PublishMany",
-           "Revocation", "Sending", "Sent"]
+__all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "PrepareMany",
+           "PublishMany", "PublishPrepared", "Revocation", "Sending", "Sent"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class Cancelled:
 # Publishes releases in order; for each, None (sent), ReleaseNotSentError (certainly not
 # sent: released again soon) or another error (it may have been sent: it stays released).
 PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
+# Builds releases' messages ahead of their due time: for each, what PublishPrepared takes in
+# its place (None: built when it is sent).
+PrepareMany = Callable[[list[tuple[Loaded, Release]]], list[Any]]
+# PublishMany, given what PrepareMany built for each release (or None).
+PublishPrepared = Callable[[list[tuple[Loaded, Release]], list[Any]], list[Exception | None]]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from celery_scheduler.clock import now_ms
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ontime import OnTimeSender
@@ -273,3 +275,71 @@ def test_the_sender_sends_an_early_release_at_once_but_not_without_a_certain_lea
         assert results[0] is None and isinstance(results[1], ReleaseNotSentError)
     finally:
         sender.stop()
+
+
+def test_the_sender_builds_messages_while_they_wait_and_sends_what_it_built() -> None:
+    sent: list[Sent] = []
+    built: list[tuple[TaskKey, int]] = []
+    published: list[tuple[TaskKey, object, int]] = []
+
+    def prepare_many(items: list[tuple[Loaded, Release]]) -> list[object]:
+        built.extend((task.key, now_ms()) for task, _ in items)
+        # one the publisher cannot build ahead (the first of its route, say) is built when sent
+        return [None if task.key.ordering_id == "o-unbuilt" else f"message of {task.key.ordering_id}"
+                for task, _ in items]
+
+    def publish_prepared(items: list[tuple[Loaded, Release]], prepared: list[object]
+                         ) -> list[Exception | None]:
+        at = now_ms()
+        published.extend((task.key, message, at) for (task, _), message in zip(items, prepared, strict=True))
+        return [None] * len(items)
+
+    def publish_many(items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
+        raise AssertionError("given publish_prepared, the sender sends through it")
+
+    sender = OnTimeSender(publish_many, sent.append, lambda partition: True,
+                          prepare_many=prepare_many, publish_prepared=publish_prepared)
+    try:
+        start = now_ms()
+        items = [Sending(loaded(name, start + offset),
+                         Release(TaskKey(name, start + offset, "u"), 0, 1, 1, 0), start + offset)
+                 for name, offset in (("o-late", -50), ("o-ahead", 400), ("o-unbuilt", 300))]
+        sender.hand(items)
+        assert sender.settle([0], timeout=5.0)
+        # built as soon as it was handed over, well before its due time; one already due is not
+        assert {key.ordering_id for key, _ in built} == {"o-ahead", "o-unbuilt"}
+        assert all(at < key.scheduled_ms - 100 for key, at in built)
+        assert [(key.ordering_id, message) for key, message, _ in published] == [
+            ("o-late", None), ("o-unbuilt", None), ("o-ahead", "message of o-ahead")]
+        assert all(at >= key.scheduled_ms for key, _, at in published)
+        assert [error for event in sent for _, error in event.results] == [None, None, None]
+    finally:
+        sender.stop()
+
+
+def test_a_message_that_could_not_be_built_ahead_is_built_when_sent() -> None:
+    published: list[object] = []
+
+    def prepare_many(items: list[tuple[Loaded, Release]]) -> list[object]:
+        raise RuntimeError("the broker's connection went away")
+
+    def publish_prepared(items: list[tuple[Loaded, Release]], prepared: list[object]
+                         ) -> list[Exception | None]:
+        published.extend(prepared)
+        return [None] * len(items)
+
+    sender = OnTimeSender(lambda items: [None] * len(items), lambda event: None, lambda partition: True,
+                          prepare_many=prepare_many, publish_prepared=publish_prepared)
+    try:
+        due = now_ms() + 200
+        sender.hand([Sending(loaded("o", due), Release(TaskKey("o", due, "u"), 0, 1, 1, 0), due)])
+        assert sender.settle([0], timeout=5.0)
+        assert published == [None]
+    finally:
+        sender.stop()
+
+
+def test_preparing_needs_its_publish() -> None:
+    with pytest.raises(ValueError, match="go together"):
+        OnTimeSender(lambda items: [], lambda event: None, lambda partition: True,
+                     prepare_many=lambda items: [])
