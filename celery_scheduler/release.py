@@ -12,7 +12,6 @@ import datetime as dt
 import functools
 import json
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import loads as _kombu_loads
 
+from celery_scheduler.clock import now_ms
 from celery_scheduler.confirms import Confirms, supports_confirms
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
@@ -280,7 +280,7 @@ class Publisher:
             return [None] * len(items)
         prepared: list[Prepared | None] = []
         for envelope, release in items:
-            at = dt.datetime.fromtimestamp(max(time.time() * 1000, release.not_before_ms) / 1000,
+            at = dt.datetime.fromtimestamp(max(now_ms(), release.not_before_ms) / 1000,
                                            dt.timezone.utc)
             args, kwargs, sent = _release_options(envelope, release, self.lease_seconds, at)
             if (args is not envelope.args or kwargs is not envelope.kwargs
