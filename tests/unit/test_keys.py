@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 import zoneinfo
 
 import pytest
 
 from celery_scheduler.errors import ScheduleTimeError
-from celery_scheduler.keys import TaskKey, from_epoch_ms, to_epoch_ms
+from celery_scheduler.keys import TASK_ID_NAMESPACE, TaskKey, from_epoch_ms, to_epoch_ms
 
 UTC = dt.timezone.utc
 
@@ -57,3 +58,13 @@ def test_task_id_is_deterministic_and_distinct_per_key() -> None:
     assert len({a.task_id, TaskKey("o", 2, "u").task_id, TaskKey("o", 1, "v").task_id,
                 TaskKey("o\x1f1", 1, "u").task_id}) == 4
     assert str(a) == "o@1970-01-01T00:00:00.001000+00:00#u"
+
+
+@pytest.mark.parametrize("key", [
+    TaskKey("o", 1, "u"), TaskKey("o-17", 1_893_456_000_123, "seq-4"),
+    TaskKey("ordre\u00e9\u4e2d", 253402300799999, "\U0001f600" * 40), TaskKey("x" * 512, 0, "y" * 512),
+])
+def test_task_id_is_the_uuid5_of_the_key_within_the_projects_namespace(key: TaskKey) -> None:
+    # ids of tasks already released must not change from one version to the next
+    name = f"{key.ordering_id}\x1f{key.scheduled_ms}\x1f{key.uniqueness_key}"
+    assert key.task_id == str(uuid.uuid5(TASK_ID_NAMESPACE, name))
