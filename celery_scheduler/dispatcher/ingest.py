@@ -165,10 +165,15 @@ class Ingest:
         self.persisted_count = 0
         self.paused: dict[int, str] = {}  # partition -> topic, paused until its lease is held
         self._assigned: list[TopicPartition] = []  # newly assigned: not paused by us
+        # partition -> offset after the last record written (or dead-lettered) since the
+        # partition was assigned: where a reader of its own may go on (see kept.py)
+        self.written_to: dict[int, int] = {}
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """Kafka assigned *partitions* (called from the consumer's callback, on this thread)."""
         self._assigned.extend(partitions)
+        for tp in partitions:
+            self.written_to.pop(tp.partition, None)  # it goes on from the committed offset
 
     def revoked(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -253,6 +258,8 @@ class Ingest:
             for round_ in rounds:
                 self._apply(list(round_.values()))
             self.dead_letters.flush()
+            for record in last.values():
+                self.written_to[record.partition] = record.offset + 1
             if last:
                 self.consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.offset + 1)
                                               for r in last.values()], asynchronous=True)

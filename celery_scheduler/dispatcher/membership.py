@@ -20,7 +20,8 @@ that dropped what it holds then would release nothing of those partitions for al
 time, and then read their schedules again. Their leases in Cassandra, not the group, fence
 who releases from them, so a dispatcher keeps releasing from a lost partition while it
 holds its lease, until the group assigns again (then it keeps what it gets and gives up the
-rest), its lease is gone, or ``lost_hold_seconds`` have passed.
+rest), its lease is gone, or ``lost_hold_seconds`` have passed; and it reads what arrives on
+them meanwhile (:mod:`celery_scheduler.dispatcher.kept`).
 
 Only the decisions are here; the dispatcher (:mod:`celery_scheduler.dispatcher.service`) reads
 the leases, replaces the consumer and hands partitions over.

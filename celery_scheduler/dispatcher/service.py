@@ -29,6 +29,7 @@ from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
+from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.outcomes import OutcomeReader
 from celery_scheduler.dispatcher.timetable import Loaded
@@ -44,6 +45,7 @@ from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
+from celery_scheduler.tasklog.base import TaskLogReader
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_aside
 from celery_scheduler.wire import outcome_topic
@@ -56,6 +58,9 @@ T = TypeVar("T")
 
 # Longest the broker holds a fetch of schedule records back to fill it (milliseconds).
 INGEST_FETCH_WAIT_MS = 100
+# While partitions are kept after a lost group session, the ingest loop reads them and the
+# group's consumer in turn, each poll waiting at most this long (seconds).
+KEPT_POLL_SECONDS = 0.05
 # Longest a success waits in memory for others to share its request (seconds): at light
 # load each step read a few outcomes, and stored them with a request of their own.
 FINISH_LINGER_SECONDS = 0.2
@@ -201,11 +206,26 @@ class Dispatcher:
         }
         self.reader = KafkaTaskLogReader(Consumer(self._consumer_config))
         self.membership = Membership(self._partitions, time.monotonic())
-        self.ingest = Ingest(self.reader, self.store, self.engine,
-                             DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics),
-                             lambda: self._partitions, allowed=names.__contains__,
-                             signer=s.signer, max_bytes=s.max_envelope_bytes,
-                             linger_seconds=s.ingest_linger_seconds)
+        dead_letters = DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics)
+
+        def ingest(reader: TaskLogReader, linger_seconds: float) -> Ingest:
+            return Ingest(reader, self.store, self.engine, dead_letters, lambda: self._partitions,
+                          allowed=names.__contains__, signer=s.signer,
+                          max_bytes=s.max_envelope_bytes, linger_seconds=linger_seconds)
+
+        self.ingest = ingest(self.reader, s.ingest_linger_seconds)
+        # kept partitions are read while the group forms again: each record is written at
+        # once, the group is waited for only as long as a short poll
+        self.kept = KeptReader(s.kafka_topic, lambda: Consumer(self._kept_consumer_config()),
+                               lambda reader: ingest(reader, 0.0))
+
+    def _kept_consumer_config(self) -> dict[str, Any]:
+        """The group's consumer settings for one that never joins it (see dispatcher/kept.py)."""
+        config = {key: value for key, value in self._consumer_config.items()
+                  if key not in ("partition.assignment.strategy", "session.timeout.ms",
+                                 "heartbeat.interval.ms", "on_commit")}
+        config["client.id"] = f"{self.owner}-kept"
+        return config
 
     @property
     def partition_count(self) -> int:
@@ -316,10 +336,11 @@ class Dispatcher:
         self.outcomes.start(self.stopping)
         try:
             while not self.stopping.is_set():
-                self.ingest.poll_once(0.2)
+                self.ingest.poll_once(KEPT_POLL_SECONDS if self.kept.partitions else 0.2)
                 if not engine_thread.is_alive():
                     raise SchedulerError("the release engine stopped unexpectedly")
                 self._keep_membership()
+                self._read_kept()
         finally:
             self._shutdown()
 
@@ -342,6 +363,18 @@ class Dispatcher:
         if orphaned:
             self._rejoin(orphaned, now)
 
+    def _read_kept(self) -> None:
+        """Read the partitions kept after a lost group session, until the group assigns
+        again (see :mod:`celery_scheduler.dispatcher.kept`)."""
+        try:
+            self.kept.follow(self.membership.kept, self.ingest.written_to)
+        except TaskLogError as exc:
+            logger.warning("could not read the kept partitions %s (%s); trying again",
+                           self.membership.kept, exc)
+            self.kept.close()
+            return
+        self.kept.read_once(KEPT_POLL_SECONDS)
+
     def _rejoin(self, orphaned: list[int], now: float) -> None:
         logger.warning(
             "this dispatcher has held no partition for %.0fs while partitions %s have no owner "
@@ -362,6 +395,7 @@ class Dispatcher:
             self.reader.close()  # commits nothing new; triggers the revoke hand-over
         except TaskLogError as exc:
             logger.warning("closing the consumer: %s", exc)
+        self.kept.close()
         self.engine.stop()
         try:
             self.outcomes.close()

@@ -159,6 +159,14 @@ def test_a_dispatcher_goes_on_releasing_from_partitions_its_group_session_lost(
     assert not consumer.assignment()
     assert sorted(s["o"] for s in scheduler.starts()) == ["a", "b", "c"]
 
+    # what is scheduled meanwhile is read from the kept partitions by a consumer assigned by
+    # hand: it runs when due, before the group forms again
+    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=3)
+    schedule.record.schedule(("d", 0), at=due, queue=queue)
+    scheduler.wait_for_starts(4, timeout=30)
+    assert not consumer.assignment() and dispatcher.membership.kept == every
+    assert dispatcher.kept.partitions == every
+
     # assigned again, it keeps the partitions: their leases were never let go
     rejoin.set()
     # (judged from the callbacks' record: the consumer is not asked from this thread, where
@@ -170,5 +178,9 @@ def test_a_dispatcher_goes_on_releasing_from_partitions_its_group_session_lost(
             if p.lease} == epochs
     assert not any("handed over" in r.getMessage() for r in caplog.records)
     due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
+    _wait(lambda: dispatcher.kept.partitions == [], 10, "the kept partitions' consumer closed")
     schedule.record.schedule(("a", 1), at=due, queue=queue)
-    scheduler.wait_for_starts(4, timeout=60)
+    scheduler.wait_for_starts(5, timeout=60)
+    # ("d", 0) was read again by the group's consumer, and not run again
+    assert sorted((s["o"], s["seq"]) for s in scheduler.starts()) == [
+        ("a", 0), ("a", 1), ("b", 0), ("c", 0), ("d", 0)]
