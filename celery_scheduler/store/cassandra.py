@@ -128,14 +128,14 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         bucket = plan.bucket
         statements: Statements = []
         if plan.moved_from is not None:
-            statements.append((DELETE_ROW, (*plan.moved_from, to_timestamp(key.scheduled_ms),
+            statements.append((DELETE_ROW, (*plan.moved_from, key.scheduled_ms,
                                              key.ordering_id, key.uniqueness_key)))
         statements += [
-            (INSERT_ROW, (partition, bucket, to_timestamp(key.scheduled_ms), key.ordering_id,
+            (INSERT_ROW, (partition, bucket, key.scheduled_ms, key.ordering_id,
                            key.uniqueness_key, envelope.task,
                            data if data is not None else encode(envelope), 0)),
             (PENDING_STATUS, (*self.layout.primary_key(key), State.PENDING.value, envelope.task,
-                              partition, bucket, to_timestamp(now_ms))),
+                              partition, bucket, now_ms)),
         ]
         if (partition, bucket) not in self._indexed:
             statements.append((INDEX_BUCKET, (partition, bucket)))
@@ -160,7 +160,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                 return [], None
             bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
             stored = StoredTask(partition, bucket, envelope, attempts=current.attempts)
-            statements = [(INSERT_ROW, (partition, bucket, to_timestamp(key.scheduled_ms), key.ordering_id,
+            statements = [(INSERT_ROW, (partition, bucket, key.scheduled_ms, key.ordering_id,
                                          key.uniqueness_key, envelope.task, encode(envelope),
                                          current.attempts))]
             if (partition, bucket) not in self._indexed:
@@ -169,7 +169,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
             *self.layout.primary_key(key), State.PENDING.value, current.task, stored.partition,
             stored.bucket,
             current.attempts, current.last_error, current.outcome, current.outcome_attempt,
-            to_timestamp(now_ms))))
+            now_ms)))
         return statements, stored
 
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
@@ -183,7 +183,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         if not may_cancel(current):
             return []
         assert current is not None and current.bucket is not None
-        row_pk = (current.partition, current.bucket, to_timestamp(key.scheduled_ms), key.ordering_id,
+        row_pk = (current.partition, current.bucket, key.scheduled_ms, key.ordering_id,
                   key.uniqueness_key)
         if current.state is State.FAILED:  # only a task blocked after its last attempt
             row = self._cql.execute(f"read task {key}",
@@ -195,7 +195,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
             (DELETE_ROW, row_pk),
             (FINAL_STATUS, (*self.layout.primary_key(key), State.CANCELLED.value, current.task,
                              current.partition, current.bucket, current.attempts, current.last_error,
-                             to_timestamp(now_ms), *times_of(None), self.status_ttl)),
+                             now_ms, *times_of(None), self.status_ttl)),
         ]
 
     def _indexed_now(self, planned: list[StoredTask | None]) -> None:
@@ -352,7 +352,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                 statements.append((FINAL_STATUS, (
                     *self.layout.primary_key(key), state.value, status.task, partition, bucket,
                     status.attempts,
-                    error or status.last_error, to_timestamp(now_ms),
+                    error or status.last_error, now_ms,
                     *times_of(RunTimes(status.released_ms, status.started_ms, status.finished_ms)),
                     self.status_ttl)))
             statement_sets.append((partition, statements))

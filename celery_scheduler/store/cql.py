@@ -46,6 +46,7 @@ __all__ = ["DELETE_ROW", "FAILED_STATUS", "FINAL_STATUS", "INDEX_BUCKET", "INSER
            "translate_errors"]
 
 # (CQL, parameters) of the writes a store call makes, sent as one batch where they can be.
+# A timestamp is written as an int, milliseconds since the epoch (see store.binding).
 Statements = list[tuple[str, tuple[Any, ...]]]
 
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -155,9 +156,9 @@ def status_of(key: TaskKey, row: Any) -> TaskStatus | None:
                       to_ms(row.finished_at))
 
 
-def times_of(run: RunTimes | None) -> tuple[dt.datetime | None, ...]:
+def times_of(run: RunTimes | None) -> tuple[int | None, ...]:
     """*run*'s times as the status columns take them (null: unknown)."""
-    return tuple(to_timestamp(ms) if ms else None for ms in (run or RunTimes()))
+    return tuple(ms or None for ms in (run or RunTimes()))
 
 
 def schedule_envelope(row: Any) -> ScheduleEnvelope | None:
@@ -184,7 +185,7 @@ def consistency_level(name: str) -> int:
 def row_key(task: StoredTask) -> tuple[Any, ...]:
     """The primary key of *task*'s ``schedule`` row."""
     key = task.key
-    return (task.partition, task.bucket, to_timestamp(key.scheduled_ms), key.ordering_id,
+    return (task.partition, task.bucket, key.scheduled_ms, key.ordering_id,
             key.uniqueness_key)
 
 
@@ -193,9 +194,9 @@ def released_statements(layout: StatusLayout, task: StoredTask, attempt: int, le
     return [
         ("UPDATE {ks}.schedule SET attempts = ?, lease_until = ? WHERE partition = ? AND bucket = ?"
          " AND at = ? AND ordering_id = ? AND unique_key = ?",
-         (attempt, to_timestamp(lease_until_ms), *row_key(task))),
+         (attempt, lease_until_ms, *row_key(task))),
         (f"UPDATE {{ks}}.key_status SET state = ?, attempts = ?, updated_at = ? WHERE {STATUS_KEY}",
-         (State.RELEASED.value, attempt, to_timestamp(now_ms), *layout.primary_key(task.key))),
+         (State.RELEASED.value, attempt, now_ms, *layout.primary_key(task.key))),
     ]
 
 
@@ -204,10 +205,10 @@ def retry_later_statements(layout: StatusLayout, task: StoredTask, attempts: int
     return [
         ("UPDATE {ks}.schedule SET attempts = ?, not_before = ?, lease_until = null"
          " WHERE partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
-         (attempts, to_timestamp(not_before_ms), *row_key(task))),
+         (attempts, not_before_ms, *row_key(task))),
         (f"UPDATE {{ks}}.key_status SET state = ?, attempts = ?, last_error = ?, updated_at = ?"
          f" WHERE {STATUS_KEY}",
-         (State.PENDING.value, attempts, error, to_timestamp(now_ms), *layout.primary_key(task.key))),
+         (State.PENDING.value, attempts, error, now_ms, *layout.primary_key(task.key))),
     ]
 
 
@@ -221,7 +222,7 @@ def finished_statements(layout: StatusLayout, task: StoredTask, state: State, er
         if keep_row else (DELETE_ROW, row_key(task)))
     last_error = error if error is not None else (current.last_error if current else None)
     values = (*layout.primary_key(task.key), state.value, task.envelope.task, task.partition, task.bucket,
-              task.attempts, last_error, to_timestamp(now_ms), *times_of(run))
+              task.attempts, last_error, now_ms, *times_of(run))
     if state is State.FAILED and not keep_row:  # kept for a retry, as long as the status
         return [row, (FAILED_STATUS, (*values, encode(task.envelope), ttl))]
     return [row, (FINAL_STATUS, (*values, ttl if not keep_row else 0))]
@@ -235,9 +236,9 @@ def outcome_statement(layout: StatusLayout, key: TaskKey, attempt: int, succeede
     if succeeded:
         return (f"UPDATE {{ks}}.key_status USING TTL ? SET state = ?, outcome = ?,"
                 f" outcome_attempt = ?, updated_at = ?, started_at = ?, finished_at = ? WHERE {STATUS_KEY}",
-                (ttl, State.SUCCEEDED.value, "succeeded", attempt, to_timestamp(now_ms),
+                (ttl, State.SUCCEEDED.value, "succeeded", attempt, now_ms,
                  started, finished, *layout.primary_key(key)))
     return (f"UPDATE {{ks}}.key_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
             f" last_error = ?, updated_at = ?, started_at = ?, finished_at = ? WHERE {STATUS_KEY}",
-            (ttl, "failed", attempt, error, to_timestamp(now_ms), started, finished,
+            (ttl, "failed", attempt, error, now_ms, started, finished,
              *layout.primary_key(key)))

@@ -29,6 +29,7 @@ from cassandra.policies import (
 from cassandra.query import BatchStatement, BatchType
 
 from celery_scheduler.errors import SchemaMissingError, StoreUnavailableError
+from celery_scheduler.store.binding import Binder
 from celery_scheduler.store.cql import Statements, consistency_level, row_factory, translate_errors
 from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.schema import (
@@ -169,6 +170,7 @@ class CqlSession:
         with translate_errors("connect"):
             self.session: Session = self._cluster.connect()
         self._prepared: dict[str, Any] = {}
+        self._binders: dict[str, Binder] = {}
         self._layout: StatusLayout | None = None
         self._tables: dict[bytes, str] = {}  # a prepared statement's table, by its id
 
@@ -255,8 +257,11 @@ class CqlSession:
         found = []
         for partition, statements in statement_sets:
             for cql, params in statements:
-                prepared = self.prepare(cql)
-                bound = prepared.bind(params)
+                binder = self._binders.get(cql)
+                if binder is None:
+                    binder = self._binders[cql] = Binder(self.prepare(cql))
+                prepared = binder.prepared
+                bound = binder.bind(params)
                 table = self._tables.get(prepared.query_id)
                 if table is None:
                     table = self._tables[prepared.query_id] = prepared.column_metadata[0].table_name
