@@ -121,6 +121,7 @@ class Engine(LeaseUpkeep, Settling):
         # changed in place: the reader's thread reads it).
         self._outcomes_read: dict[int, int] = {}
         self._outcome_retries: list[Outcome] = []
+        self._outcome_retry_ms = self._outcome_retry_delay_ms = 0
         self._durable_offsets: dict[int, int] = {}
         # Per partition, the time (ms) before which every outcome reported has been read: a
         # lease is taken to have ended without an outcome only once that time is past its end.
@@ -250,9 +251,7 @@ class Engine(LeaseUpkeep, Settling):
         while self._sent_quietly:
             sent = self._sent_quietly.popleft()
             self._sent(sent.results, sent.sent_ms)
-        if self._outcome_retries:  # outcomes whose effect a failed write did not store
-            retries, self._outcome_retries = self._outcome_retries, []
-            self._on_outcomes(OutcomeBatch(retries, {}))
+        self._retry_outcomes()
         try:
             event = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
         except queue.Empty:

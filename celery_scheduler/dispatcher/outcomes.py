@@ -63,13 +63,16 @@ ENDS_TIMEOUT = 2.0
 
 
 class OutcomeBatch:
-    """Outcomes read together, and the offsets to commit once their effect is stored."""
+    """Outcomes read together, and the offsets to commit once their effect is stored;
+    *retried*: outcomes whose effect an earlier write did not store, applied again."""
 
-    __slots__ = ("offsets", "outcomes")
+    __slots__ = ("offsets", "outcomes", "retried")
 
-    def __init__(self, outcomes: list[Outcome], offsets: dict[int, int]) -> None:
+    def __init__(self, outcomes: list[Outcome], offsets: dict[int, int], *,
+                 retried: bool = False) -> None:
         self.outcomes = outcomes
         self.offsets = offsets  # partition -> offset of the next record to read
+        self.retried = retried
 
 
 class OutcomeReader:

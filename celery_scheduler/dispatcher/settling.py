@@ -14,7 +14,7 @@ from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Window
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
-from celery_scheduler.errors import SchedulerError
+from celery_scheduler.errors import SchedulerError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import RunTimes, ScheduleStore, State, TaskStatus
@@ -27,6 +27,11 @@ logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines ar
 # How long a task whose lease ended waits before it is judged again (ms), while outcomes
 # reported before the end may still be unread.
 OUTCOME_WAIT_MS = 1000
+# Outcomes whose effect could not be stored are tried again after this long, doubling up to
+# the second while the store keeps refusing: not at every turn of the loop, each with a
+# traceback (thousands of log lines a minute while Cassandra was down), and not so rarely
+# that the ordering ids they hold wait long once it is back.
+OUTCOME_RETRY_MS = (250, 1000)
 
 
 class Settling:
@@ -47,6 +52,8 @@ class Settling:
     _ahead_ms: int
     _outcomes_read: dict[int, int]
     _outcome_retries: list[Outcome]
+    _outcome_retry_ms: int  # when to try them again
+    _outcome_retry_delay_ms: int  # the current delay between tries; 0 while none failed
     _durable_offsets: dict[int, int]
 
     def durable_outcome_offsets(self) -> dict[int, int]:
@@ -56,6 +63,8 @@ class Settling:
 
     def _on_outcomes(self, batch: OutcomeBatch) -> None:
         unknown: list[Outcome] = []
+        failed: list[Outcome] = []
+        error: SchedulerError | None = None
         for outcome in batch.outcomes:
             if outcome.partition not in self.partitions:
                 continue
@@ -67,10 +76,9 @@ class Settling:
                 task.started_ms, task.finished_ms = outcome.started_ms, outcome.finished_ms
                 try:
                     self._apply_outcome(task, outcome.succeeded, outcome.error)
-                except SchedulerError:
-                    logger.warning("could not store the outcome of %s; trying again", outcome.key,
-                                   exc_info=True)
-                    self._outcome_retries.append(outcome)
+                except SchedulerError as exc:
+                    failed.append(outcome)
+                    error = error or exc
             # else an older attempt's outcome, or one of a task not released: nothing to do
         if unknown:
             try:
@@ -78,13 +86,34 @@ class Settling:
                                             for o in unknown], self.clock(),
                                            {o.key: RunTimes(0, o.started_ms, o.finished_ms)
                                             for o in unknown})
-            except SchedulerError:
-                logger.warning("could not store %d outcome(s); trying again", len(unknown),
-                               exc_info=True)
-                self._outcome_retries += unknown
+            except SchedulerError as exc:
+                failed += unknown
+                error = error or exc
+        if error is not None:
+            self._outcomes_not_stored(failed, error)
+        elif batch.retried:
+            self._outcome_retry_delay_ms = 0
         for number, offset in batch.offsets.items():
             if number in self.partitions:
                 self._outcomes_read[number] = max(offset, self._outcomes_read.get(number, 0))
+
+    def _outcomes_not_stored(self, failed: list[Outcome], error: SchedulerError) -> None:
+        """Keep *failed* to try again, later each time while the store refuses, in one log line."""
+        self._outcome_retries += failed
+        first, most = OUTCOME_RETRY_MS
+        delay = min(most, self._outcome_retry_delay_ms * 2 or first)
+        self._outcome_retry_delay_ms = delay
+        self._outcome_retry_ms = self.clock() + delay
+        # an outage is expected and says all in its message; anything else gets its traceback
+        logger.warning("could not store the outcomes of %d task(s), first %s (%s); trying again "
+                       "in %.2fs", len(failed), failed[0].key, error, delay / 1000,
+                       exc_info=not isinstance(error, StoreUnavailableError))
+
+    def _retry_outcomes(self) -> None:
+        """Apply the outcomes a failed write did not store, once their retry is due."""
+        if self._outcome_retries and self.clock() >= self._outcome_retry_ms:
+            retries, self._outcome_retries = self._outcome_retries, []
+            self._on_outcomes(OutcomeBatch(retries, {}, retried=True))
 
     def _outcomes_stored(self) -> None:
         """Mark the outcomes read so far durable, where all of a partition's are stored."""

@@ -735,10 +735,43 @@ def test_a_failed_outcome_whose_retry_could_not_be_stored_holds_its_offset(clock
     h.step()
     assert h.engine.durable_outcome_offsets() == {}
     store.down = False
-    h.step()
+    h.step()  # tried again a quarter of a second later, not at once
+    assert store.status(key).last_error is None  # type: ignore[union-attr]
+    h.step(250)
     assert store.status(key).attempts == 1  # type: ignore[union-attr]
     assert store.status(key).last_error == "boom"  # type: ignore[union-attr]
     assert h.engine.durable_outcome_offsets() == {0: 7}
+
+
+def test_outcomes_the_store_keeps_refusing_are_tried_less_often_in_one_log_line_each(
+        clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    store = _DownStore()
+    h = Harness(store, clock)
+    keys = [h.schedule(ordering_id, 0) for ordering_id in "abc"]
+    h.step()
+    store.down = True
+    tried: list[int] = []
+    mark_retry = store.mark_retry
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        tried.append(clock())
+        return mark_retry(*args, **kwargs)
+
+    store.mark_retry = counted  # type: ignore[method-assign]
+    caplog.set_level("WARNING", "celery_scheduler.dispatcher.engine")
+    h.engine.outcomes(_batch([Outcome(key, 0, 1, False, "boom") for key in keys], 9))
+    start = clock()
+    for _ in range(60):
+        h.step(50)  # three seconds of steps
+    rounds = sorted({ms - start for ms in tried})
+    assert rounds == [50, 300, 800, 1800, 2800]  # 0.25 s, doubled, then every second
+    refused = [r for r in caplog.records if "could not store the outcomes" in r.getMessage()]
+    assert len(refused) == len(rounds)
+    assert "of 3 task(s)" in refused[0].getMessage() and not refused[0].exc_info
+    store.down = False
+    h.step(1000)
+    assert all(store.status(key).last_error == "boom" for key in keys)  # type: ignore[union-attr]
+    assert h.engine.durable_outcome_offsets() == {0: 9}
 
 
 def test_an_outcome_of_a_task_not_loaded_is_kept_in_the_store(store: MemoryScheduleStore,
