@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -305,6 +306,12 @@ def decode(data: bytes) -> Envelope:
                               "or 'retry')")
 
 
+# orjson reads an integer beyond 64 bits as a float, without a word (3.13: -2**63 - 1 came
+# back as -9.223372036854776e+18): a document with a run of 19 digits, which every such
+# integer has, is left to the strict decoder.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
 def decode_stored(data: bytes) -> Envelope:
     """Decode a task the scheduler stored (a schedule row's envelope).
 
@@ -314,6 +321,8 @@ def decode_stored(data: bytes) -> Envelope:
     Whatever is not such a document (another version, a damaged row, a number beyond 64
     bits) goes through :func:`decode`, which accepts it or says what is wrong.
     """
+    if _LONG_DIGITS.search(data) is not None:
+        return decode(data)
     try:
         document = orjson.loads(data)
         version = document["v"]
