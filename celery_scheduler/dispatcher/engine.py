@@ -54,7 +54,7 @@ from celery_scheduler.dispatcher.state import (
     Sent,
 )
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
-from celery_scheduler.errors import ReleaseNotSentError, SchedulerError
+from celery_scheduler.errors import ReleaseNotSentError, SchedulerError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.release import publish_each
@@ -111,6 +111,7 @@ class Engine(LeaseUpkeep, Settling):
         # lease's end while held, the moment it was given up after; read by the store's
         # threads (see write_fence), replaced whole.
         self._fences: dict[int, float] = {}
+        self._renewals_failing = False
         self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
         self._ingest_stalled = False
         self._watch = Watch()
@@ -193,10 +194,12 @@ class Engine(LeaseUpkeep, Settling):
         while not self.stopped.is_set():
             try:
                 self.step()
-            except Exception:
+            except Exception as exc:
                 # A store or broker outage (or a bug) must not stop releasing for good: log
-                # it, and try again; nothing in memory is lost by a failed step.
-                logger.exception("dispatcher step failed; retrying in 1s")
+                # it, and try again; nothing in memory is lost by a failed step. An outage
+                # says all in its message; anything else gets its traceback.
+                logger.error("dispatcher step failed (%s); retrying in 1s", exc,
+                             exc_info=not isinstance(exc, StoreUnavailableError))
                 self._watch.failed += 1
                 self.stopped.wait(1.0)
                 self._watch.lap("failed")

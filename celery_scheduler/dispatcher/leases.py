@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
 from celery_scheduler.dispatcher.timetable import Timetable
-from celery_scheduler.errors import SchedulerError
+from celery_scheduler.errors import SchedulerError, StoreUnavailableError
 from celery_scheduler.store.base import Lease, ScheduleStore
 
 __all__ = ["LeaseUpkeep"]
@@ -35,6 +35,7 @@ class LeaseUpkeep:
     _fences: dict[int, float]
     _ingest_mono: float | None
     _ingest_stalled: bool
+    _renewals_failing: bool  # the last renewal failed: said once, until one succeeds
 
     def may_persist(self, partition: int) -> bool:
         """Whether this process may write *partition*'s new tasks: it holds the lease.
@@ -139,8 +140,10 @@ class LeaseUpkeep:
             self.partitions[number].next_attempt_mono = mono + 0.5
         try:
             taken = self.store.acquire_leases(wanted, self.owner, ttl_ms, self.clock())
-        except SchedulerError:
-            logger.warning("could not take the leases of partitions %s", wanted, exc_info=True)
+        except SchedulerError as exc:
+            # an outage says all in its message; anything else gets its traceback
+            logger.warning("could not take the leases of partitions %s (%s); trying again in "
+                           "0.5s", wanted, exc, exc_info=not isinstance(exc, StoreUnavailableError))
             return
         for number in wanted:
             lease = taken.get(number)
@@ -156,10 +159,18 @@ class LeaseUpkeep:
             renewed = self.store.renew_leases([partition.lease for _, partition in held
                                                if partition.lease is not None],
                                               ttl_ms, self.clock())
-        except SchedulerError:
-            logger.warning("could not renew the leases of partitions %s",
-                           [number for number, _ in held], exc_info=True)
+        except SchedulerError as exc:
+            # tried again at every step while they last: said once (it was said at every
+            # step, with a traceback, through a Cassandra restart)
+            logger.log(logging.DEBUG if self._renewals_failing else logging.WARNING,
+                       "could not renew the leases of partitions %s (%s); trying again at "
+                       "every step", [number for number, _ in held], exc,
+                       exc_info=not isinstance(exc, StoreUnavailableError))
+            self._renewals_failing = True
             return
+        if self._renewals_failing:
+            logger.info("renewed the leases of partitions %s again", [number for number, _ in held])
+            self._renewals_failing = False
         for (number, partition), lease in zip(held, renewed, strict=True):
             if lease is None:
                 logger.warning("lost the lease of partition %d to another dispatcher", number)

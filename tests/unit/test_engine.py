@@ -504,6 +504,38 @@ def test_leases_are_taken_and_renewed_all_at_once(clock: Clock) -> None:
     assert not h.engine.may_persist(3) and h.engine.may_persist(0)
 
 
+class _LeaseDownStore(MemoryScheduleStore):
+    """A store whose lease renewals fail while ``down`` is set."""
+
+    down = False
+
+    def renew_leases(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise StoreUnavailableError("Cassandra could not renew leases: down")
+        return super().renew_leases(*args, **kwargs)
+
+
+def test_renewals_failing_through_an_outage_are_said_once_and_their_end_too(
+        clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    store = _LeaseDownStore()
+    h = Harness(store, clock)
+    h.step()
+    caplog.set_level("INFO", "celery_scheduler.dispatcher.engine")
+    store.down = True
+    for _ in range(20):
+        h.engine.partitions[0].lease_mono -= 2.5  # due for renewal at every step
+        h.step(100)
+    failed = [r for r in caplog.records if "could not renew" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "WARNING" and not failed[0].exc_info
+    assert "down" in failed[0].getMessage()
+    store.down = False
+    h.engine.partitions[0].lease_mono -= 2.5
+    h.step(100)
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("renewed")] == [
+        "renewed the leases of partitions [0] again"]
+    assert h.engine.partitions[0].lease is not None
+
+
 def test_a_due_task_is_released_before_the_successes_of_the_step_are_recorded(
         clock: Clock) -> None:
     calls: list[str] = []
