@@ -29,12 +29,17 @@ class Start:
         return self.started - self.at
 
 
+def start_line(ordering_id: str, seq: int, at: float, released: float | None = None) -> str:
+    """The log line of a task starting now."""
+    return (f"{ordering_id},{seq},{at!r},{time.time()!r},{os.getpid()},"
+            f"{'' if released is None else repr(released)}\n")
+
+
 def write_start(path: str, ordering_id: str, seq: int, at: float, released: float | None = None
                 ) -> None:
-    started = time.time()
+    line = start_line(ordering_id, seq, at, released)
     with open(path, "a") as handle:
-        handle.write(f"{ordering_id},{seq},{at!r},{started!r},{os.getpid()},"
-                     f"{'' if released is None else repr(released)}\n")
+        handle.write(line)
 
 
 def read(path: Path) -> list[Start]:
