@@ -21,10 +21,9 @@ from typing import Any
 from cassandra import cqltypes, marshal
 from cassandra.query import BoundStatement
 
-__all__ = ["Binder"]
+from celery_scheduler.store.cql import to_ms
 
-_EPOCH = dt.datetime(1970, 1, 1)
-_DAY_MS = 86_400_000
+__all__ = ["Binder"]
 
 Encoder = Callable[[Any], bytes]
 int32_pack: Callable[[int], bytes] = marshal.int32_pack
@@ -35,8 +34,7 @@ def _timestamp(value: Any) -> bytes:
     if type(value) is int:
         return int64_pack(value)
     if type(value) is dt.datetime and value.tzinfo is None:
-        delta = value - _EPOCH
-        return int64_pack(delta.days * _DAY_MS + delta.seconds * 1000 + delta.microseconds // 1000)
+        return int64_pack(to_ms(value))
     raise _Fallback
 
 
