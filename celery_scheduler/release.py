@@ -23,6 +23,7 @@ from celery_scheduler.clock import now_ms
 from celery_scheduler.confirms import Confirms, supports_confirms
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
+from celery_scheduler.redis_clients import reuse_clients
 from celery_scheduler.release_redis import Document, RedisPush
 from celery_scheduler.wire import HEADER, Release
 
@@ -418,32 +419,7 @@ class Publisher:
                     raise
             connection.release()
             self._producer = self.app.producer_pool.acquire(block=True)
-            _reuse_redis_client(self._producer.channel)
+            reuse_clients(self._producer.channel)
             if self._redis_push:
                 self._push = RedisPush.for_channel(self.app, self._producer.channel)
         return self._producer
-
-
-def _reuse_redis_client(channel: Any) -> None:
-    """Let *channel* (kombu's Redis channel) send every publish through one Redis client.
-
-    kombu builds a new ``redis.Redis`` for each publish and each publish batch, and a Redis
-    client copies its table of about 170 reply callbacks when made: 0.17 ms, a quarter of a
-    release's CPU. The client holds no connection of its own (it takes one from the
-    channel's pool for each command), so one serves them all. Other transports, and a kombu
-    whose Redis channel makes its clients another way, are left as they are.
-    """
-    make = getattr(channel, "_create_client", None)
-    if make is None or getattr(make, "reused", False) or not hasattr(channel, "conn_or_acquire"):
-        return
-    clients: dict[bool, Any] = {}
-
-    def reused(asynchronous: bool = False) -> Any:
-        client = clients.get(asynchronous)
-        pool = channel.async_pool if asynchronous else channel.pool
-        if client is None or client.connection_pool is not pool:  # a new pool after a failure
-            client = clients[asynchronous] = make(asynchronous=asynchronous)
-        return client
-
-    reused.reused = True  # type: ignore[attr-defined]
-    channel._create_client = reused

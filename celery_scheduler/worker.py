@@ -34,7 +34,7 @@ from typing import Any
 from celery import signals
 from celery.exceptions import Ignore
 
-from celery_scheduler import redis_worker_fix
+from celery_scheduler import redis_clients, redis_worker_fix
 from celery_scheduler.client import get_client
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings
@@ -57,6 +57,8 @@ STALE_MARGIN_MS = 5_000
 STARTED = "celery_scheduler_started_ms"
 # dispatch_uid of the worker_init handler that installs redis_worker_fix
 REDIS_FIX_UID = "celery_scheduler.redis_worker_fix"
+# dispatch_uid of the worker_init handler that makes kombu's Redis channels share their clients
+REDIS_CLIENTS_UID = "celery_scheduler.redis_clients"
 _installed = threading.Lock()
 _hooks_connected = False
 
@@ -330,5 +332,8 @@ def install_worker_hooks() -> None:
         # a worker on Redis that holds messages survives the broker going away (see the module)
         signals.worker_init.connect(redis_worker_fix.install, weak=False,
                                     dispatch_uid=REDIS_FIX_UID)
+        # each acknowledgement on Redis without a Redis client of its own (see redis_clients)
+        signals.worker_init.connect(redis_clients.install, weak=False,
+                                    dispatch_uid=REDIS_CLIENTS_UID)
         atexit.register(flush_reports, 5.0)
         _hooks_connected = True
