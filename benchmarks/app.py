@@ -76,10 +76,16 @@ def body(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
         time.sleep(sleep)
 
 
-@scheduled_task(ordering_id="ordering_id", uniqueness_key=sequence_key)
 @app.task(name="bench.record")
 def record(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
     body(ordering_id, seq, at, sleep)
+
+
+# A peer's workers (BENCH_PLAIN_WORKER=1) are Celery as it comes: no @scheduled_task is
+# imported there, so none of the package's worker hooks (outcome reports, the Redis client
+# kombu shares) is installed in them.
+if os.environ.get("BENCH_PLAIN_WORKER") != "1":
+    record = scheduled_task(ordering_id="ordering_id", uniqueness_key=sequence_key)(record)
 
 
 @app.task(name="bench.plain")

@@ -117,7 +117,7 @@ def peer_drain(ctx: Context, peer: str, tasks: int, ordering_ids: int, window: f
         try:
             count, rate = fill(_backlog(tasks, ordering_ids, base), store, fill_seconds)
             time.sleep(max(0.0, base + count * SPACING + 1 - time.time()))
-            workers = [s.worker() for _ in range(WORKERS)]
+            workers = [s.worker(plain=True) for _ in range(WORKERS)]
             launched = time.time()
             command = peers_longterm.ticker(s)
             return measure_drain(s, count, window, launched, rate,
@@ -143,7 +143,7 @@ def celery_drain(ctx: Context, tasks: int, ordering_ids: int, window: float,
                                       connection=connection)
         fill_rate = tasks / (time.monotonic() - started)
         launched = time.time()
-        workers = [s.worker(wait=False) for _ in range(WORKERS)]
+        workers = [s.worker(wait=False, plain=True) for _ in range(WORKERS)]
         return measure_drain(s, tasks, window, launched, fill_rate, {"workers": [w.pid for w in workers]})
 
 

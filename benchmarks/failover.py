@@ -104,7 +104,7 @@ def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> Crash:
         app = s.use_client()
         if ours:
             s.dispatcher()
-        worker = s.worker(POOL)
+        worker = s.worker(POOL, plain=not ours)
         due = time.time() + lead
         for i in range(count):  # distinct ordering ids: all due at once, all released at once
             if ours:
@@ -115,7 +115,7 @@ def _worker_crash(ctx: Context, system: str, hold_seconds: float) -> Crash:
             from celery_scheduler import flush
 
             flush(app.app, 60)
-        killed = _kill_and_replace(s, worker, lambda: s.worker(POOL), due)
+        killed = _kill_and_replace(s, worker, lambda: s.worker(POOL, plain=not ours), due)
         s.wait_for_starts(count, timeout=hold_seconds + (15 if ours else ctx.pick(8, 110)),
                           distinct=True)
         starts = s.starts()

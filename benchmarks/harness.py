@@ -140,8 +140,10 @@ class Stack:
             self._wait(process, lambda: "leased partition" in self.log_of(process), "dispatcher", 120)
         return process
 
-    def worker(self, pool: str = "solo", env: dict[str, str] | None = None, wait: bool = True
-               ) -> subprocess.Popen[bytes]:
+    def worker(self, pool: str = "solo", env: dict[str, str] | None = None, wait: bool = True,
+               plain: bool = False) -> subprocess.Popen[bytes]:
+        """A Celery worker of the bench app on this stack's queue; *plain* for a peer's (no
+        @scheduled_task imported, so none of the package's worker hooks)."""
         if self.broker is not None and self.broker.startswith("amqp") and pool == "solo":
             pool = "threads"  # one task at a time too; solo stalls on RabbitMQ (README: Brokers)
         index = len(self.processes)
@@ -150,7 +152,8 @@ class Stack:
             sys.executable, "-m", "celery", "-A", APP, "worker", "--loglevel=WARNING", f"--pool={pool}",
             "--concurrency=1", "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-Q", self.name, "-n", f"{self.name}-{index}@%h"],
-            {"BENCH_READY_FILE": str(marker), **(env or {})})
+            {"BENCH_READY_FILE": str(marker), **({"BENCH_PLAIN_WORKER": "1"} if plain else {}),
+             **(env or {})})
         if wait:
             self._wait(process, marker.exists, "celery worker", 120)
         return process

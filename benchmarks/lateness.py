@@ -104,7 +104,7 @@ def systems(ctx: Context, name: str, env: dict[str, str] | None = None
         if scheduler:
             s.dispatcher()
         for _ in range(WORKERS):
-            s.rq_worker() if name == "RQ enqueue_at" else s.worker()
+            s.rq_worker() if name == "RQ enqueue_at" else s.worker(plain=not scheduler)
         if scheduler:
             from celery_scheduler import flush
 
