@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="celery-scheduler-bench-") as tmp:
         ctx = Context(quick=args.quick, tmp=Path(tmp), runs=runs)
         for number in chosen:
-            print(f"[bench] scenario {number} ({SCENARIOS[number]}) at load {machine.load_average()}",
-                  file=sys.stderr, flush=True)
+            report.probes[number] = machine.speed_probe()
+            print(f"[bench] scenario {number} ({SCENARIOS[number]}) at load {machine.load_average()}, "
+                  f"speed probe {report.probes[number]:.1f} ms", file=sys.stderr, flush=True)
             began = time.monotonic()
             try:
                 report.sections += _scenario(number)(ctx)

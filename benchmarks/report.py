@@ -58,6 +58,8 @@ class Report:
     duration_s: float = math.nan
     versions: dict[str, str] = field(default_factory=dict)
     sections: list[Section] = field(default_factory=list)
+    # the speed probe (machine.speed_probe, CPU ms) before each scenario group, by its number
+    probes: dict[str, float] = field(default_factory=dict)
 
 
 def _cell(text: str) -> str:
@@ -87,6 +89,10 @@ def render(report: Report) -> str:
     ]
     out += [f"- {label}: {text}" for label, text in report.machine.items()]
     out += [f"- load average (1/5/15 min): {report.load_start} at start, {report.load_end} at end"]
+    if report.probes:
+        out.append("- speed probe before each scenario (CPU ms of one fixed Python workload; lower is "
+                   "a faster machine, compare between runs): "
+                   + ", ".join(f"{number}: {ms:.1f}" for number, ms in report.probes.items()))
     if report.versions:
         out.append("- versions: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()))
     targets = [(s, r) for s in report.sections for r in s.rows if r.met is not None]

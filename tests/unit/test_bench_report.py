@@ -61,3 +61,24 @@ def test_report_lists_targets_first_then_each_scenario() -> None:
 
 def test_a_qualified_verdict_says_what_it_was_measured_at() -> None:
     assert verdict(True, Figure.of([70]), "at 100,000 pending") == "**met** (at 100,000 pending)"
+
+
+def test_report_shows_the_speed_probe_of_each_scenario() -> None:
+    report = Report(command="scripts/bench", mode="full", started="2030-01-01 00:00 UTC",
+                    machine={}, load_start="0.00 / 0.00 / 0.00")
+    assert "speed probe" not in render(report)  # none taken: no line
+    report.probes = {"1": 14.25, "3b": 19.04}
+    line = next(line for line in render(report).splitlines() if "speed probe" in line)
+    assert line.endswith("1: 14.2, 3b: 19.0")
+
+
+def test_speed_probe_is_the_cpu_time_of_its_workload() -> None:
+    import time
+
+    from benchmarks import machine
+
+    probe = machine.speed_probe()
+    began = time.thread_time_ns()
+    machine._probe_workload()
+    once = (time.thread_time_ns() - began) / 1e6
+    assert 0 < probe <= once * 1.5  # the fastest of several tries, in milliseconds
