@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,7 +308,11 @@ def decode(data: bytes) -> Envelope:
 # orjson reads an integer beyond 64 bits as a float, without a word (3.13: -2**63 - 1 came
 # back as -9.223372036854776e+18): a document with a run of 19 digits, which every such
 # integer has, is left to the strict decoder.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# orjson reads an integer beyond 64 bits as a float; any run of 19 digits sends a document
+# through decode(), which rejects such numbers. Mapping every digit to "0" and looking for 19
+# zeros in a row finds such a run a tenth as fast as a regular expression.
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_RUN = b"0" * 19
 
 
 def decode_stored(data: bytes) -> Envelope:
@@ -321,7 +324,7 @@ def decode_stored(data: bytes) -> Envelope:
     Whatever is not such a document (another version, a damaged row, a number beyond 64
     bits) goes through :func:`decode`, which accepts it or says what is wrong.
     """
-    if _LONG_DIGITS.search(data) is not None:
+    if _LONG_RUN in data.translate(_DIGITS_AS_ZERO):
         return decode(data)
     try:
         document = orjson.loads(data)
