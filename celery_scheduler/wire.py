@@ -13,7 +13,6 @@ itself travels as an envelope (:mod:`celery_scheduler.envelope`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +68,7 @@ def parse_header(value: object) -> Release | None:
     if not isinstance(value, str):
         return None
     try:
-        data = json.loads(value)
+        data = orjson.loads(value)
         return Release(_key_of(data), int(data["p"]), int(data["a"]), int(data["e"]),
                        int(data.get("l", 0)), int(data.get("d", 0)))
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -96,7 +95,7 @@ class Outcome:
     @classmethod
     def decode(cls, data: str | bytes) -> Outcome | None:
         try:
-            d = json.loads(data)
+            d = orjson.loads(data)
             # "b" and "f" are missing from workers of earlier versions
             return cls(_key_of(d), int(d["p"]), int(d["a"]), bool(d["s"]),
                        d["x"] if isinstance(d["x"], str) else None,

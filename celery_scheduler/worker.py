@@ -55,6 +55,8 @@ MAX_ERROR_LENGTH = 2000
 STALE_MARGIN_MS = 5_000
 # Request attribute holding when the body of a current release started (epoch ms).
 STARTED = "celery_scheduler_started_ms"
+# Request attribute holding the release the guard read from the header, for the outcome report.
+RELEASE = "celery_scheduler_release"
 # dispatch_uid of the worker_init handler that installs redis_worker_fix
 REDIS_FIX_UID = "celery_scheduler.redis_worker_fix"
 # dispatch_uid of the worker_init handler that makes kombu's Redis channels share their clients
@@ -224,7 +226,7 @@ def flush_reports(timeout: float = 10.0) -> None:
 
 def report(task: Any, succeeded: bool, error: str | None) -> None:
     """Report the outcome of *task*'s current execution if it was released by a dispatcher."""
-    release = parse_header(getattr(task.request, HEADER, None))
+    release = getattr(task.request, RELEASE, None) or parse_header(getattr(task.request, HEADER, None))
     if release is None:
         return
     outcome = Outcome(release.key, release.partition, release.attempt, succeeded,
@@ -296,6 +298,7 @@ def guard_stale_releases(task: Any) -> None:
         if release is not None and release.not_before_ms > started:
             started = _wait_until(release.not_before_ms)
         setattr(task.request, STARTED, started)  # reported with the outcome
+        setattr(task.request, RELEASE, release)  # read once: the report needs it too
         return run(*args, **kwargs)
 
     task.run = guarded
