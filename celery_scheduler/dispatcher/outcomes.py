@@ -136,12 +136,18 @@ class OutcomeReader:
             self._check, self._next_check = None, 0.0  # a check that covers them, at once
 
     def revoke(self, partitions: Iterable[int]) -> None:
-        """Commit what is stored of *partitions*, then stop reading them."""
+        """Commit what is stored of *partitions*, then stop reading them.
+
+        The commit is not waited for: a hand-over while Kafka is away would wait for it to
+        come back (a synchronous commit has no timeout), and the partitions' new owner would
+        wait too. An offset that does not reach Kafka only makes the next owner read some
+        outcomes again, which changes nothing.
+        """
         gone = [number for number in partitions if number in self._assigned]
         if not gone:
             return
         with self._lock:
-            self._commit(set(gone), asynchronous=False)
+            self._commit(set(gone))
             with kafka_errors("unassign outcome partitions"):
                 self._consumer.incremental_unassign([TopicPartition(self.topic, n) for n in gone])
             self._assigned.difference_update(gone)
@@ -174,7 +180,7 @@ class OutcomeReader:
                 if now >= next_commit:
                     next_commit = now + 0.5
                     with self._lock:
-                        self._commit(set(self._assigned), asynchronous=True)
+                        self._commit(set(self._assigned))
             except Exception:  # a Kafka outage: outcomes wait in the topic
                 logger.exception("reading outcomes failed; retrying in 1s")
                 stopped.wait(1.0)
@@ -284,7 +290,8 @@ class OutcomeReader:
         self._check, self._next_check = None, 0.0
         self._progress = dict.fromkeys(self._assigned, time.monotonic())
 
-    def _commit(self, partitions: set[int], asynchronous: bool) -> None:
+    def _commit(self, partitions: set[int]) -> None:
+        """Commit, without waiting, the durable offsets of *partitions* not committed yet."""
         durable = self._durable()
         due = [TopicPartition(self.topic, number, offset) for number, offset in durable.items()
                if number in partitions and self._committed.get(number, -1) < offset]
@@ -292,10 +299,7 @@ class OutcomeReader:
             return
         try:
             with kafka_errors("commit outcome offsets"):
-                if asynchronous:
-                    self._consumer.commit(offsets=due, asynchronous=True)
-                else:
-                    self._consumer.commit(offsets=due, asynchronous=False)
+                self._consumer.commit(offsets=due, asynchronous=True)
         except TaskLogError as exc:  # read again by the next owner: harmless
             logger.info("Kafka did not take an outcome offset commit (%s)", exc)
             return
@@ -304,7 +308,7 @@ class OutcomeReader:
 
     def close(self) -> None:
         with self._lock:
-            self._commit(set(self._assigned), asynchronous=False)
+            self._commit(set(self._assigned))  # sent before the consumer closes
             with kafka_errors("close the outcome reader"):
                 self._consumer.close()
 

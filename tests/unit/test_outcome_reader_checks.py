@@ -1,4 +1,5 @@
-"""The outcome reader's checks of where its partitions end, with fake consumers.
+"""The outcome reader's checks of where its partitions end, with fake consumers; its hand-over
+and close with a real consumer whose broker is unreachable.
 
 While Kafka is away the reader asks at every check (about 20 times a second); that it
 cannot is said once, and again when Kafka answers. A partition left out of an answer is
@@ -8,6 +9,7 @@ asked for again, and one that stops being read is noticed while others go on.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -112,3 +114,24 @@ def test_a_partition_that_stops_while_another_goes_on_replaces_the_consumer(
     reader._note_reached(0, offset + 1)
     reader.check()
     assert replaced == [{0: 7, 1: 3}]
+
+
+def test_a_hand_over_does_not_wait_for_kafka_to_take_the_commit() -> None:
+    # A synchronous commit has no timeout: while Kafka is away it waits for it to come back,
+    # and a hand-over that waits keeps the partitions from their new owner. A real consumer,
+    # its broker unreachable: a synchronous commit waits the session timeout for a group
+    # coordinator, and closing waits as long for the commits under way.
+    config = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0, "session.timeout.ms": 4000,
+              "heartbeat.interval.ms": 1000}
+    reader = OutcomeReader(config, "topic.outcomes", "group", deliver=lambda batch: None,
+                           durable=lambda: {0: 5, 1: 9})
+    reader.assign([0, 1])
+    handing_over = threading.Thread(target=reader.revoke, args=([0],), daemon=True)
+    handing_over.start()
+    handing_over.join(2.0)
+    assert not handing_over.is_alive(), "the hand-over waited for an unreachable Kafka"
+    assert reader._assigned == {1}
+    closing = threading.Thread(target=reader.close, daemon=True)
+    closing.start()
+    closing.join(10.0)
+    assert not closing.is_alive(), "closing waited for an unreachable Kafka"
