@@ -9,19 +9,50 @@ once for all of them: a release counts as sent only when its acknowledgement cam
 
 This is kombu's ``confirm_publish`` transport option done per batch: that option waits for
 each message before sending the next, a round trip each.
+
+The dispatcher's on-time sender does not wait at all: each message it publishes is an
+:class:`Unconfirmed` until its acknowledgement comes back, and the sender reads the
+acknowledgements (:meth:`Confirms.drain`) while it waits for the next due time. A release
+due meanwhile is published at its time instead of after the earlier ones' round trip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
-__all__ = ["Confirms", "supports_confirms"]
+from celery_scheduler.errors import ReleaseNotSentError
+
+__all__ = ["Confirms", "Unconfirmed", "supports_confirms"]
 
 
 def supports_confirms(channel: Any) -> bool:
     """Whether *channel* is a py-amqp channel, which RabbitMQ's confirm mode works on."""
     return hasattr(channel, "confirm_select") and hasattr(channel, "events")
+
+
+class Unconfirmed:
+    """A message published in confirm mode, until RabbitMQ settles it.
+
+    Once :attr:`done`, :attr:`result` is None (RabbitMQ took it), ``ReleaseNotSentError``
+    (it refused it) or another error (the connection failed, or no answer came in time:
+    whether RabbitMQ took it is unknown).
+    """
+
+    __slots__ = ("done", "published", "result")
+
+    def __init__(self, published: float) -> None:
+        self.published = published  # monotonic
+        self.done = False
+        self.result: Exception | None = None
+
+    def settle(self, result: Exception | None) -> None:
+        self.done, self.result = True, result
+
+
+def refused() -> ReleaseNotSentError:
+    return ReleaseNotSentError("RabbitMQ refused the message (basic.nack): it did not take it")
 
 
 class Confirms:
@@ -36,6 +67,7 @@ class Confirms:
         self._last_tag = 0
         self._pending: set[int] = set()
         self._settled: dict[int, bool] = {}  # tag -> acknowledged (False: refused)
+        self._later: dict[int, Unconfirmed] = {}  # tag -> its message, settled as it is confirmed
         channel.events["basic_ack"].add(self._on_ack)
         channel.events["basic_nack"].add(self._on_nack)
         channel.confirm_select()
@@ -46,6 +78,36 @@ class Confirms:
         self._last_tag += 1
         self._pending.add(self._last_tag)
         return self._last_tag
+
+    def later(self, tag: int) -> Unconfirmed:
+        """The message of *tag* (just :meth:`published`), settled once RabbitMQ answers, by
+        :meth:`drain` or :meth:`wait`, instead of waited for."""
+        unconfirmed = self._later[tag] = Unconfirmed(time.monotonic())
+        return unconfirmed
+
+    @property
+    def unsettled(self) -> int:
+        """How many messages given :meth:`later` wait for RabbitMQ's answer."""
+        return len(self._later)
+
+    def oldest(self) -> float | None:
+        """When the longest-waiting of them was published (monotonic); None if none waits."""
+        return min((u.published for u in self._later.values()), default=None)
+
+    def drain(self, timeout: float) -> None:
+        """Read what RabbitMQ sent, waiting up to *timeout* seconds for the first frame.
+
+        Raises the connection's error if it failed: then whether RabbitMQ took the messages
+        still unsettled is unknown (see :meth:`abandon`).
+        """
+        with contextlib.suppress(TimeoutError):  # socket.timeout: nothing came
+            self.channel.connection.drain_events(timeout=max(timeout, 0.0))
+
+    def abandon(self, error: Exception) -> None:
+        """Settle every message still waiting for an answer with *error* (none will come)."""
+        later, self._later = self._later, {}
+        for unconfirmed in later.values():
+            unconfirmed.settle(error)
 
     def wait(self, tags: list[int], timeout: float) -> dict[int, bool]:
         """Wait until each of *tags* is settled: for each, True (taken) or False (refused).
@@ -76,4 +138,8 @@ class Confirms:
         tags = [t for t in self._pending if t <= delivery_tag] if multiple else [delivery_tag]
         for tag in tags:
             self._pending.discard(tag)
-            self._settled[tag] = taken
+            unconfirmed = self._later.pop(tag, None)
+            if unconfirmed is not None:
+                unconfirmed.settle(None if taken else refused())
+            else:
+                self._settled[tag] = taken

@@ -12,15 +12,16 @@ import datetime as dt
 import functools
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import loads as _kombu_loads
 
 from celery_scheduler.clock import now_ms
-from celery_scheduler.confirms import Confirms, supports_confirms
+from celery_scheduler.confirms import Confirms, Unconfirmed, refused, supports_confirms
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.redis_clients import reuse_clients
@@ -219,10 +220,6 @@ def _uncertain(exc: Exception) -> ReleaseUncertainError:
     return error
 
 
-def _refused() -> ReleaseNotSentError:
-    return ReleaseNotSentError("RabbitMQ refused the message (basic.nack): it did not take it")
-
-
 def _not_sent(exc: Exception) -> ReleaseNotSentError:
     error = ReleaseNotSentError(f"no connection to the broker: {exc!r}")
     error.__cause__ = exc
@@ -256,7 +253,7 @@ class Publisher:
         producer = self._in_use()
         if self._confirms is not None:
             (error,) = self._publish_confirmed(producer, [(envelope, release)])
-            if error is not None:
+            if isinstance(error, Exception):
                 raise error
             return
         try:
@@ -295,8 +292,19 @@ class Publisher:
             prepared.append(None if document is None else Prepared(self._generation, document))
         return prepared
 
+    @overload
     def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]],
-                     prepared: Sequence[Prepared | None] | None = None) -> list[Exception | None]:
+                     prepared: Sequence[Prepared | None] | None = None, *,
+                     confirm_later: Literal[False] = False) -> list[Exception | None]: ...
+
+    @overload
+    def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]],
+                     prepared: Sequence[Prepared | None] | None = None, *,
+                     confirm_later: bool) -> list[Exception | Unconfirmed | None]: ...
+
+    def publish_many(self, items: list[tuple[ScheduleEnvelope, Release]],
+                     prepared: Sequence[Prepared | None] | None = None, *,
+                     confirm_later: bool = False) -> list[Any]:
         """Publish *items* in order, in one round trip where the broker allows it.
 
         Each result is None (sent), ``ReleaseNotSentError`` (certainly not sent: there was
@@ -308,6 +316,10 @@ class Publisher:
         the other and confirmed together. Other brokers (or a Redis transport set to retry
         commands, which kombu does not batch) get them one at a time. *prepared* (from
         :meth:`prepare_many`, one per item) saves building the messages again.
+
+        With *confirm_later*, a message published on RabbitMQ is not waited for: its result
+        is an :class:`Unconfirmed`, settled by a later :meth:`collect_confirms` (or by
+        :meth:`close`, as uncertain).
         """
         try:
             producer = self._connected()
@@ -315,7 +327,7 @@ class Publisher:
             self.close()
             return [_not_sent(exc)] * len(items)
         if self._confirms is not None:
-            return self._publish_confirmed(producer, items)
+            return self._publish_confirmed(producer, items, confirm_later)
         if self._batches is None:  # kombu works it out from the connection's settings each time
             self._batches = bool(getattr(producer, "supports_batch_publish", False))
         if not self._batches:
@@ -345,9 +357,10 @@ class Publisher:
             return [_uncertain(exc)] * len(items)
         return [None] * len(items)
 
-    def _publish_confirmed(self, producer: Any, items: list[tuple[ScheduleEnvelope, Release]]
-                           ) -> list[Exception | None]:
-        """Publish *items* without waiting, then wait once for RabbitMQ's confirms of all."""
+    def _publish_confirmed(self, producer: Any, items: list[tuple[ScheduleEnvelope, Release]],
+                           later: bool = False) -> list[Exception | Unconfirmed | None]:
+        """Publish *items* without waiting, then wait once for RabbitMQ's confirms of all
+        (unless *later*: then each is returned unconfirmed)."""
         confirms = self._confirms
         assert confirms is not None
         tags: list[int] = []
@@ -360,12 +373,44 @@ class Publisher:
                 rest = len(items) - len(tags) - 1
                 return [_uncertain(exc)] * (len(tags) + 1) + [_not_sent(exc)] * rest
             tags.append(confirms.published())
+        if later:
+            return [confirms.later(tag) for tag in tags]
         try:
             taken = confirms.wait(tags, CONFIRM_TIMEOUT_SECONDS)
         except Exception as exc:
             self.close()
             return [_uncertain(exc)] * len(items)
-        return [None if taken[tag] else _refused() for tag in tags]
+        return [None if taken[tag] else refused() for tag in tags]
+
+    @property
+    def unconfirmed(self) -> int:
+        """How many messages published with *confirm_later* RabbitMQ has not answered yet."""
+        return 0 if self._confirms is None else self._confirms.unsettled
+
+    def collect_confirms(self, timeout: float) -> None:
+        """Settle what RabbitMQ confirmed of the messages published with *confirm_later*,
+        waiting up to *timeout* seconds for its next answer.
+
+        Those waiting longer than ``CONFIRM_TIMEOUT_SECONDS``, and all of them if the
+        connection failed, are settled uncertain, and the producer is let go.
+        """
+        confirms = self._confirms
+        if confirms is None or not confirms.unsettled:
+            return
+        try:
+            confirms.drain(timeout)
+        except Exception as exc:
+            self._abandon(_uncertain(exc))
+            return
+        oldest = confirms.oldest()
+        if oldest is not None and time.monotonic() - oldest > CONFIRM_TIMEOUT_SECONDS:
+            self._abandon(ReleaseUncertainError(
+                f"RabbitMQ did not confirm a release within {CONFIRM_TIMEOUT_SECONDS:g}s"))
+
+    def _abandon(self, error: Exception) -> None:
+        assert self._confirms is not None
+        self._confirms.abandon(error)
+        self.close()
 
     def _connected(self) -> Any:
         """The producer in use; a new one's connection is proven by a round trip first.
@@ -399,6 +444,8 @@ class Publisher:
         if confirms is None:
             producer.release()
             return
+        confirms.abandon(ReleaseUncertainError(
+            "the connection to RabbitMQ was let go before it confirmed the release"))
         # our own RabbitMQ connection: its socket is closed without AMQP's close handshake,
         # which would wait for ever on a broker that stopped answering
         producer.connection.collect()

@@ -79,7 +79,8 @@ class Engine(LeaseUpkeep, Settling):
                  publish_many: PublishMany | None = None,
                  sends_early: Callable[[Loaded], bool] | None = None,
                  prepare_many: PrepareMany | None = None,
-                 publish_prepared: PublishPrepared | None = None) -> None:
+                 publish_prepared: PublishPrepared | None = None,
+                 confirm: Callable[[float], None] | None = None) -> None:
         self.store = store
         self.publish = publish
         # the dispatcher sends a step's releases in one round trip where the broker allows
@@ -140,7 +141,7 @@ class Engine(LeaseUpkeep, Settling):
         self._sent_quietly: collections.deque[Sent] = collections.deque()
         self._sender = (OnTimeSender(self.publish_many, self._reported, self._lease_certain, self.clock,
                                      self.settings.release_batch, prepare_many=prepare_many,
-                                     publish_prepared=publish_prepared)
+                                     publish_prepared=publish_prepared, confirm=confirm)
                         if self._ahead_ms > 0 else None)
 
     # --- called from other threads -------------------------------------------------------

@@ -16,6 +16,10 @@ due time (the Celery message, routed, its body encoded: ``Publisher.prepare_many
 at a due time only the push to the broker is left, and Celery's publish signals, which are
 sent then as Celery sends them.
 
+On RabbitMQ a release counts as sent once RabbitMQ confirmed it. This thread does not wait
+for that round trip before the next due time: it reads the confirms while it waits, and a
+hand-over is reported once all of its releases are settled, still in the order sent.
+
 A release is sent only while its partition's lease is certain (the engine's fence, by this
 process's monotonic clock); otherwise it is reported not sent, and the engine puts the task
 back, its attempt not spent. Every hand-over is reported to the engine as a
@@ -34,8 +38,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.state import PrepareMany, PublishMany, PublishPrepared, Sending, Sent
-from celery_scheduler.errors import ReleaseNotSentError
+from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 
 __all__ = ["OnTimeSender"]
 
@@ -43,6 +48,14 @@ logger = logging.getLogger(__name__)
 
 # Most messages built in one go between sends, so a release due meanwhile is not held up.
 PREPARE_CHUNK = 50
+# Longest one read of the broker's confirms waits (seconds): how late a release handed over
+# already due may be noticed while confirms are awaited.
+CONFIRM_SLICE = 0.005
+# How long a stopping sender waits for the confirms of what it sent (seconds).
+STOP_CONFIRMS_SECONDS = 2.0
+
+# A hand-over sent and not yet reported: the entries, each one's result, when they were sent.
+InFlight = tuple[list[list[Any]], list[Exception | Unconfirmed | None], int]
 
 
 class OnTimeSender:
@@ -50,18 +63,23 @@ class OnTimeSender:
 
     With *prepare_many* (and *publish_prepared*, which takes what it built), the messages of
     releases handed over ahead of their due time are built as soon as they arrive, a step's
-    worth together, and only pushed to the broker at their due time.
+    worth together, and only pushed to the broker at their due time. *publish_prepared* may
+    leave a release :class:`Unconfirmed`: *confirm* (seconds to wait at most) then reads the
+    broker's answers, which settle it.
     """
 
     def __init__(self, publish_many: PublishMany, report: Callable[[Sent], None],
                  lease_certain: Callable[[int], bool], clock: Clock | None = None,
                  batch: int = 500, *, prepare_many: PrepareMany | None = None,
-                 publish_prepared: PublishPrepared | None = None) -> None:
+                 publish_prepared: PublishPrepared | None = None,
+                 confirm: Callable[[float], None] | None = None) -> None:
         if (prepare_many is None) != (publish_prepared is None):
             raise ValueError("prepare_many and publish_prepared go together")
         self._publish_many = publish_many
         self._prepare_many = prepare_many
         self._publish_prepared = publish_prepared
+        self._confirm = confirm
+        self._in_flight: collections.deque[InFlight] = collections.deque()  # this thread's alone
         self._report = report
         self._lease_certain = lease_certain
         self._clock = clock or now_ms
@@ -110,18 +128,18 @@ class OnTimeSender:
             self._changed.notify_all()
         self._thread.join(timeout)
 
-    def _next(self) -> tuple[list[list[Any]], list[list[Any]]] | None:
+    def _next(self) -> tuple[list[list[Any]], list[list[Any]]] | float | None:
         """The releases due now and those to build first (waiting until there are some); None
-        once stopped."""
+        once stopped. While sent releases await the broker's confirms, how long to read
+        them for instead of waiting here."""
         with self._changed:
             while not self._stopped and not self._fresh:
-                if self._heap:
-                    wait = (self._heap[0][0] - self._clock()) / 1000
-                    if wait <= 0:
-                        break
-                    self._changed.wait(wait)
-                else:
-                    self._changed.wait()
+                wait = (self._heap[0][0] - self._clock()) / 1000 if self._heap else None
+                if wait is not None and wait <= 0:
+                    break
+                if self._in_flight:
+                    return CONFIRM_SLICE if wait is None else min(wait, CONFIRM_SLICE)
+                self._changed.wait(wait)
             if self._stopped:
                 return None
             now = self._clock()
@@ -133,16 +151,56 @@ class OnTimeSender:
 
     def _serve(self) -> None:
         while (work := self._next()) is not None:
+            if isinstance(work, float):
+                self._collect(work)
+                continue
             due, fresh = work
             if due:
-                try:
-                    self._report(self._send(due))
-                finally:
-                    with self._changed:
-                        self._waiting.subtract(entry[2].task.partition for entry in due)
-                        self._changed.notify_all()
+                self._in_flight.append(self._send(due))
+                self._report_settled()
             if fresh:
                 self._prepare(fresh)
+        deadline = time.monotonic() + STOP_CONFIRMS_SECONDS
+        while self._in_flight and time.monotonic() < deadline:
+            self._collect(CONFIRM_SLICE)
+        for _, results, _ in self._in_flight:
+            for result in results:
+                if isinstance(result, Unconfirmed) and not result.done:
+                    result.settle(ReleaseUncertainError("the dispatcher stopped before the broker "
+                                                        "confirmed the release"))
+        self._report_settled()
+
+    def _collect(self, timeout: float) -> None:
+        """Read the broker's confirms for up to *timeout* seconds; report what they settled."""
+        if self._confirm is None:  # nothing would ever settle them
+            for _, results, _ in self._in_flight:
+                for result in results:
+                    if isinstance(result, Unconfirmed) and not result.done:
+                        result.settle(ReleaseUncertainError("no way to read the broker's confirms"))
+        else:
+            try:
+                self._confirm(timeout)
+            except Exception:  # the publisher settles what it cannot confirm; read again
+                logger.warning("reading the broker's confirms failed", exc_info=True)
+                time.sleep(timeout)
+        self._report_settled()
+
+    def _report_settled(self) -> None:
+        """Report the hand-overs whose releases are all settled, oldest first, up to the
+        first that is not."""
+        while self._in_flight:
+            due, results, sent_ms = self._in_flight[0]
+            if any(isinstance(r, Unconfirmed) and not r.done for r in results):
+                return
+            self._in_flight.popleft()
+            settled = [r.result if isinstance(r, Unconfirmed) else r for r in results]
+            try:
+                self._report(Sent([(entry[2], error) for entry, error in zip(due, settled, strict=True)],
+                                  sent_ms))
+            finally:
+                with self._changed:
+                    self._waiting.subtract(entry[2].task.partition for entry in due)
+                    self._changed.notify_all()
 
     def _prepare(self, entries: list[list[Any]]) -> None:
         """Build the messages of *entries* not due yet (those due go as they are)."""
@@ -159,8 +217,8 @@ class OnTimeSender:
         for entry, message in zip(ahead, built, strict=True):
             entry[3] = message
 
-    def _send(self, due: list[list[Any]]) -> Sent:
-        results: dict[int, Exception | None] = {}
+    def _send(self, due: list[list[Any]]) -> InFlight:
+        results: dict[int, Exception | Unconfirmed | None] = {}
         certain: list[int] = []
         for index, entry in enumerate(due):
             partition = entry[2].task.partition
@@ -171,11 +229,12 @@ class OnTimeSender:
                     f"the lease of partition {partition} was not certain when it was to be sent")
         if certain:
             items = [(due[i][2].task, due[i][2].release) for i in certain]
+            sent: list[Exception | Unconfirmed | None]
             try:
                 if self._publish_prepared is not None:
                     sent = self._publish_prepared(items, [due[i][3] for i in certain])
                 else:
-                    sent = self._publish_many(items)
+                    sent = list(self._publish_many(items))
             except Exception as exc:  # reported: the engine decides
                 # whether the broker took them is not known: they stay released, and their
                 # outcomes or the end of their leases decide, as for any uncertain send
@@ -183,4 +242,4 @@ class OnTimeSender:
                 sent = [exc] * len(certain)
             for index, error in zip(certain, sent, strict=True):
                 results[index] = error
-        return Sent([(entry[2], results[index]) for index, entry in enumerate(due)], self._clock())
+        return due, [results[index] for index in range(len(due))], self._clock()

@@ -17,8 +17,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
@@ -26,6 +26,7 @@ from celery_scheduler import release as releasing
 from celery_scheduler import wire
 from celery_scheduler.api import registered
 from celery_scheduler.config import Settings, get_settings
+from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
@@ -170,7 +171,8 @@ class Dispatcher:
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many,
                              sends_early=_held_by_worker if s.release_eta else None,
-                             prepare_many=self._prepare_many, publish_prepared=self._publish_many)
+                             prepare_many=self._prepare_many, publish_prepared=self._send_prepared,
+                             confirm=self.publisher.collect_confirms)
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
         self.delivery = KafkaDelivery(base, self.engine.outcomes)
@@ -246,25 +248,37 @@ class Dispatcher:
             prepared[i] = message
         return prepared
 
-    def _publish_many(self, items: list[tuple[Loaded, wire.Release]],
-                      prepared: list[Any] | None = None) -> list[Exception | None]:
+    def _send_prepared(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any]
+                       ) -> list[Exception | Unconfirmed | None]:
+        """The on-time sender's publish: RabbitMQ's confirms are collected while it waits."""
+        return self._publish_mixed(items, prepared, confirm_later=True)
+
+    def _publish_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Exception | None]:
+        # without confirm_later every result is final
+        return cast(list[Exception | None], self._publish_mixed(items, None, confirm_later=False))
+
+    def _publish_mixed(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any] | None,
+                       confirm_later: bool) -> list[Exception | Unconfirmed | None]:
         """Each release to Celery, or for a delayed message to Kafka; results in *items*' order.
 
-        *prepared* holds what :meth:`_prepare_many` built for each (or None)."""
+        *prepared* holds what :meth:`_prepare_many` built for each (or None); with
+        *confirm_later*, see ``Publisher.publish_many``."""
         messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
         if not messages:
             return self.publisher.publish_many([(task.envelope, release) for task, release in items],
-                                               prepared)
-        results: list[Exception | None] = [None] * len(items)
+                                               prepared, confirm_later=confirm_later)
+        results: list[Exception | Unconfirmed | None] = [None] * len(items)
         tasks = [i for i in range(len(items)) if i not in set(messages)]
 
         def chosen(indexes: list[int]) -> list[tuple[ScheduleEnvelope, wire.Release]]:
             return [(items[i][0].envelope, items[i][1]) for i in indexes]
 
-        sent = [(messages, self.delivery.deliver(chosen(messages)))]
+        sent: list[tuple[list[int], Sequence[Exception | Unconfirmed | None]]] = [
+            (messages, self.delivery.deliver(chosen(messages)))]
         if tasks:
             sent.append((tasks, self.publisher.publish_many(
-                chosen(tasks), None if prepared is None else [prepared[i] for i in tasks])))
+                chosen(tasks), None if prepared is None else [prepared[i] for i in tasks],
+                confirm_later=confirm_later)))
         for indexes, outcomes in sent:
             for i, result in zip(indexes, outcomes, strict=True):
                 results[i] = result

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.loader import PartitionLoader
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
@@ -88,8 +89,9 @@ PublishMany = Callable[[list[tuple[Loaded, Release]]], list[Exception | None]]
 # Builds releases' messages ahead of their due time: for each, what PublishPrepared takes in
 # its place (None: built when it is sent).
 PrepareMany = Callable[[list[tuple[Loaded, Release]]], list[Any]]
-# PublishMany, given what PrepareMany built for each release (or None).
-PublishPrepared = Callable[[list[tuple[Loaded, Release]], list[Any]], list[Exception | None]]
+# PublishMany, given what PrepareMany built for each release (or None). A release whose
+# broker confirms it later (RabbitMQ) is Unconfirmed until the sender's confirm call settles it.
+PublishPrepared = Callable[[list[tuple[Loaded, Release]], list[Any]], list[Exception | Unconfirmed | None]]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,7 @@ from celery import Celery
 from kombu import Connection, Queue
 
 from celery_scheduler import release as releasing
+from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
@@ -132,25 +134,33 @@ def test_messages_rabbitmq_refuses_are_not_sent(rabbitmq_url: str, unique_name: 
             full(connection.default_channel).delete()
 
 
-def test_releases_whose_confirm_never_comes_are_uncertain(rabbitmq_url: str, queue: Queue,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def proxied(rabbitmq_url: str, queue: Queue, monkeypatch: pytest.MonkeyPatch
+            ) -> Iterator[tuple[Publisher, Proxy]]:
+    """A publisher that reaches RabbitMQ through a Proxy, and waits 1 s for a confirm."""
     monkeypatch.setattr(releasing, "CONFIRM_TIMEOUT_SECONDS", 1.0)
     host, port = rabbitmq_url.rsplit("@", 1)[1].rstrip("/").split(":")
     proxy = Proxy((host, int(port)))
     url = f"{rabbitmq_url.rsplit('@', 1)[0]}@127.0.0.1:{proxy.port}//"
     publisher = Publisher(_app(url, queue), lease_seconds=300)
     try:
-        assert publisher.publish_many(_items(queue.name, 0, 1)) == [None]
-        proxy.quiet.set()
-        results = publisher.publish_many(_items(queue.name, 1, 20))
-        # sent, but RabbitMQ's confirms did not come back: it may have taken any of them
-        assert len(results) == 20 and all(isinstance(e, ReleaseUncertainError) for e in results)
-        proxy.quiet.clear()
-        # a fresh connection and channel in confirm mode after the failure
-        assert publisher.publish_many(_items(queue.name, 21, 5)) == [None] * 5
+        yield publisher, proxy
     finally:
         publisher.close()
         proxy.close()
+
+
+def test_releases_whose_confirm_never_comes_are_uncertain(rabbitmq_url: str, queue: Queue,
+                                                         proxied: tuple[Publisher, Proxy]) -> None:
+    publisher, proxy = proxied
+    assert publisher.publish_many(_items(queue.name, 0, 1)) == [None]
+    proxy.quiet.set()
+    results = publisher.publish_many(_items(queue.name, 1, 20))
+    # sent, but RabbitMQ's confirms did not come back: it may have taken any of them
+    assert len(results) == 20 and all(isinstance(e, ReleaseUncertainError) for e in results)
+    proxy.quiet.clear()
+    # a fresh connection and channel in confirm mode after the failure
+    assert publisher.publish_many(_items(queue.name, 21, 5)) == [None] * 5
     queued = queued_task_ids(rabbitmq_url, queue)
     # the quiet batch reached RabbitMQ all the same: uncertain was the right answer
     assert len(queued) == 26
@@ -164,3 +174,53 @@ def test_releases_without_a_broker_are_not_sent(unique_name: str) -> None:
     publisher = Publisher(_app(f"amqp://guest:guest@127.0.0.1:{port}//", queue), lease_seconds=300)
     results = publisher.publish_many(_items(queue.name, 0, 3))
     assert len(results) == 3 and all(isinstance(e, ReleaseNotSentError) for e in results)
+
+
+def _collected(publisher: Publisher, results: list[object], timeout: float = 10.0) -> list[object]:
+    """*results* once every Unconfirmed among them is settled, read as the dispatcher's sender
+    reads them; each as its final result."""
+    deadline = time.monotonic() + timeout
+    while any(isinstance(r, Unconfirmed) and not r.done for r in results):
+        assert time.monotonic() < deadline, "RabbitMQ's confirms were never read"
+        publisher.collect_confirms(0.05)
+    return [r.result if isinstance(r, Unconfirmed) else r for r in results]
+
+
+def test_releases_confirmed_later_are_settled_as_rabbitmq_answers(rabbitmq_url: str,
+                                                                 unique_name: str) -> None:
+    full = Queue(unique_name, routing_key=unique_name, auto_delete=False,
+                 queue_arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
+    publisher = Publisher(_app(rabbitmq_url, full), lease_seconds=300)
+    try:
+        first = publisher.publish_many(_items(full.name, 0, 2), confirm_later=True)
+        # a second step goes out before the first one's confirms were read
+        second = publisher.publish_many(_items(full.name, 2, 3), confirm_later=True)
+        assert all(isinstance(r, Unconfirmed) for r in first + second)
+        assert publisher.unconfirmed == 5
+        assert _collected(publisher, first) == [None, None]
+        results = _collected(publisher, second)
+        assert results[0] is None  # the third message fills the queue; the rest are refused
+        assert all(isinstance(e, ReleaseNotSentError) and "refused" in str(e) for e in results[1:])
+        assert publisher.unconfirmed == 0
+    finally:
+        publisher.close()
+        with Connection(rabbitmq_url) as connection:
+            full(connection.default_channel).delete()
+
+
+def test_releases_confirmed_later_whose_confirm_never_comes_are_uncertain(
+        queue: Queue, proxied: tuple[Publisher, Proxy]) -> None:
+    publisher, proxy = proxied
+    assert _collected(publisher, publisher.publish_many(_items(queue.name, 0, 1),
+                                                        confirm_later=True)) == [None]
+    proxy.quiet.set()
+    started = time.monotonic()
+    results = _collected(publisher, publisher.publish_many(_items(queue.name, 1, 5), confirm_later=True))
+    assert all(isinstance(e, ReleaseUncertainError) for e in results)
+    assert 1.0 <= time.monotonic() - started < 5.0
+    # one let go with its connection is uncertain too
+    proxy.quiet.clear()
+    pending = publisher.publish_many(_items(queue.name, 6, 2), confirm_later=True)
+    publisher.close()
+    assert all(isinstance(r, Unconfirmed) and isinstance(r.result, ReleaseUncertainError)
+               for r in pending)

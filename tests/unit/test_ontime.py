@@ -11,12 +11,13 @@ from collections.abc import Callable
 import pytest
 
 from celery_scheduler.clock import now_ms
+from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.state import Sending, Sent
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.envelope import ScheduleEnvelope
-from celery_scheduler.errors import ReleaseNotSentError
+from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
@@ -343,3 +344,78 @@ def test_preparing_needs_its_publish() -> None:
     with pytest.raises(ValueError, match="go together"):
         OnTimeSender(lambda items: [], lambda event: None, lambda partition: True,
                      prepare_many=lambda items: [])
+
+
+class LateConfirms:
+    """A broker that confirms each release only when the test says so (RabbitMQ's confirms)."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, int]] = []  # ordering id, when (ms)
+        self.waiting: dict[str, Unconfirmed] = {}
+        self.answer: dict[str, Exception | None] = {}  # settled at the next read of confirms
+        self.reads = 0
+
+    def publish_prepared(self, items: list[tuple[Loaded, Release]], prepared: list[object]
+                         ) -> list[Exception | Unconfirmed | None]:
+        results: list[Exception | Unconfirmed | None] = []
+        for task, _ in items:
+            self.published.append((task.key.ordering_id, now_ms()))
+            results.append(self.waiting.setdefault(task.key.ordering_id, Unconfirmed(time.monotonic())))
+        return results
+
+    def confirm(self, timeout: float) -> None:
+        self.reads += 1
+        for name, result in list(self.answer.items()):
+            self.waiting.pop(name).settle(result)
+            del self.answer[name]
+        time.sleep(min(timeout, 0.001))
+
+
+def test_a_release_due_while_an_earlier_one_awaits_its_confirm_is_sent_on_time_and_reported_after_it(
+) -> None:
+    broker = LateConfirms()
+    sent: list[Sent] = []
+    sender = OnTimeSender(lambda items: [], sent.append, lambda partition: True,
+                          prepare_many=lambda items: [None] * len(items),
+                          publish_prepared=broker.publish_prepared, confirm=broker.confirm)
+    try:
+        start = now_ms()
+        sender.hand([Sending(loaded(name, start + offset), Release(TaskKey(name, start + offset, "u"),
+                                                                   0, 1, 1, 0), start + offset)
+                     for name, offset in (("first", 50), ("second", 150), ("third", 250))])
+        wait_for(lambda: len(broker.published) == 3)
+        # each went at its due time, though none of them has been confirmed
+        assert all(at >= start + offset for (_, at), offset in zip(broker.published, (50, 150, 250),
+                                                                   strict=True))
+        assert broker.published[1][1] < start + 150 + 50
+        assert sent == [] and not sender.settle([0], timeout=0.05)
+        broker.answer["second"] = None  # confirmed first: reported only after the first
+        broker.answer["third"] = ReleaseNotSentError("refused")
+        wait_for(lambda: not broker.answer)
+        time.sleep(0.05)
+        assert sent == []
+        broker.answer["first"] = None
+        assert sender.settle([0], timeout=5.0)
+        reported = [(item.task.key.ordering_id, error) for event in sent for item, error in event.results]
+        assert [name for name, _ in reported] == ["first", "second", "third"]
+        assert reported[0][1] is None and reported[1][1] is None
+        assert isinstance(reported[2][1], ReleaseNotSentError)
+        assert broker.reads > 3  # read while it waited for the next due time
+    finally:
+        sender.stop()
+
+
+def test_a_stopping_sender_reports_the_releases_never_confirmed_as_uncertain() -> None:
+    broker = LateConfirms()
+    sent: list[Sent] = []
+    sender = OnTimeSender(lambda items: [], sent.append, lambda partition: True,
+                          prepare_many=lambda items: [None] * len(items),
+                          publish_prepared=broker.publish_prepared, confirm=broker.confirm)
+    due = now_ms()
+    sender.hand([Sending(loaded("o", due), Release(TaskKey("o", due, "u"), 0, 1, 1, 0), due)])
+    wait_for(lambda: len(broker.published) == 1)
+    stop_started = time.monotonic()
+    sender.stop(timeout=10.0)
+    assert time.monotonic() - stop_started < 5.0
+    [(_, error)] = [result for event in sent for result in event.results]
+    assert isinstance(error, ReleaseUncertainError)  # it may have reached the broker
