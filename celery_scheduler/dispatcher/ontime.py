@@ -163,20 +163,20 @@ class OnTimeSender:
         deadline = time.monotonic() + STOP_CONFIRMS_SECONDS
         while self._in_flight and time.monotonic() < deadline:
             self._collect(CONFIRM_SLICE)
+        self._give_up("the dispatcher stopped before the broker confirmed the release")
+        self._report_settled()
+
+    def _give_up(self, why: str) -> None:
+        """Settle every release still awaiting its confirm as uncertain (none will be read)."""
         for _, results, _ in self._in_flight:
             for result in results:
                 if isinstance(result, Unconfirmed) and not result.done:
-                    result.settle(ReleaseUncertainError("the dispatcher stopped before the broker "
-                                                        "confirmed the release"))
-        self._report_settled()
+                    result.settle(ReleaseUncertainError(why))
 
     def _collect(self, timeout: float) -> None:
         """Read the broker's confirms for up to *timeout* seconds; report what they settled."""
         if self._confirm is None:  # nothing would ever settle them
-            for _, results, _ in self._in_flight:
-                for result in results:
-                    if isinstance(result, Unconfirmed) and not result.done:
-                        result.settle(ReleaseUncertainError("no way to read the broker's confirms"))
+            self._give_up("no way to read the broker's confirms")
         else:
             try:
                 self._confirm(timeout)
