@@ -92,6 +92,10 @@ class Timetable:
         self._parked: list[tuple[int, int, str]] = []
         self._tie = itertools.count()
         self._in_flight = 0  # queues with a task in flight
+        # Every task that may await an outcome (loaded with a lease, or taken in flight since
+        # it was loaded), so that awaiting() need not look at every loaded task; those whose
+        # lease was cleared since leave it when it is next read.
+        self._leased: dict[TaskKey, Loaded] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -123,6 +127,8 @@ class Timetable:
             self._unlink(queue, existing)
         bisect.insort(queue.tasks, (task.order, task), key=lambda item: item[0])
         self._by_key[key] = task
+        if task.lease_until_ms > 0:
+            self._leased[key] = task
         self._per_partition[task.partition] = self._per_partition.get(task.partition, 0) + 1
         self._schedule(key.ordering_id, queue)
         return True
@@ -151,6 +157,7 @@ class Timetable:
         index = next(i for i, (_, t) in enumerate(queue.tasks) if t is task)
         del queue.tasks[index]
         del self._by_key[task.key]
+        self._leased.pop(task.key, None)
         self._per_partition[task.partition] -= 1
 
     def _schedule(self, ordering_id: str, queue: _Queue, park: bool = False) -> None:
@@ -183,6 +190,7 @@ class Timetable:
                 continue
             queue.in_flight = head
             self._in_flight += 1
+            self._leased[head.key] = head
             released.append(head)
             if limit is not None and len(released) >= limit:
                 break
@@ -215,7 +223,10 @@ class Timetable:
 
     def awaiting(self) -> list[Loaded]:
         """Tasks released (by us or a previous owner) whose outcome has not been seen."""
-        return [t for t in self._by_key.values() if t.lease_until_ms > 0]
+        cleared = [key for key, task in self._leased.items() if task.lease_until_ms <= 0]
+        for key in cleared:
+            del self._leased[key]
+        return list(self._leased.values())
 
     def defer(self, key: TaskKey, until_ms: int) -> None:
         """Put the in-flight *key* back unchanged, to be looked at again at *until_ms*.
@@ -248,6 +259,7 @@ class Timetable:
         if queue.in_flight is None:
             queue.in_flight = task
             self._in_flight += 1
+            self._leased[key] = task
 
     def block(self, key: TaskKey) -> None:
         """Hold *key*'s ordering id until the task is removed (an operator cancels it)."""
@@ -265,6 +277,7 @@ class Timetable:
                 self._in_flight -= 1
             for _, task in queue.tasks:
                 del self._by_key[task.key]
+                self._leased.pop(task.key, None)
                 dropped += 1
         for partition in gone:
             self._per_partition.pop(partition, None)

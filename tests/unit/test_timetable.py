@@ -110,3 +110,60 @@ def test_random_workload_keeps_order_and_never_overlaps() -> None:
             ran.setdefault(task.key.ordering_id, []).append(task.key.scheduled_ms)
             table.remove(task.key)
     assert ran == {o: sorted(ats) for o, ats in expected.items()}
+
+
+def test_awaiting_is_every_loaded_task_with_a_lease() -> None:
+    table = Timetable()
+    table.add(loaded("a", 1, lease_until_ms=50))  # released by a previous owner
+    table.add(loaded("b", 1))
+    table.add(loaded("c", 1))
+    assert keys(table.awaiting()) == [("a", 1)]
+    taken = table.take_due(10)
+    assert keys(taken) == [("b", 1), ("c", 1)]
+    for task in taken:  # what the engine does once it sent them
+        task.lease_until_ms = 1000
+    assert sorted(keys(table.awaiting())) == [("a", 1), ("b", 1), ("c", 1)]
+    table.retry_later(taken[0].key, 500)  # its lease cleared
+    table.remove(taken[1].key)
+    table.add(loaded("a", 1))  # a new version of a, without a lease
+    assert keys(table.awaiting()) == []
+    table.drop_partitions([0])
+    assert table.awaiting() == []
+
+
+def test_awaiting_follows_a_random_workload() -> None:
+    rng = random.Random(11)
+    table = Timetable()
+    now = 0
+    for n in range(3000):
+        now += rng.randrange(5)
+        action = rng.random()
+        if action < 0.4:
+            lease = rng.choice([0, 0, now + rng.randrange(100)])
+            ordering = rng.randrange(40)  # an ordering id lives in one partition
+            table.add(loaded(f"o{ordering}", rng.randrange(now + 200), unique=str(n % 300),
+                             partition=ordering % 3, lease_until_ms=lease))
+        elif action < 0.7:
+            for task in table.take_due(now, limit=5):
+                if rng.random() < 0.8:
+                    task.lease_until_ms = now + 100
+                else:
+                    table.defer(task.key, now + 10)
+        elif action < 0.9:
+            in_flight = table.in_flight()
+            if in_flight:
+                task = rng.choice(in_flight)
+                if rng.random() < 0.5:
+                    table.remove(task.key)
+                else:
+                    table.retry_later(task.key, now + 20)
+        elif action < 0.92:
+            table.drop_partitions([rng.randrange(3)])
+        full_scan = {id(task) for task in (table.get(key) for key in _all_keys(table))
+                     if task is not None and task.lease_until_ms > 0}
+        assert {id(task) for task in table.awaiting()} == full_scan
+
+
+def _all_keys(table: Timetable) -> list[TaskKey]:
+    return [task.key for task in table.partition_tasks(0) + table.partition_tasks(1)
+            + table.partition_tasks(2)]
