@@ -30,7 +30,9 @@ class Loaded:
     envelope: ScheduleEnvelope
     attempts: int = 0  # releases so far
     not_before_ms: int = 0  # retry backoff: not released before this time
-    lease_until_ms: int = 0  # released earlier and not finished: blocked until then
+    # released earlier and not finished: blocked until then. Set only when loaded or while
+    # taken in flight: Timetable.awaiting() looks at no other task.
+    lease_until_ms: int = 0
     blocked: bool = False  # retries exhausted under the "block" policy
     bucket: int = 0  # where its row is stored
     released_ms: int = 0  # when it was last released (0: not by this process)
