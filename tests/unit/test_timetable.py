@@ -159,11 +159,6 @@ def test_awaiting_follows_a_random_workload() -> None:
                     table.retry_later(task.key, now + 20)
         elif action < 0.92:
             table.drop_partitions([rng.randrange(3)])
-        full_scan = {id(task) for task in (table.get(key) for key in _all_keys(table))
-                     if task is not None and task.lease_until_ms > 0}
+        full_scan = {id(task) for partition in range(3) for task in table.partition_tasks(partition)
+                     if task.lease_until_ms > 0}
         assert {id(task) for task in table.awaiting()} == full_scan
-
-
-def _all_keys(table: Timetable) -> list[TaskKey]:
-    return [task.key for task in table.partition_tasks(0) + table.partition_tasks(1)
-            + table.partition_tasks(2)]
