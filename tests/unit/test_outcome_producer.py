@@ -167,3 +167,13 @@ def test_an_outcome_that_fails_its_second_send_is_not_sent_a_third_time(made: Ma
     producer.send(_outcome(3))
     producer.flush(0)
     assert made[0].produced == [_outcome(n).encode() for n in (1, 2, 1, 3)]
+
+
+def test_outcomes_gather_into_requests_unless_the_options_say_otherwise(made: Made) -> None:
+    default = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    assert default._config["linger.ms"] == worker.OUTCOME_LINGER_MS == 20
+    told = worker.OutcomeProducer(Settings(kafka_topic="t", kafka_options={"linger.ms": 2}),
+                                  clock=Clock())
+    assert told._config["linger.ms"] == 2
+    # the delivery guarantees are not the options' to weaken
+    assert told._config["acks"] == "all" and told._config["enable.idempotence"] is True
