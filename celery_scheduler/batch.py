@@ -109,7 +109,7 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
     encoder = ScheduleEncoder(task.name, check_options(options) if options else {},
                               retry or task._retry or settings.retry_policy,
                               settings.max_envelope_bytes)
-    encode, check = encoder.encode, task._checked
+    encode, encode_plain, check = encoder.encode, encoder.encode_plain, task._checked
     # The usual call (plain JSON values; keys from the decorator) is checked here inline, at
     # a third of the cost of schedule()'s checks, which take every other call.
     keys_of = task._keys_of
@@ -119,13 +119,13 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
     scheduled_ms = 0
     for index, call in enumerate(calls):
         try:
-            size = len(call) if isinstance(call, (tuple, list)) else 0
-            if size == 3:
+            size = len(call) if type(call) is tuple or isinstance(call, (tuple, list)) else 0
+            if size == 2:
+                (at, args), kwargs = call, _EMPTY
+            elif size == 3:
                 at, args, kwargs = call
                 if type(kwargs) is not dict and not kwargs:
                     kwargs = _EMPTY  # Call's default: checked at dict speed
-            elif size == 2:
-                (at, args), kwargs = call, _EMPTY
             else:
                 raise ScheduleError(
                     "a call must be (at, args) or (at, args, kwargs), such as "
@@ -139,7 +139,7 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
                     and type(kwargs) is dict and plain_values(args) \
                     and (not kwargs or plain_kwargs(kwargs)):
                 try:
-                    ordering, unique = keys_of(*args, **kwargs)
+                    ordering, unique = keys_of(*args, **kwargs) if kwargs else keys_of(*args)
                 except Exception:  # a call that does not fit, a key function that fails
                     ordering = None  # check() says why, as schedule() would
                 if ordering is not None:
@@ -149,8 +149,10 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
                     if not (type(unique) is str and 0 < len(unique) <= MAX_KEY_LENGTH
                             and unique.isascii() and "\x00" not in unique):
                         unique = check_key_part(unique, "uniqueness key")
-                    records.append((ordering, encode(ordering, scheduled_ms, unique, args,
-                                                     kwargs, current)))
+                    data = None if kwargs else encode_plain(ordering, scheduled_ms, unique,
+                                                            args, current)
+                    records.append((ordering, data if data is not None else encode(
+                        ordering, scheduled_ms, unique, args, kwargs, current)))
                     keys.append((ordering, scheduled_ms, unique))
                     continue
             ordering, unique, encoded_args, encoded_kwargs = check(args, kwargs, None, None)

@@ -58,6 +58,8 @@ __all__ = [
     "option_problem",
 ]
 
+_NO_KWARGS: dict[str, Any] = {}  # the kwargs of a call without them; never changed
+
 VERSION = 1
 MAX_TASK_NAME = 512
 
@@ -227,6 +229,27 @@ class ScheduleEncoder:
             self._shared: bytes | None = None
         else:
             self._shared = b"," + shared[1:]
+
+    def encode_plain(self, ordering_id: str, scheduled_ms: int, uniqueness_key: str,
+                     args: Sequence[Any], enqueued_ms: int) -> bytes | None:
+        """:meth:`encode` of a call without kwargs whose arguments are JSON scalars; None
+        when the shared fields could not be encoded once (then :meth:`encode` does).
+
+        Nothing in such a call needs sorting: its fields are written in sorted order."""
+        shared = self._shared
+        if shared is None:
+            return None
+        try:
+            data = orjson.dumps({"args": args, "enqueued_at": enqueued_ms,
+                                 "key": {"at": scheduled_ms, "ordering_id": ordering_id,
+                                         "unique": uniqueness_key},
+                                 "kwargs": _NO_KWARGS})[:-1] + shared
+        except TypeError:  # an integer beyond 64 bits
+            return None
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            raise _too_large(TaskKey(ordering_id, scheduled_ms, uniqueness_key),
+                             len(data), self.max_bytes)
+        return data
 
     def encode(self, ordering_id: str, scheduled_ms: int, uniqueness_key: str,
                args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int) -> bytes:

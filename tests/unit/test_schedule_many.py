@@ -55,10 +55,32 @@ def test_the_encoder_writes_the_bytes_encode_writes(args: list[Any], kwargs: dic
                           42) == encode(envelope, 10_000)
 
 
+@pytest.mark.parametrize(("args", "options"), [
+    (["c1", 7, -1.5, None, True, "ünïcode \"✓\""], {}),
+    ([], {"queue": "mail", "headers": {"b": 1, "a": 2}}),
+])
+def test_the_plain_encoder_writes_the_bytes_encode_writes(args: list[Any],
+                                                          options: dict[str, Any]) -> None:
+    key = TaskKey("o-1", 1_893_456_000_123, "u\"nique\\")
+    envelope = ScheduleEnvelope.checked(key, "proj.task", args, {}, options, RetryPolicy(), 42)
+    encoder = ScheduleEncoder("proj.task", options, RetryPolicy(), 10_000)
+    assert encoder.encode_plain(key.ordering_id, key.scheduled_ms, key.uniqueness_key,
+                                tuple(args), 42) == encode(envelope, 10_000)
+
+
+def test_the_plain_encoder_leaves_what_orjson_cannot_write_to_encode() -> None:
+    assert ScheduleEncoder("proj.task", {}, RetryPolicy()).encode_plain(
+        "o", 1, "u", [2**70], 0) is None
+    assert ScheduleEncoder("proj.task", {"expires": 2**70}, RetryPolicy()).encode_plain(
+        "o", 1, "u", [1], 0) is None
+
+
 def test_the_encoder_refuses_an_envelope_over_the_limit() -> None:
     encoder = ScheduleEncoder("proj.task", {}, RetryPolicy(), 200)
     with pytest.raises(EnvelopeTooLargeError, match=r"encodes to .* over the limit of 200"):
         encoder.encode("o", 1, "u", ["x" * 300], {}, 0)
+    with pytest.raises(EnvelopeTooLargeError, match=r"encodes to .* over the limit of 200"):
+        encoder.encode_plain("o", 1, "u", ["x" * 300], 0)
 
 
 def test_schedule_many_publishes_what_schedule_would(scheduler: SchedulerTesting) -> None:
@@ -112,6 +134,24 @@ def test_values_json_does_not_carry_as_they_are_are_encoded_as_schedule_does(
     assert _document(batched) == _document(one_by_one)
     assert batched.kwargs["text"][1] == {"__type__": "datetime",
                                          "__value__": "2030-01-01T00:00:00+00:00"}
+
+
+@scheduled_task(ordering_id="customer_id", uniqueness_key="step")
+@app.task(name="unit.tally")
+def tally(customer_id: str, step: str, amount: int) -> None:
+    pass
+
+
+def test_an_integer_beyond_64_bits_is_encoded_as_schedule_does(
+        scheduler: SchedulerTesting) -> None:
+    when = START + dt.timedelta(hours=1)
+    tally.schedule_at(when, "c1", "s1", 2**70)
+    tally.schedule_at(when, "c1", "s2", 5)
+    one_by_one = [_document(envelope) for envelope in scheduler.records()]
+    scheduler.task_log._records = [[] for _ in range(scheduler.task_log.partitions())]
+    tally.schedule_many([(when, ("c1", "s1", 2**70)), (when, ("c1", "s2", 5))])
+    assert [_document(envelope) for envelope in scheduler.records()] == one_by_one
+    assert one_by_one[0]["args"] == ["c1", "s1", 2**70]
 
 
 def test_the_default_uniqueness_key_is_the_call_digest(scheduler: SchedulerTesting) -> None:
