@@ -232,8 +232,9 @@ class ScheduleEncoder:
 
     def encode_plain(self, ordering_id: str, scheduled_ms: int, uniqueness_key: str,
                      args: Sequence[Any], enqueued_ms: int) -> bytes | None:
-        """:meth:`encode` of a call without kwargs whose arguments are JSON scalars; None
-        when the shared fields could not be encoded once (then :meth:`encode` does).
+        """:meth:`encode` of a call without kwargs whose arguments are JSON scalars, or None
+        where ``orjson`` cannot write it (an integer beyond 64 bits, in the arguments or the
+        shared fields): :meth:`encode` does then.
 
         Nothing in such a call needs sorting: its fields are written in sorted order."""
         shared = self._shared
