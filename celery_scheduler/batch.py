@@ -109,7 +109,7 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
     encoder = ScheduleEncoder(task.name, check_options(options) if options else {},
                               retry or task._retry or settings.retry_policy,
                               settings.max_envelope_bytes)
-    encode, encode_plain, check = encoder.encode, encoder.encode_plain, task._checked
+    encode, check = encoder.encode, task._checked
     # The usual call (plain JSON values; keys from the decorator) is checked here inline, at
     # a third of the cost of schedule()'s checks, which take every other call.
     keys_of = task._keys_of
@@ -149,10 +149,8 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
                     if not (type(unique) is str and 0 < len(unique) <= MAX_KEY_LENGTH
                             and unique.isascii() and "\x00" not in unique):
                         unique = check_key_part(unique, "uniqueness key")
-                    data = None if kwargs else encode_plain(ordering, scheduled_ms, unique,
-                                                            args, current)
-                    records.append((ordering, data if data is not None else encode(
-                        ordering, scheduled_ms, unique, args, kwargs, current)))
+                    records.append((ordering, encode(ordering, scheduled_ms, unique, args,
+                                                     kwargs, current, plain=not kwargs)))
                     keys.append((ordering, scheduled_ms, unique))
                     continue
             ordering, unique, encoded_args, encoded_kwargs = check(args, kwargs, None, None)

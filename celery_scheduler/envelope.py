@@ -58,8 +58,6 @@ __all__ = [
     "option_problem",
 ]
 
-_NO_KWARGS: dict[str, Any] = {}  # the kwargs of a call without them; never changed
-
 VERSION = 1
 MAX_TASK_NAME = 512
 
@@ -230,39 +228,22 @@ class ScheduleEncoder:
         else:
             self._shared = b"," + shared[1:]
 
-    def encode_plain(self, ordering_id: str, scheduled_ms: int, uniqueness_key: str,
-                     args: Sequence[Any], enqueued_ms: int) -> bytes | None:
-        """:meth:`encode` of a call without kwargs whose arguments are JSON scalars, or None
-        where ``orjson`` cannot write it (an integer beyond 64 bits, in the arguments or the
-        shared fields): :meth:`encode` does then.
-
-        Nothing in such a call needs sorting: its fields are written in sorted order."""
-        shared = self._shared
-        if shared is None:
-            return None
-        try:
-            data = orjson.dumps({"args": args, "enqueued_at": enqueued_ms,
-                                 "key": {"at": scheduled_ms, "ordering_id": ordering_id,
-                                         "unique": uniqueness_key},
-                                 "kwargs": _NO_KWARGS})[:-1] + shared
-        except TypeError:  # an integer beyond 64 bits
-            return None
-        if self.max_bytes is not None and len(data) > self.max_bytes:
-            raise _too_large(TaskKey(ordering_id, scheduled_ms, uniqueness_key),
-                             len(data), self.max_bytes)
-        return data
-
     def encode(self, ordering_id: str, scheduled_ms: int, uniqueness_key: str,
-               args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int) -> bytes:
+               args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int, *,
+               plain: bool = False) -> bytes:
         """The envelope of one call, whose key parts were checked and whose arguments are
-        JSON values (a tuple is written as a list)."""
+        JSON values (a tuple is written as a list).
+
+        *plain*: the arguments are JSON scalars and there are no kwargs, so nothing needs
+        sorting (the fields are written in sorted order) and ``orjson`` skips it."""
         shared = self._shared
         if shared is not None:
             try:
                 own = orjson.dumps({"args": args, "enqueued_at": enqueued_ms,
                                     "key": {"at": scheduled_ms, "ordering_id": ordering_id,
                                             "unique": uniqueness_key},
-                                    "kwargs": kwargs}, option=orjson.OPT_SORT_KEYS)
+                                    "kwargs": kwargs},
+                                   option=None if plain else orjson.OPT_SORT_KEYS)
             except TypeError:
                 pass
             else:

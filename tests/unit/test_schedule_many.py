@@ -64,15 +64,17 @@ def test_the_plain_encoder_writes_the_bytes_encode_writes(args: list[Any],
     key = TaskKey("o-1", 1_893_456_000_123, "u\"nique\\")
     envelope = ScheduleEnvelope.checked(key, "proj.task", args, {}, options, RetryPolicy(), 42)
     encoder = ScheduleEncoder("proj.task", options, RetryPolicy(), 10_000)
-    assert encoder.encode_plain(key.ordering_id, key.scheduled_ms, key.uniqueness_key,
-                                tuple(args), 42) == encode(envelope, 10_000)
+    assert encoder.encode(key.ordering_id, key.scheduled_ms, key.uniqueness_key,
+                          tuple(args), {}, 42, plain=True) == encode(envelope, 10_000)
 
 
-def test_the_plain_encoder_leaves_what_orjson_cannot_write_to_encode() -> None:
-    assert ScheduleEncoder("proj.task", {}, RetryPolicy()).encode_plain(
-        "o", 1, "u", [2**70], 0) is None
-    assert ScheduleEncoder("proj.task", {"expires": 2**70}, RetryPolicy()).encode_plain(
-        "o", 1, "u", [1], 0) is None
+@pytest.mark.parametrize(("args", "options"), [([2**70], {}), ([1], {"expires": 2**70})])
+def test_the_plain_encoder_leaves_what_orjson_cannot_write_to_encode(
+        args: list[Any], options: dict[str, Any]) -> None:
+    key = TaskKey("o", 1, "u")
+    envelope = ScheduleEnvelope.checked(key, "proj.task", args, {}, options, RetryPolicy(), 0)
+    assert ScheduleEncoder("proj.task", options, RetryPolicy()).encode(
+        "o", 1, "u", args, {}, 0, plain=True) == encode(envelope)
 
 
 def test_the_encoder_refuses_an_envelope_over_the_limit() -> None:
@@ -80,7 +82,7 @@ def test_the_encoder_refuses_an_envelope_over_the_limit() -> None:
     with pytest.raises(EnvelopeTooLargeError, match=r"encodes to .* over the limit of 200"):
         encoder.encode("o", 1, "u", ["x" * 300], {}, 0)
     with pytest.raises(EnvelopeTooLargeError, match=r"encodes to .* over the limit of 200"):
-        encoder.encode_plain("o", 1, "u", ["x" * 300], 0)
+        encoder.encode("o", 1, "u", ["x" * 300], {}, 0, plain=True)
 
 
 def test_schedule_many_publishes_what_schedule_would(scheduler: SchedulerTesting) -> None:
