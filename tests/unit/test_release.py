@@ -6,7 +6,8 @@ from typing import Any
 
 from celery_scheduler.envelope import ScheduleEnvelope, encode_arguments
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.release import CELERY_RETRIES_EXHAUSTED, publish
+from celery_scheduler.release import CELERY_RETRIES_EXHAUSTED, _tagged, publish
+from celery_scheduler.release_redis import _plain
 from celery_scheduler.wire import HEADER, Release, parse_header
 
 KEY = TaskKey("customer-42", 1_893_456_000_000, "welcome")
@@ -74,3 +75,26 @@ def test_foreign_headers_are_not_ours() -> None:
     assert parse_header(None) is None
     assert parse_header("not json") is None
     assert parse_header('{"o": "x"}') is None
+
+
+def nested(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def test_only_json_types_are_plain_however_deep() -> None:
+    assert _plain(nested(50, "text")) and _plain(nested(50, None)) and _plain([1, 2.5, True, ()])
+    assert not _plain(nested(50, uuid.UUID(int=5)))  # kombu tags it; orjson would not
+    assert not _plain(nested(3, b"bytes")) and not _plain({"a": {1: "a number as a key"}})
+    class Text(str):
+        pass
+    assert not _plain({"a": [Text("a subclass")]})
+    assert not _plain(nested(100_000, "deeper than the interpreter recurses"))
+
+
+def test_a_tag_is_found_however_deep_and_only_in_dicts_and_lists() -> None:
+    assert _tagged(nested(50, {"__type__": "datetime", "__value__": "2030-01-01T00:00:00"}))
+    assert not _tagged(nested(50, "__type__")) and not _tagged(nested(50, {"type": 1}))
+    assert not _tagged(("a tuple is not decoded JSON", {"__type__": "uuid"}))
