@@ -14,6 +14,7 @@ Cassandra is byte for byte what ``bind`` would send.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -100,7 +101,7 @@ class Binder:
         # the driver encrypts some columns, or pads short value lists: left to it
         self._direct = not prepared.column_encryption_policy
         self._encoders: list[Encoder | None] = [_ENCODERS.get(column.type) for column in columns]
-        self._fast: list[Encoder] = [encoder or self._serialiser(column)
+        self._fast: list[Encoder] = [encoder or functools.partial(self._serialise, column)
                                      for encoder, column in zip(self._encoders, columns, strict=True)]
 
     def bind(self, values: Sequence[Any]) -> BoundStatement:
@@ -133,10 +134,6 @@ class Binder:
                 raise TypeError(f"Received an argument of invalid type for column {column.name!r}: "
                                 f"expected {column.type.typename}, got {value!r} ({exc})") from exc
         return encoded
-
-    def _serialiser(self, column: Any) -> Encoder:
-        serialize, protocol = column.type.serialize, self._protocol
-        return lambda value: serialize(value, protocol)
 
     def _serialise(self, column: Any, value: Any) -> bytes:
         try:
