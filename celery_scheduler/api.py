@@ -29,7 +29,7 @@ from typing import Any
 from celery.local import PromiseProxy, Proxy
 
 from celery_scheduler.arguments import Binder, KeySource
-from celery_scheduler.batch import Call, ScheduledBatch, encode_calls
+from celery_scheduler.batch import Call, ScheduledBatch, check_calls
 from celery_scheduler.calls import call_digest, check_options, check_retry, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.config import Settings
@@ -396,8 +396,8 @@ class ScheduledTask:
         again is safe: a task key runs once). With ``wait=False`` it returns once they are
         handed to the producer; ``batch.wait()`` or ``flush(app)`` waits for Kafka.
 
-        The encoded calls are held in memory until they are produced: split a very large
-        input into batches of, say, 100,000 calls.
+        The checked calls are held in memory until the batch is acknowledged: split a very
+        large input into batches of, say, 100,000 calls.
 
         >>> send_reminder.schedule_many(  # doctest: +SKIP
         ...     (due, (customer_id,), {"reminder_kind": "trial-ends"}) for customer_id, due in rows)
@@ -405,8 +405,8 @@ class ScheduledTask:
         """
         app = self._app()
         client = get_client(app)
-        records, keys = encode_calls(self, calls, client, self._timezone(app), retry, options)
-        batch = ScheduledBatch(self.name, keys, client.publish_many(records))
+        checked = check_calls(self, calls, client, self._timezone(app), retry, options)
+        batch = ScheduledBatch(self.name, checked, client.publish_many(checked))
         if wait:
             # each record is answered within its delivery timeout once produced; a batch still
             # waiting three of them and 10 s later is given up (its records reported failed)

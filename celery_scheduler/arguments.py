@@ -22,7 +22,8 @@ from kombu.utils.json import dumps as _kombu_dumps
 
 from celery_scheduler.errors import NotSerializableError
 
-__all__ = ["Binder", "KeySource", "encode_arguments", "kombu_dumps", "plain_kwargs", "plain_values"]
+__all__ = ["Binder", "KeySource", "encode_arguments", "kombu_dumps", "plain_kwargs_size",
+           "plain_size"]
 
 _P = inspect.Parameter
 
@@ -201,22 +202,57 @@ def encode_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]
     return encoded_args, encoded_kwargs
 
 
-def plain_values(values: Sequence[Any]) -> bool:
-    """Whether *values* are JSON scalars (finite floats), which JSON carries as they are."""
+# The integers orjson writes (others go through the standard library's encoder).
+_ORJSON_INT_MIN, _ORJSON_INT_MAX = -(2**63), 2**64 - 1
+# The most bytes JSON takes for one character of a string: an escape such as \u001f.
+MAX_CHAR_BYTES = 6
+
+
+def plain_size(values: Sequence[Any]) -> int:
+    """At least the bytes of *values* written as a JSON list, if each is a JSON scalar that
+    ``orjson`` writes as it is (a string that UTF-8 can carry, a 64-bit integer, a finite
+    float, a bool, None); otherwise -1."""
+    size = 1 + len(values) if values else 2  # brackets and commas
     for value in values:
         kind = type(value)
-        if kind not in _SCALARS and (kind is not float or value - value != 0):  # inf, nan
-            return False
-    return True
+        if kind is str:
+            if not value.isascii() and not _utf8(value):
+                return -1
+            size += MAX_CHAR_BYTES * len(value) + 2
+        elif kind is int:
+            if not _ORJSON_INT_MIN <= value <= _ORJSON_INT_MAX:
+                return -1
+            size += 20
+        elif kind is float:
+            if value - value != 0:  # inf, nan
+                return -1
+            size += 24  # the longest shortest repr, such as -2.2250738585072014e-308
+        elif kind is bool or value is None:
+            size += 5
+        else:
+            return -1
+    return size
 
 
-def plain_kwargs(kwargs: dict[str, Any]) -> bool:
-    """Whether *kwargs* has string names and JSON scalar values (finite floats)."""
-    for name, value in kwargs.items():
-        kind = type(value)
-        if type(name) is not str or (
-                kind not in _SCALARS and (kind is not float or value - value != 0)):
-            return False
+def plain_kwargs_size(kwargs: dict[str, Any]) -> int:
+    """:func:`plain_size` for keyword arguments written as a JSON object (string names)."""
+    if not kwargs:
+        return 2
+    size = 1 + len(kwargs)  # braces and commas
+    for name in kwargs:
+        if type(name) is not str or (not name.isascii() and not _utf8(name)):
+            return -1
+        size += MAX_CHAR_BYTES * len(name) + 3  # quotes and colon
+    values = plain_size(list(kwargs.values()))
+    return -1 if values < 0 else size + values - 1 - len(kwargs)  # its brackets and commas
+
+
+def _utf8(text: str) -> bool:
+    """Whether *text* can be written as UTF-8 (it has no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
     return True
 
 

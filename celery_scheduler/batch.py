@@ -10,17 +10,19 @@
 Each call is checked as ``schedule`` checks it, and every call before any is published: a
 call ``schedule`` would refuse raises its error, naming the call's index, and nothing of the
 batch goes to Kafka. The calls share the task's options and retry policy, so the part of
-the envelope they share is encoded once, and Kafka's acknowledgements come back as one.
+the envelope they share is encoded once; each call's own part is encoded as the producer
+takes its record (Kafka writes the first while the last are encoded), and Kafka's
+acknowledgements come back as one.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from celery_scheduler.arguments import plain_kwargs, plain_values
+from celery_scheduler.arguments import MAX_CHAR_BYTES, plain_kwargs_size, plain_size
 from celery_scheduler.calls import check_options, check_retry, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
@@ -31,7 +33,7 @@ from celery_scheduler.tasklog.base import BatchAck
 if TYPE_CHECKING:
     from celery_scheduler.api import ScheduledTask
 
-__all__ = ["Call", "ScheduledBatch", "encode_calls"]
+__all__ = ["Call", "CheckedCalls", "ScheduledBatch", "check_calls"]
 
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
 _EMPTY: dict[str, Any] = {}  # the kwargs of a call without them; never changed
@@ -52,20 +54,20 @@ class Call(NamedTuple):
 class ScheduledBatch:
     """What ``schedule_many`` returns: the calls' task keys and Kafka's acknowledgement."""
 
-    def __init__(self, task: str, keys: list[tuple[str, int, str]], ack: BatchAck) -> None:
+    def __init__(self, task: str, calls: CheckedCalls, ack: BatchAck) -> None:
         self.task = task
-        self._keys = keys
+        self._calls = calls
         self._ack = ack
 
     @property
     def count(self) -> int:
         """How many calls the batch scheduled."""
-        return len(self._keys)
+        return len(self._calls)
 
     @property
     def keys(self) -> list[TaskKey]:
         """The calls' task keys, in the order of the calls (for status and cancel)."""
-        return [TaskKey(*key) for key in self._keys]
+        return self._calls.keys()
 
     def done(self) -> bool:
         """Whether Kafka answered for every call (acknowledged it, or failed it)."""
@@ -89,15 +91,53 @@ class ScheduledBatch:
         return f"<ScheduledBatch {self.task} {self.count} call(s), {state}>"
 
 
+# A checked call: ordering id, time, uniqueness key, then its args and kwargs (a plain call,
+# encoded when produced) or its envelope and None (encoded when checked).
+_Checked = tuple[str, int, str, Any, Any]
+
+
+class CheckedCalls(Collection[tuple[str, bytes]]):
+    """A batch's checked calls, as the records Kafka takes: (ordering id, envelope).
+
+    Every check, the envelope's size included, was made: a plain call's envelope is encoded
+    only as its record is taken, so that Kafka takes the first records of a batch while the
+    last are being encoded.
+    """
+
+    __slots__ = ("_calls", "_current", "_encode")
+
+    def __init__(self, calls: list[_Checked], encoder: ScheduleEncoder, current: int) -> None:
+        self._calls, self._encode, self._current = calls, encoder.encode, current
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        encode, current = self._encode, self._current
+        for ordering, scheduled_ms, unique, args, kwargs in self._calls:
+            if kwargs is None:
+                yield ordering, args
+            else:
+                yield ordering, encode(ordering, scheduled_ms, unique, args, kwargs, current,
+                                       plain=not kwargs)
+
+    def __contains__(self, record: object) -> bool:
+        return any(record == taken for taken in self)
+
+    def keys(self) -> list[TaskKey]:
+        """The calls' task keys, in order."""
+        return [TaskKey(ordering, at, unique) for ordering, at, unique, _, _ in self._calls]
+
+
 def _at_call(error: ScheduleError, index: int, call: Any) -> ScheduleError:
     """*error*, of its own type, saying which call of the batch it is about."""
     return type(error)(f"call {index} of the batch ({call!r:.120}): {error}")
 
 
-def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerClient,
-                 timezone: Any, retry: RetryPolicy | None, options: Mapping[str, Any]
-                 ) -> tuple[list[tuple[str, bytes]], list[tuple[str, int, str]]]:
-    """Check and encode every call: the (ordering id, envelope) records and the task keys."""
+def check_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerClient,
+                timezone: Any, retry: RetryPolicy | None, options: Mapping[str, Any]
+                ) -> CheckedCalls:
+    """Check every call as ``schedule`` would, or raise its error naming its index."""
     check_retry(retry)
     if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Iterable):
         raise ScheduleError(
@@ -109,12 +149,12 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
     encoder = ScheduleEncoder(task.name, check_options(options) if options else {},
                               retry or task._retry or settings.retry_policy,
                               settings.max_envelope_bytes)
-    encode, check = encoder.encode, task._checked
+    encode, check, room = encoder.encode, task._checked, encoder.room
     # The usual call (plain JSON values; keys from the decorator) is checked here inline, at
-    # a third of the cost of schedule()'s checks, which take every other call.
+    # a third of the cost of schedule()'s checks, which take every other call; its envelope
+    # is encoded later, when produced, unless it may be too large (see plain_size).
     keys_of = task._keys_of
-    records: list[tuple[str, bytes]] = []
-    keys: list[tuple[str, int, str]] = []
+    checked: list[_Checked] = []
     last_at: Any = _UNSET
     scheduled_ms = 0
     for index, call in enumerate(calls):
@@ -136,28 +176,33 @@ def encode_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerCli
                 scheduled_ms = scheduled_ms_of(at, None, current, timezone, grace)
                 last_at = at
             if keys_of is not None and (type(args) is tuple or type(args) is list) \
-                    and type(kwargs) is dict and plain_values(args) \
-                    and (not kwargs or plain_kwargs(kwargs)):
-                try:
-                    ordering, unique = keys_of(*args, **kwargs) if kwargs else keys_of(*args)
-                except Exception:  # a call that does not fit, a key function that fails
-                    ordering = None  # check() says why, as schedule() would
-                if ordering is not None:
-                    if not (type(ordering) is str and 0 < len(ordering) <= MAX_KEY_LENGTH
-                            and ordering.isascii() and "\x00" not in ordering):
-                        ordering = check_key_part(ordering, "ordering id")
-                    if not (type(unique) is str and 0 < len(unique) <= MAX_KEY_LENGTH
-                            and unique.isascii() and "\x00" not in unique):
-                        unique = check_key_part(unique, "uniqueness key")
-                    records.append((ordering, encode(ordering, scheduled_ms, unique, args,
-                                                     kwargs, current, plain=not kwargs)))
-                    keys.append((ordering, scheduled_ms, unique))
-                    continue
+                    and type(kwargs) is dict:
+                size = plain_size(args)
+                if kwargs and size >= 0:
+                    named = plain_kwargs_size(kwargs)
+                    size = named + size if named >= 0 else -1
+                if size >= 0:
+                    try:
+                        ordering, unique = keys_of(*args, **kwargs) if kwargs else keys_of(*args)
+                    except Exception:  # a call that does not fit, a key function that fails
+                        ordering = None  # check() says why, as schedule() would
+                    if ordering is not None:
+                        if not (type(ordering) is str and 0 < len(ordering) <= MAX_KEY_LENGTH
+                                and ordering.isascii() and "\x00" not in ordering):
+                            ordering = check_key_part(ordering, "ordering id")
+                        if not (type(unique) is str and 0 < len(unique) <= MAX_KEY_LENGTH
+                                and unique.isascii() and "\x00" not in unique):
+                            unique = check_key_part(unique, "uniqueness key")
+                        if size + MAX_CHAR_BYTES * (len(ordering) + len(unique)) <= room:
+                            checked.append((ordering, scheduled_ms, unique, args, kwargs))
+                        else:  # it may not fit: encoded now, to know
+                            checked.append((ordering, scheduled_ms, unique, encode(
+                                ordering, scheduled_ms, unique, args, kwargs, current,
+                                plain=not kwargs), None))
+                        continue
             ordering, unique, encoded_args, encoded_kwargs = check(args, kwargs, None, None)
-            records.append((ordering, encode(ordering, scheduled_ms, unique, encoded_args,
-                                             encoded_kwargs, current)))
+            checked.append((ordering, scheduled_ms, unique, encode(
+                ordering, scheduled_ms, unique, encoded_args, encoded_kwargs, current), None))
         except ScheduleError as exc:
             raise _at_call(exc, index, call) from exc
-        keys.append((ordering, scheduled_ms, unique))
-    return records, keys
-
+    return CheckedCalls(checked, encoder, current)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery_scheduler.envelope import RetryPolicy, encode_arguments, option_problem
-from celery_scheduler.errors import ScheduleError, ScheduleTimeError
+from celery_scheduler.errors import NotSerializableError, ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import MAX_MS, TaskKey, check_key_part, to_epoch_ms
 
 __all__ = ["call_digest", "check_options", "check_retry", "scheduled_ms_of"]
@@ -75,4 +75,11 @@ def call_digest(task: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     # same task key (idempotent re-enqueueing), while different calls never collide.
     canonical = json.dumps([task, args, kwargs], sort_keys=True, separators=(",", ":"),
                            ensure_ascii=False)
-    return "call-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+    try:
+        data = canonical.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise NotSerializableError(
+            f"the arguments of task {task} cannot be encoded as UTF-8 JSON ({exc}); a string "
+            "holds a lone surrogate, such as text decoded with errors='surrogateescape': "
+            "pass valid text, or bytes") from None
+    return "call-" + hashlib.sha256(data).hexdigest()[:32]

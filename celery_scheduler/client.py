@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from celery_scheduler.clock import now_ms
@@ -96,13 +96,16 @@ class SchedulerClient:
                                          headers=headers)
         return self.task_log.publish_async(key, data, headers)
 
-    def publish_many(self, records: list[tuple[str, bytes]]) -> BatchAck:
+    def publish_many(self, records: Collection[tuple[str, bytes]]) -> BatchAck:
         """Publish encoded envelopes (key, data) in order, each signed if the app signs."""
         signer = self._signer
         if signer is None:
             return self.task_log.publish_many(records)
-        return self.task_log.publish_many(records, [
-            {SIGNATURE_HEADER: signer.sign(key.encode("utf-8"), data)} for key, data in records])
+
+        def sign(key: str, data: bytes) -> dict[str, bytes]:
+            return {SIGNATURE_HEADER: signer.sign(key.encode("utf-8"), data)}
+
+        return self.task_log.publish_many(records, sign)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for records published with ``wait=False``; return how many are still pending."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,6 +207,13 @@ def _too_large(key: Any, size: int, max_bytes: int) -> EnvelopeTooLargeError:
     )
 
 
+# A call's own fields with empty key parts, args and kwargs, and its two times (at most 20
+# digits each), as ScheduleEncoder writes them before the shared fields.
+_OWN_FIELDS_MAX = len(orjson.dumps({"args": 0, "enqueued_at": 0,
+                                    "key": {"at": 0, "ordering_id": "", "unique": ""},
+                                    "kwargs": 0})) - 1 - 4 + 2 * 20
+
+
 class ScheduleEncoder:
     """Encodes the schedule envelopes of one task with one set of options and retry policy.
 
@@ -215,7 +223,7 @@ class ScheduleEncoder:
     those :func:`encode` writes for the same envelope.
     """
 
-    __slots__ = ("_shared", "max_bytes", "options", "retry", "task")
+    __slots__ = ("_shared", "max_bytes", "options", "retry", "room", "task")
 
     def __init__(self, task: str, options: dict[str, Any], retry: RetryPolicy,
                  max_bytes: int | None = None) -> None:
@@ -225,8 +233,14 @@ class ScheduleEncoder:
                                    "type": "schedule", "v": VERSION}, option=orjson.OPT_SORT_KEYS)
         except TypeError:  # an integer beyond 64 bits in the options: encode() each time
             self._shared: bytes | None = None
+            self.room = -1
         else:
             self._shared = b"," + shared[1:]
+            # A call whose arguments take at most *room* bytes (plain_size's bound of their
+            # JSON, plus MAX_CHAR_BYTES per character of its key parts) is within max_bytes
+            # without being encoded: the rest of its envelope is this long at most.
+            fixed = len(self._shared) + _OWN_FIELDS_MAX
+            self.room = sys.maxsize if max_bytes is None else max_bytes - fixed
 
     def encode(self, ordering_id: str, scheduled_ms: int, uniqueness_key: str,
                args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int, *,

@@ -5,11 +5,16 @@ from __future__ import annotations
 import abc
 import threading
 import time
+from collections.abc import Callable, Collection
 from typing import Literal, NamedTuple, Protocol
 
 from confluent_kafka import Message, TopicPartition
 
-__all__ = ["UNACKNOWLEDGED", "Ack", "BatchAck", "Position", "TaskLog", "TaskLogReader"]
+__all__ = ["UNACKNOWLEDGED", "Ack", "BatchAck", "Headers", "Position", "TaskLog",
+           "TaskLogReader"]
+
+# The headers of a batch's record, made from its key and value (such as its signature).
+Headers = Callable[[str, bytes], dict[str, bytes]]
 
 # Said by every error for a record that was sent but not acknowledged: the caller must not
 # read it as "the task will not run".
@@ -213,13 +218,15 @@ class TaskLog(abc.ABC):
                 + UNACKNOWLEDGED
             ) from None
 
-    def publish_many(self, records: list[tuple[str, bytes]],
-                     headers: list[dict[str, bytes]] | None = None) -> BatchAck:
-        """Start appending each (key, value) record, in order, with ``headers[i]`` if given;
-        one acknowledgement for all."""
+    def publish_many(self, records: Collection[tuple[str, bytes]],
+                     headers: Headers | None = None) -> BatchAck:
+        """Start appending each (key, value) record, in order, with ``headers(key, value)``
+        if given; one acknowledgement for all. *records* are taken one at a time, as they
+        are appended (they may be made as they are taken)."""
         return _AcksBatch([
-            (key, value, self.publish_async(key, value, None if headers is None else headers[i]))
-            for i, (key, value) in enumerate(records)])
+            (key, value, self.publish_async(key, value, None if headers is None
+                                            else headers(key, value)))
+            for key, value in records])
 
     @abc.abstractmethod
     def flush(self, timeout: float | None = None) -> int:

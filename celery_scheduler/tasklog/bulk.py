@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from celery_scheduler.errors import TaskLogUnavailableError
-from celery_scheduler.tasklog.base import UNACKNOWLEDGED, BatchAck
+from celery_scheduler.tasklog.base import UNACKNOWLEDGED, BatchAck, Headers
 
 __all__ = ["BulkProducer"]
 
-# Records produced per hold of the lock (a full local queue is waited for between them).
-CHUNK = 2000
 # How long to wait for room when the producer's local queue is full, between tries.
 FULL_WAIT = 0.01
 
@@ -78,52 +76,68 @@ class BulkProducer:
         self._lock = threading.Lock()
         self.replaced = 0
 
-    def publish(self, records: list[tuple[str, bytes]],
-                headers: list[dict[str, bytes]] | None = None) -> BatchAck:
-        """Produce *records* (key, value) in order, with ``headers[i]`` if given; their
-        acknowledgement.
+    def publish(self, records: Collection[tuple[str, bytes]],
+                headers: Headers | None = None) -> BatchAck:
+        """Produce *records* (key, value) in order, with ``headers(key, value)`` if given;
+        their acknowledgement.
 
-        A full local queue is waited for, up to the timeout without progress; then
-        TaskLogUnavailableError says how many of the batch were produced (those may still
-        be acknowledged: ``flush`` tells).
+        The records are taken one at a time as they are produced (they may be made as they
+        are taken). A full local queue is waited for, up to the timeout without progress;
+        then TaskLogUnavailableError says how many of the batch were produced (those may
+        still be acknowledged: ``flush`` tells).
         """
         batch = _Batch(self, len(records), self._translate)
         topic = self.topic
+        remaining = iter(records)
+        record: tuple[str, bytes] | None = None  # taken, and not produced yet
         produced = 0
-        stalled_since: float | None = None
+        stalled_after, stalled_since = -1, 0.0  # records produced when the queue was full
         replaced = False
         with self._lock:  # a batch's records go together, in order
-            while produced < len(records):
+            while True:
                 produce = self._producer.produce
                 try:
+                    if record is not None:  # the one a full queue or a fatal error refused
+                        self._produce(record, headers, batch)
+                        produced += 1
+                        record = None
                     if headers is None:
-                        for key, value in records[produced:produced + CHUNK]:
+                        for record in remaining:
                             # by position, a third cheaper: value, key, any partition
-                            produce(topic, value, key, ANY_PARTITION, batch)
+                            produce(topic, record[1], record[0], ANY_PARTITION, batch)
                             produced += 1
                     else:
-                        for key, value in records[produced:produced + CHUNK]:
-                            produce(topic, key=key, value=value,
-                                    headers=list(headers[produced].items()), on_delivery=batch)
+                        for record in remaining:
+                            self._produce(record, headers, batch)
                             produced += 1
-                    stalled_since = None
+                    return batch
                 except BufferError:  # local queue full: wait for deliveries to drain it
                     now = time.monotonic()
-                    stalled_since = now if stalled_since is None else stalled_since
-                    if now - stalled_since > self.timeout:
+                    if produced != stalled_after:  # it was not full since the last produced
+                        stalled_after, stalled_since = produced, now
+                    elif now - stalled_since > self.timeout:
                         raise TaskLogUnavailableError(
                             f"Kafka producer queue stayed full for {self.timeout}s after "
                             f"{produced} of {len(records)} record(s) of a batch; the brokers "
                             "are not keeping up or not reachable. " + UNACKNOWLEDGED) from None
                     self._producer.poll(FULL_WAIT)
+                    continue
                 except KafkaException as exc:
                     error = exc.args[0]
                     if isinstance(error, KafkaError) and error.fatal() and not replaced:
                         self._replace()
                         replaced = True
                         continue
-                    raise self._translate(error, records[produced][0]) from exc
-        return batch
+                    raise self._translate(error, record[0] if record else "") from exc
+
+    def _produce(self, record: tuple[str, bytes], headers: Headers | None, batch: _Batch
+                 ) -> None:
+        key, value = record
+        if headers is None:
+            self._producer.produce(self.topic, value, key, ANY_PARTITION, batch)
+        else:
+            self._producer.produce(self.topic, key=key, value=value, on_delivery=batch,
+                                   headers=list(headers(key, value).items()))
 
     def idle(self) -> bool:
         """Whether the producer holds no record (each was acknowledged or reported)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -23,7 +23,14 @@ from celery_scheduler.errors import (
     TaskLogUnavailableError,
     TopicMissingError,
 )
-from celery_scheduler.tasklog.base import UNACKNOWLEDGED, Ack, BatchAck, Position, TaskLog
+from celery_scheduler.tasklog.base import (
+    UNACKNOWLEDGED,
+    Ack,
+    BatchAck,
+    Headers,
+    Position,
+    TaskLog,
+)
 from celery_scheduler.tasklog.bulk import ANY_PARTITION, BulkProducer
 
 __all__ = ["KafkaTaskLog", "create_topic", "topic_partitions"]
@@ -320,10 +327,10 @@ class KafkaTaskLog(TaskLog):
                     continue
                 raise self._translate(error, key) from exc
 
-    def publish_many(self, records: list[tuple[str, bytes]],
-                     headers: list[dict[str, bytes]] | None = None) -> BatchAck:
-        """Produce each (key, value) record in order, with ``headers[i]`` if given; one
-        acknowledgement for all.
+    def publish_many(self, records: Collection[tuple[str, bytes]],
+                     headers: Headers | None = None) -> BatchAck:
+        """Produce each (key, value) record in order, with ``headers(key, value)`` if given;
+        one acknowledgement for all.
 
         Batches go through a producer of their own that reports only failures (see
         :mod:`celery_scheduler.tasklog.bulk`).

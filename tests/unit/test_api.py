@@ -231,6 +231,13 @@ def test_signed_calls_carry_a_verifiable_signature() -> None:
             [(key, value)] = recorder.task_log.records(partition)
             [headers] = recorder.task_log.headers[partition]
             assert Signer({"k1": secret}, "k1").problem(key.encode(), value, headers[HEADER]) is None
+            later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+            remind.schedule_many([(later, ("c1",)), (later, ("c1",), {"kind": "k"})])
+            signed = list(zip(recorder.task_log.records(partition),
+                              recorder.task_log.headers[partition], strict=True))
+            assert len(signed) == 3 and all(
+                Signer({"k1": secret}, "k1").problem(key.encode(), value, headers[HEADER]) is None
+                for (key, value), headers in signed)
     finally:
         app.conf.update(scheduler_signing_keys={}, scheduler_signing_key_id=None)
         vars(app).pop("_celery_scheduler_settings", None)

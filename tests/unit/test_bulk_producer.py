@@ -5,7 +5,7 @@ against Kafka."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, ClassVar
 
 import pytest
@@ -37,6 +37,7 @@ class FakeProducer:
         self.held: list[tuple[str, bytes, Any]] = []
         self.room = 10**9  # records it takes before BufferError
         self.fatal_once = False
+        self.headers: list[Any] = []
         FakeProducer.made.append(self)
 
     def produce(self, topic: str, value: bytes | None = None, key: str | None = None,
@@ -51,6 +52,7 @@ class FakeProducer:
         self.room -= 1
         assert key is not None and value is not None
         self.held.append((key, value, on_delivery))
+        self.headers.append(headers)
 
     def deliver(self, count: int | None = None) -> None:
         done, self.held = self.held[:count], self.held[len(self.held[:count]):]
@@ -109,21 +111,54 @@ def test_records_go_in_order_and_the_batch_is_done_once_the_producer_is_empty(
     batch.wait(1)
 
 
-def test_a_full_queue_is_waited_for_and_nothing_is_produced_twice(
-        producer: BulkProducer, monkeypatch: pytest.MonkeyPatch) -> None:
+class Lazy(Collection[tuple[str, bytes]]):
+    """RECORDS, each made as it is taken, noting how many records the producer held then."""
+
+    def __init__(self) -> None:
+        self.made_with: list[int] = []
+
+    def __len__(self) -> int:
+        return len(RECORDS)
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        for record in RECORDS:
+            self.made_with.append(len(FakeProducer.made[-1].held))
+            yield record
+
+    def __contains__(self, record: object) -> bool:
+        return record in RECORDS
+
+
+@pytest.mark.parametrize("per_poll", [None, 1])
+def test_a_full_queue_is_waited_for_and_nothing_is_produced_or_made_twice(
+        producer: BulkProducer, monkeypatch: pytest.MonkeyPatch, per_poll: int | None) -> None:
     fake = FakeProducer.made[-1]
     fake.room = 2
     delivered: list[str] = []
 
-    def poll(timeout: float = 0) -> int:  # the broker takes what is queued
-        delivered.extend(key for key, _, _ in fake.held)
-        fake.deliver()
+    def poll(timeout: float = 0) -> int:  # the broker takes what is queued, or the oldest
+        delivered.extend(key for key, _, _ in fake.held[:per_poll])
+        fake.deliver(per_poll)
         return 0
 
     monkeypatch.setattr(fake, "poll", poll)
-    producer.publish(RECORDS)
+    records = Lazy()
+    producer.publish(records)
     delivered.extend(key for key, _, _ in fake.held)
     assert delivered == ["o0", "o1", "o2", "o3", "o4"]
+    assert len(records.made_with) == 5  # one a full queue refused is not made again
+
+
+def test_records_are_made_one_at_a_time_as_they_are_produced(producer: BulkProducer) -> None:
+    records = Lazy()
+    producer.publish(records)
+    assert records.made_with == [0, 1, 2, 3, 4]
+    assert [key for key, _, _ in FakeProducer.made[-1].held] == ["o0", "o1", "o2", "o3", "o4"]
+
+
+def test_each_record_gets_the_headers_made_from_it(producer: BulkProducer) -> None:
+    producer.publish(RECORDS[:2], lambda key, value: {"sig": key.encode() + value})
+    assert FakeProducer.made[-1].headers == [[("sig", b"o0v0")], [("sig", b"o1v1")]]
 
 
 def test_a_queue_that_stays_full_says_how_many_were_produced(producer: BulkProducer) -> None:

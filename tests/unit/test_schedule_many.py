@@ -11,9 +11,17 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from celery_scheduler import Call, RetryPolicy, TaskKey, scheduled_task
-from celery_scheduler.arguments import Binder, plain_kwargs, plain_values
+from celery_scheduler.arguments import (
+    MAX_CHAR_BYTES,
+    Binder,
+    _utf8,
+    plain_kwargs_size,
+    plain_size,
+)
 from celery_scheduler.envelope import ScheduleEncoder, ScheduleEnvelope, encode
 from celery_scheduler.errors import (
     EnvelopeTooLargeError,
@@ -23,6 +31,7 @@ from celery_scheduler.errors import (
     ScheduleTimeError,
     TaskLogUnavailableError,
 )
+from celery_scheduler.keys import MAX_MS
 from celery_scheduler.tasklog.base import Ack
 from celery_scheduler.tasklog.memory import MemoryTaskLog
 from celery_scheduler.testing import SchedulerTesting
@@ -206,6 +215,8 @@ def test_an_argument_json_cannot_carry_is_refused_with_its_index(
         note.schedule_many([(when, ("c1", "ok")), (when, ("c1", math.inf))])
     with pytest.raises(NotSerializableError, match="call 0 of the batch"):
         note.schedule_many([(when, ("c1", object()))])
+    with pytest.raises(NotSerializableError, match=r"call 1 of the batch .*cannot be encoded"):
+        note.schedule_many([(when, ("c1", "ok")), (when, ("c1", "lone \ud800"))])
     assert scheduler.records() == []
 
 
@@ -252,20 +263,71 @@ def test_calls_kafka_does_not_acknowledge_are_named(scheduler: SchedulerTesting,
 
 
 @pytest.mark.parametrize(("values", "plain"), [
-    (("a", 1, True, None, 1.5, -0.0), True),
+    (("a", 1, True, None, 1.5, -0.0, "ünïcode ✓", 2**64 - 1, -(2**63)), True),
     ((math.nan,), False),
     ((math.inf,), False),
     ((-math.inf,), False),
+    ((2**64,), False),  # beyond orjson's integers: the standard library's encoder writes it
+    ((-(2**63) - 1,), False),
+    (("lone \ud800 surrogate",), False),  # UTF-8 cannot carry it: refused when checked
     (([1],), False),  # containers take the full path
     ((decimal.Decimal(1),), False),
 ])
-def test_plain_values_are_only_json_scalars(values: tuple[Any, ...], plain: bool) -> None:
-    assert plain_values(values) is plain
-    assert plain_kwargs(dict(zip("abcdef", values, strict=False))) is plain
+def test_plain_values_are_only_json_scalars_orjson_writes(values: tuple[Any, ...],
+                                                         plain: bool) -> None:
+    assert (plain_size(values) >= 0) is plain
+    assert (plain_kwargs_size(dict(zip("abcdefghi", values, strict=False))) >= 0) is plain
 
 
-def test_plain_kwargs_need_string_names() -> None:
-    assert plain_kwargs({1: "x"}) is False  # type: ignore[dict-item]
+def test_plain_kwargs_need_string_names_utf8_can_carry() -> None:
+    assert plain_kwargs_size({1: "x"}) == -1  # type: ignore[dict-item]
+    assert plain_kwargs_size({"\udc80": "x"}) == -1
+    assert plain_kwargs_size({}) == 2
+
+
+_scalars = st.one_of(
+    st.text(), st.integers(-(2**63), 2**64 - 1), st.booleans(), st.none(),
+    st.floats(allow_nan=False, allow_infinity=False))
+
+
+@given(args=st.lists(_scalars, max_size=6),
+       kwargs=st.dictionaries(st.text(max_size=8), _scalars, max_size=4),
+       ordering=st.text(st.characters(max_codepoint=127, exclude_characters="\x00"),
+                        min_size=1, max_size=20),
+       unique=st.text(st.characters(max_codepoint=127, exclude_characters="\x00"),
+                      min_size=1, max_size=20),
+       scheduled_ms=st.integers(0, MAX_MS), enqueued_ms=st.integers(0, MAX_MS))
+def test_the_bound_a_plain_call_is_checked_with_is_never_below_its_envelope(
+        args: list[Any], kwargs: dict[str, Any], ordering: str, unique: str,
+        scheduled_ms: int, enqueued_ms: int) -> None:
+    # A plain call whose bound fits is not encoded when checked: its envelope must fit too.
+    assume(all(_utf8(text) for text in [*kwargs, *(a for a in args if type(a) is str)]))
+    assume(all(_utf8(v) for v in kwargs.values() if type(v) is str))
+    encoder = ScheduleEncoder("proj.task", {"queue": "mail"}, RetryPolicy(), 10**9)
+    data = encoder.encode(ordering, scheduled_ms, unique, args, kwargs, enqueued_ms,
+                          plain=not kwargs)
+    bound = plain_size(args) + plain_kwargs_size(kwargs) + MAX_CHAR_BYTES * (
+        len(ordering) + len(unique))
+    assert 10**9 - encoder.room + bound >= len(data)
+
+
+@scheduled_task(ordering_id="customer_id", uniqueness_key="step")
+@app.task(name="unit.memo")
+def memo(customer_id: str, step: str, text: str) -> None: ...
+
+
+def test_a_call_whose_bound_is_over_the_limit_is_encoded_when_checked(
+        scheduler: SchedulerTesting) -> None:
+    # 1,000 characters may take 6,000 bytes, over the app's limit of 4,096: such a call is
+    # encoded when it is checked, where one that is too large is refused with its index
+    when = START + dt.timedelta(hours=1)
+    batch = memo.schedule_many([(when, ("c1", "s1", "x" * 1000))])
+    assert batch.count == 1 and len(scheduler.records()) == 1
+    with pytest.raises(EnvelopeTooLargeError, match="call 1 of the batch"):
+        memo.schedule_many([(when, ("c2", "s1", "x" * 1000)), (when, ("c2", "s2", "y" * 4000))])
+    with pytest.raises(NotSerializableError, match="call 1 of the batch"):
+        memo.schedule_many([(when, ("c2", "s1", "x")), (when, ("c2", "s2", "lone \udfff"))])
+    assert len(scheduler.records()) == 1  # nothing of the refused batches
 
 
 def _positional_only(a: str, b: int = 2, /, c: int = 3) -> None: ...
