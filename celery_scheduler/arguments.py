@@ -209,9 +209,9 @@ MAX_CHAR_BYTES = 6
 
 
 def plain_size(values: Sequence[Any]) -> int:
-    """At least the bytes of *values* written as a JSON list, if each is a JSON scalar that
-    ``orjson`` writes as it is (a string that UTF-8 can carry, a 64-bit integer, a finite
-    float, a bool, None); otherwise -1."""
+    """An upper bound of the bytes of *values* written as a JSON list, if each is a JSON
+    scalar that ``orjson`` writes as it is (a string that UTF-8 can carry, a 64-bit integer,
+    a finite float, a bool, None); otherwise -1."""
     size = 1 + len(values) if values else 2  # brackets and commas
     for value in values:
         kind = type(value)

@@ -207,11 +207,11 @@ def _too_large(key: Any, size: int, max_bytes: int) -> EnvelopeTooLargeError:
     )
 
 
-# A call's own fields with empty key parts, args and kwargs, and its two times (at most 20
-# digits each), as ScheduleEncoder writes them before the shared fields.
+# A call's own fields with empty key parts and args, no kwargs, and its two times (at most
+# 20 digits each), as ScheduleEncoder writes them before the shared fields.
 _OWN_FIELDS_MAX = len(orjson.dumps({"args": 0, "enqueued_at": 0,
                                     "key": {"at": 0, "ordering_id": "", "unique": ""},
-                                    "kwargs": 0})) - 1 - 4 + 2 * 20
+                                    "kwargs": {}})) - 1 - 3 + 2 * 20
 
 
 class ScheduleEncoder:
@@ -236,9 +236,10 @@ class ScheduleEncoder:
             self.room = -1
         else:
             self._shared = b"," + shared[1:]
-            # A call whose arguments take at most *room* bytes (plain_size's bound of their
-            # JSON, plus MAX_CHAR_BYTES per character of its key parts) is within max_bytes
-            # without being encoded: the rest of its envelope is this long at most.
+            # A call whose arguments take at most *room* bytes (plain_size's bound of its
+            # args, plain_kwargs_size's of its kwargs if it has any, plus MAX_CHAR_BYTES per
+            # character of its key parts) is within max_bytes without being encoded: the
+            # rest of its envelope is this long at most.
             fixed = len(self._shared) + _OWN_FIELDS_MAX
             self.room = sys.maxsize if max_bytes is None else max_bytes - fixed
 
