@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
 from celery_scheduler.envelope import ScheduleEnvelope, decode
-from celery_scheduler.errors import TaskLogUnavailableError
+from celery_scheduler.errors import NotSerializableError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import State
@@ -44,6 +45,12 @@ def test_each_call_lands_in_its_ordering_ids_partition_in_order_as_schedule_writ
     when = dt.datetime.now(UTC).replace(microsecond=0) + dt.timedelta(days=3)
     calls = [(when + dt.timedelta(seconds=i % 7), (f"o{i % 50}", i),
               {"duration": 0.0, "scheduled_for": float(i)}) for i in range(3000)]
+    # a batch whose last call is refused publishes none of its calls (read below: the topic
+    # then holds only the good batch's)
+    refused = [(at, (ordering_id, seq + 10_000), kwargs) for at, (ordering_id, seq), kwargs
+               in calls] + [(when, ("o1", 99_999), {"duration": math.inf})]
+    with pytest.raises(NotSerializableError, match="call 3000 of the batch"):
+        schedule.record.schedule_many(refused)
     batch = schedule.record.schedule_many(calls)
     assert batch.done() and batch.failed() == [] and batch.count == 3000
 
