@@ -37,7 +37,7 @@ from celery_scheduler.dispatcher.leases import LeaseUpkeep
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
-from celery_scheduler.dispatcher.pace import Watch, Window
+from celery_scheduler.dispatcher.pace import Switching, Watch, Window
 from celery_scheduler.dispatcher.settling import Settling
 from celery_scheduler.dispatcher.state import (
     Assigned,
@@ -80,7 +80,8 @@ class Engine(LeaseUpkeep, Settling):
                  sends_early: Callable[[Loaded], bool] | None = None,
                  prepare_many: PrepareMany | None = None,
                  publish_prepared: PublishPrepared | None = None,
-                 confirm: Callable[[float], None] | None = None) -> None:
+                 confirm: Callable[[float], None] | None = None,
+                 switch_interval: Callable[[float], None] | None = None) -> None:
         self.store = store
         self.publish = publish
         # the dispatcher sends a step's releases in one round trip where the broker allows
@@ -117,6 +118,8 @@ class Engine(LeaseUpkeep, Settling):
         self._ingest_stalled = False
         self._watch = Watch()
         self._window = Window(self.settings.max_in_flight)
+        # the interpreter's switch interval, given the setter (a dispatcher's own process)
+        self._switching = Switching(switch_interval)
         # Outcomes read from the outcomes topic: the offset read up to, per partition; the
         # outcomes whose effect could not be stored yet; and the offsets whose outcomes'
         # effects are all stored, which the reader may commit (replaced whole, never
@@ -367,10 +370,12 @@ class Engine(LeaseUpkeep, Settling):
             return
         next_take = self.timetable.next_take_ms(self._mark_lead_ms)
         if next_take is None or next_take > now:
+            self._switching.released(None)
             return
         taken = self.timetable.take_due(now, min(room, self.settings.release_batch), self._ahead_ms)
         if not taken:
             return
+        self._switching.released(now - min(task.due_ms for task in taken))
         # Every task taken is now in flight: whatever fails below, the ones not released,
         # put off or settled go back to their ordering id's queue, or it would stay blocked.
         open_ = {task.key: task for task in taken}

@@ -33,6 +33,7 @@ from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.outcomes import OutcomeReader
+from celery_scheduler.dispatcher.pace import ON_TIME_SWITCH_INTERVAL
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import (
@@ -68,10 +69,6 @@ KEPT_POLL_SECONDS = 0.05
 # task down by about a sixth against 0.2 s; a success due to unblock its ordering id's
 # next task is stored at once, whatever this says.
 FINISH_LINGER_SECONDS = 0.6
-# How long (seconds) a thread may hold the interpreter before another that waits takes it.
-# Python's default, 5 ms, let the ingest loop's decoding hold the release engine up to 5 ms
-# after a task fell due; a dispatcher releases on time first, and switches cost little.
-SWITCH_INTERVAL = 0.0005
 # The collector's thresholds (gc.set_threshold) while the dispatcher runs. With Python's
 # (700, 10, 10), draining a backlog of 60,000 tasks ran 3,300 young, 300 middle and 21 full
 # collections, 3 s of 11 s of CPU: a full collection walks every task loaded (60-200 ms
@@ -185,7 +182,8 @@ class Dispatcher:
                              metrics=self.metrics, publish_many=self._publish_many,
                              sends_early=_held_by_worker if s.release_eta else None,
                              prepare_many=self._prepare_many, publish_prepared=self._send_prepared,
-                             confirm=self.publisher.collect_confirms)
+                             confirm=self.publisher.collect_confirms,
+                             switch_interval=sys.setswitchinterval)
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
         self.delivery = KafkaDelivery(base, self.engine.outcomes)
@@ -353,7 +351,8 @@ class Dispatcher:
         logger.info("dispatcher %s joining group %s on %s (%d partitions)", self.owner,
                     self.group_id, s.kafka_topic, self._partitions)
         self._subscribe()
-        sys.setswitchinterval(SWITCH_INTERVAL)  # the process is the dispatcher's alone
+        # the process is the dispatcher's alone; the engine lengthens it while behind (pace.py)
+        sys.setswitchinterval(ON_TIME_SWITCH_INTERVAL)
         # What is alive now (modules, the app, the clients) lives as long as the process:
         # frozen, the collector no longer walks it. A full collection of it held every
         # thread for 50-85 ms, the sender's too, while tasks fell due.

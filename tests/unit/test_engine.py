@@ -36,14 +36,16 @@ def store() -> MemoryScheduleStore:
 
 
 class Harness:
-    def __init__(self, store: MemoryScheduleStore, clock: Clock, **settings: object) -> None:
+    def __init__(self, store: MemoryScheduleStore, clock: Clock,
+                 switch_interval: Callable[[float], None] | None = None, **settings: object) -> None:
         self.store = store
         self.clock = clock
         self.released: list[tuple[TaskKey, int]] = []
         self.registry = CollectorRegistry()
         self.engine = Engine(store, self.publish, "owner-1",
                              EngineSettings(**{"tick_seconds": 0, "outcome_poll_seconds": 1.0, **settings}),
-                             clock=clock, metrics=PrometheusMetrics(self.registry))
+                             clock=clock, metrics=PrometheusMetrics(self.registry),
+                             switch_interval=switch_interval)
         self.engine.assign([0])
 
     def sample(self, name: str, **labels: str) -> float | None:
@@ -89,6 +91,21 @@ def test_release_lateness_is_the_release_time_minus_the_due_time(store: MemorySc
     h.step(350)  # released 250 ms after it fell due
     assert h.sample("celery_scheduler_release_lateness_seconds_count") == 1
     assert h.sample("celery_scheduler_release_lateness_seconds_sum") == pytest.approx(0.25)
+
+
+def test_the_switch_interval_is_long_while_releases_are_late_and_short_once_on_time(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    intervals: list[float] = []
+    h = Harness(store, clock, switch_interval=intervals.append)
+    h.schedule("a", 100)
+    h.step(100 + 5000)  # released five seconds after it fell due: a backlog
+    assert intervals == [pace_module.BEHIND_SWITCH_INTERVAL]
+    h.schedule("b", 5100 + 500)
+    h.step(200)  # nothing due: on time again
+    assert intervals == [pace_module.BEHIND_SWITCH_INTERVAL, pace_module.ON_TIME_SWITCH_INTERVAL]
+    h.step(300 + 20)  # released 20 ms late: still on time
+    assert h.released[-1][0].ordering_id == "b"
+    assert intervals == [pace_module.BEHIND_SWITCH_INTERVAL, pace_module.ON_TIME_SWITCH_INTERVAL]
 
 
 def test_a_finished_task_records_its_first_release_and_the_run_the_worker_reported(
