@@ -121,7 +121,8 @@ class Switching:
         if behind == self.behind:
             return
         self.behind = behind
+        interval = BEHIND_SWITCH_INTERVAL if behind else ON_TIME_SWITCH_INTERVAL
         if self._set is not None:
-            self._set(BEHIND_SWITCH_INTERVAL if behind else ON_TIME_SWITCH_INTERVAL)
+            self._set(interval)
         logger.debug("releases %s: switch interval %.1f ms", "late" if behind else "on time",
-                     1000 * (BEHIND_SWITCH_INTERVAL if behind else ON_TIME_SWITCH_INTERVAL))
+                     1000 * interval)
