@@ -332,6 +332,17 @@ class ScheduleStore(abc.ABC):
         for task in tasks:
             self.finish(task, state, None, now_ms, run=(runs or {}).get(task.key))
 
+    def mark_released_and_succeeded(self, releases: Sequence[tuple[StoredTask, int, int]],
+                                    succeeded: Sequence[StoredTask], now_ms: int,
+                                    runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
+        """:meth:`mark_released_many` of *releases* and :meth:`finish_many` of *succeeded*
+        (as succeeded), concurrently where the store can: one wait for both. If it raises,
+        any of them may or may not be written."""
+        if releases:
+            self.mark_released_many(releases, now_ms)
+        if succeeded:
+            self.finish_many(succeeded, State.SUCCEEDED, now_ms, runs)
+
     @abc.abstractmethod
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
                        error: str | None, now_ms: int, run: RunTimes | None = None) -> None:

@@ -369,10 +369,20 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                         released_statements(self.layout, task, attempt, lease_until_ms, now_ms))
 
     def mark_released_many(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int) -> None:
-        self._cql.batches(f"mark {len(releases)} task(s) released",
-                          [(task.partition, released_statements(self.layout, task, attempt,
-                                                                lease_until_ms, now_ms))
-                           for task, attempt, lease_until_ms in releases])
+        self._cql.batches(f"mark {len(releases)} task(s) released", self._released(releases, now_ms))
+
+    def _released(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int
+                  ) -> list[tuple[int, Statements]]:
+        return [(task.partition, released_statements(self.layout, task, attempt, lease_until_ms, now_ms))
+                for task, attempt, lease_until_ms in releases]
+
+    def mark_released_and_succeeded(self, releases: Sequence[tuple[StoredTask, int, int]],
+                                    succeeded: Sequence[StoredTask], now_ms: int,
+                                    runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
+        # One batches() call: the writes of both share requests, and are waited for together.
+        self._cql.batches(f"mark {len(releases)} task(s) released and {len(succeeded)} succeeded",
+                          self._released(releases, now_ms)
+                          + self._finished(succeeded, State.SUCCEEDED, now_ms, runs))
 
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
@@ -396,15 +406,18 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
 
     def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int,
                     runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
+        self._cql.batches(f"mark {len(tasks)} task(s) {state.value}",
+                          self._finished(tasks, state, now_ms, runs))
+
+    def _finished(self, tasks: Sequence[StoredTask], state: State, now_ms: int,
+                  runs: Mapping[TaskKey, RunTimes] | None) -> list[tuple[int, Statements]]:
+        """The writes that finish *tasks*; reads the statuses of those that may hold an error."""
         reading = [task.key for task in tasks if self._may_have_error(task)]
         current = dict(zip(reading, self.statuses(reading), strict=True)) if reading else {}
         runs = runs or {}
-        self._cql.batches(f"mark {len(tasks)} task(s) {state.value}",
-                          [(task.partition,
-                            finished_statements(self.layout, task, state, None,
-                                                current.get(task.key), now_ms, False,
-                                                runs.get(task.key), self.status_ttl))
-                           for task in tasks])
+        return [(task.partition, finished_statements(self.layout, task, state, None, current.get(task.key),
+                                                     now_ms, False, runs.get(task.key), self.status_ttl))
+                for task in tasks]
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
                        error: str | None, now_ms: int, run: RunTimes | None = None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -146,6 +147,31 @@ def test_an_outcome_recorded_for_later_keeps_its_run_times(store: ScheduleStore)
     status = store.status(stored.key)
     assert status is not None and (status.outcome, status.started_ms, status.finished_ms) == (
         "succeeded", NOW + 2, NOW + 3)
+
+
+def test_releases_and_successes_written_together_are_as_written_apart(store: ScheduleStore) -> None:
+    going = store.put(0, envelope("a", NOW), NOW)
+    done = store.put(1, envelope("b", NOW), NOW)
+    retried = store.put(1, envelope("c", NOW), NOW)
+    assert going is not None and done is not None and retried is not None
+    store.mark_released(done, 1, NOW + 60_000, NOW)
+    store.mark_retry(retried, 1, NOW + 5, "boom", NOW + 1)  # its error stays on its status
+    retried = replace(retried, attempts=1, not_before_ms=NOW + 5)
+    store.mark_released(retried, 2, NOW + 60_000, NOW + 6)
+    store.mark_released_and_succeeded(
+        [(going, 1, NOW + 70_000)], [done, retried], NOW + 9,
+        {done.key: RunTimes(NOW + 1, NOW + 2, NOW + 3)})
+    released = store.status(going.key)
+    assert released is not None and (released.state, released.attempts) == (State.RELEASED, 1)
+    row = store.task(going.key)
+    assert row is not None and (row.attempts, row.lease_until_ms) == (1, NOW + 70_000)
+    status = store.status(done.key)
+    assert status is not None and status.state is State.SUCCEEDED
+    assert (status.released_ms, status.started_ms, status.finished_ms) == (NOW + 1, NOW + 2, NOW + 3)
+    status = store.status(retried.key)
+    assert status is not None and (status.state, status.last_error) == (State.SUCCEEDED, "boom")
+    assert store.task(done.key) is None and store.task(retried.key) is None  # rows gone
+    store.mark_released_and_succeeded([], [], NOW + 10)  # nothing to write: no request
 
 
 def test_finished_keys_are_never_stored_again(store: ScheduleStore) -> None:
