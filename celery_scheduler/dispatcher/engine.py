@@ -407,15 +407,21 @@ class Engine(LeaseUpkeep, Settling):
         ready = [task for task in ready if task.key in free]
         due = {task.key: task.due_ms for task in ready}
         lease_ms = int(self.settings.lease_seconds * 1000)
+        # Successes due to be recorded share the round trip: one wait for both. Their
+        # ordering ids stay held until then, so none of them has a task among these.
+        finishing = self._succeeded_due()
         try:
-            if ready:
+            if ready or finishing:
                 # Mark them all released (one round trip for the lot), and only then publish:
                 # a task another dispatcher could see as not released must not be running.
                 # One marked ahead is sent at its due time: its lease counts from then.
-                self.store.mark_released_many([(t.stored, t.attempts + 1, max(now, due[t.key]) + lease_ms)
-                                               for t in ready], now)
+                self.store.mark_released_and_succeeded(
+                    [(t.stored, t.attempts + 1, max(now, due[t.key]) + lease_ms) for t in ready],
+                    [t.stored for t in finishing], now, {t.key: t.run for t in finishing})
         finally:
             self.claims.marked(free)
+        if finishing:
+            self._succeeded_stored(finishing)
         if ready:
             self._send_marked(ready, open_, due, now)
 

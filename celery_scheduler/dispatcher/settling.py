@@ -252,7 +252,19 @@ class Settling:
         tasks = list(self._succeeded.values())
         self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock(),
                                {task.key: task.run for task in tasks})
-        self._succeeded.clear()
+        self._succeeded_stored(tasks)
+
+    def _succeeded_due(self) -> list[Loaded]:
+        """The successes ``_store_succeeded(lingering=True)`` would record now, for a release's
+        write to carry (then :meth:`_succeeded_stored` once written)."""
+        if not self._succeeded or self.clock() < self._store_succeeded_by_ms:
+            return []
+        return list(self._succeeded.values())
+
+    def _succeeded_stored(self, tasks: list[Loaded]) -> None:
+        """*tasks*, successes, are recorded in the store: forget them, free their ordering ids."""
+        for task in tasks:
+            del self._succeeded[task.key]
         for task in tasks:
             if self.timetable.get(task.key) is task:  # not dropped by a revocation meanwhile
                 self.timetable.remove(task.key)

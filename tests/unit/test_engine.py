@@ -478,6 +478,12 @@ class _RecordingStore(MemoryScheduleStore):
         self.calls.append("finish_many")
         return super().finish_many(*args, **kwargs)  # type: ignore[arg-type]
 
+    def mark_released_and_succeeded(self, releases, succeeded, now_ms, runs=None):  # type: ignore[no-untyped-def]
+        self.calls.append(f"released {','.join(t.key.ordering_id for t, _, _ in releases)}"
+                          f" succeeded {','.join(t.key.ordering_id for t in succeeded)}")
+        MemoryScheduleStore.mark_released_many(self, releases, now_ms)
+        MemoryScheduleStore.finish_many(self, succeeded, State.SUCCEEDED, now_ms, runs)
+
 
 def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_schedule(
         clock: Clock) -> None:
@@ -493,7 +499,7 @@ def test_a_due_task_is_released_before_the_step_renews_leases_and_reads_the_sche
     partition.loader.dirty = True  # ... and the schedule wants reading
     calls.clear()
     h.step(150)
-    assert calls[0] == "publish", calls
+    assert calls[:2] == ["released a succeeded ", "publish"], calls  # its marking, then itself
     assert "renew_leases" in calls and "read" in calls
 
 
@@ -553,7 +559,7 @@ def test_renewals_failing_through_an_outage_are_said_once_and_their_end_too(
     assert h.engine.partitions[0].lease is not None
 
 
-def test_a_due_task_is_released_before_the_successes_of_the_step_are_recorded(
+def test_a_due_task_and_the_successes_of_the_step_are_written_in_one_round_trip(
         clock: Clock) -> None:
     calls: list[str] = []
     store = _RecordingStore(calls)
@@ -565,8 +571,10 @@ def test_a_due_task_is_released_before_the_successes_of_the_step_are_recorded(
     h.report(done, 1, True)
     calls.clear()
     h.step(150)
-    # "b" does not wait for the success of "a" to be written; "a"'s next task waits for it
-    assert [c for c in calls if c != "read"] == ["publish b", "finish_many", "publish a"], calls
+    # "b" waits for no other write than its own, which carries the success of "a"; "a"'s
+    # next task waits for that success, and goes once it is written
+    assert [c for c in calls if c != "read"] == [
+        "released b succeeded a", "publish b", "released a succeeded ", "publish a"], calls
     assert store.status(done).state is State.SUCCEEDED
     assert h.engine.timetable.is_in_flight(after)
 
