@@ -245,11 +245,9 @@ class Settling:
         the next task of one's ordering id is about to be marked, whichever comes first. If
         the store fails they stay in flight, and are tried again at the next call.
         """
-        if not self._succeeded:
+        tasks = self._succeeded_due() if lingering else list(self._succeeded.values())
+        if not tasks:
             return
-        if lingering and self.clock() < self._store_succeeded_by_ms:
-            return
-        tasks = list(self._succeeded.values())
         self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock(),
                                {task.key: task.run for task in tasks})
         self._succeeded_stored(tasks)
