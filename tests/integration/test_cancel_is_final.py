@@ -148,7 +148,7 @@ def test_a_cancel_written_as_the_engine_takes_its_task_due_stops_it(store: Sched
 def test_a_cancel_read_while_its_task_is_marked_released_comes_too_late(
         store: ScheduleStore, monkeypatch: pytest.MonkeyPatch) -> None:
     dispatcher = Dispatcher(store)
-    mark = store.mark_released_many
+    mark = store.mark_released_and_succeeded  # the engine marks its releases through this
     cancels: list[threading.Thread] = []
     waited: list[bool] = []
 
@@ -159,7 +159,7 @@ def test_a_cancel_read_while_its_task_is_marked_released_comes_too_late(
         waited.append(cancels[0].is_alive())  # the cancel waits for the marking ...
         mark(*args)
 
-    monkeypatch.setattr(store, "mark_released_many", mark_while_cancelling)
+    monkeypatch.setattr(store, "mark_released_and_succeeded", mark_while_cancelling)
     dispatcher.due_step()
     monkeypatch.undo()
     cancels[0].join(10)
