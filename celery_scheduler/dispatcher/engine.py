@@ -365,7 +365,10 @@ class Engine(LeaseUpkeep, Settling):
 
     def _release_due(self) -> None:
         now = self.clock()
-        room = self._window.size() - self.timetable.in_flight_count()
+        # Successes due to be recorded go in the releases' write (see _release_taken) and
+        # leave the window with it: counted as in flight here, a full window would write
+        # them alone first and release in a second request.
+        room = self._window.size() - self.timetable.in_flight_count() + self._succeeded_due_count()
         if room <= 0:
             return
         next_take = self.timetable.next_take_ms(self._mark_lead_ms)

@@ -259,6 +259,10 @@ class Settling:
             return []
         return list(self._succeeded.values())
 
+    def _succeeded_due_count(self) -> int:
+        """How many successes :meth:`_succeeded_due` would give now."""
+        return len(self._succeeded) if self.clock() >= self._store_succeeded_by_ms else 0
+
     def _succeeded_stored(self, tasks: list[Loaded]) -> None:
         """*tasks*, successes, are recorded in the store: forget them, free their ordering ids."""
         for task in tasks:

@@ -579,6 +579,26 @@ def test_a_due_task_and_the_successes_of_the_step_are_written_in_one_round_trip(
     assert h.engine.timetable.is_in_flight(after)
 
 
+def test_in_a_full_window_the_successes_make_room_for_the_releases_that_carry_them(
+        clock: Clock) -> None:
+    """A backlog keeps the window full: the tasks that succeeded are still counted in flight
+    until stored, yet the releases they make room for share their write."""
+    calls: list[str] = []
+    store = _RecordingStore(calls)
+    h = Harness(store, clock, max_in_flight=2)
+    keys = [h.schedule(f"id-{n}", n) for n in range(4)]
+    h.step(10)
+    assert [k for k, _ in h.released] == keys[:2]
+    h.report(keys[0], 1, True)
+    h.report(keys[1], 1, True)
+    calls.clear()
+    h.step()
+    assert [c for c in calls if c != "read"] == ["released id-2,id-3 succeeded id-0,id-1"], calls
+    assert [k for k, _ in h.released] == keys
+    assert h.engine.timetable.in_flight_count() == 2  # still the window, no more
+    assert store.status(keys[0]).state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
 def test_successes_linger_to_share_a_request_but_not_past_the_next_task_of_their_ordering_id(
         clock: Clock) -> None:
     calls: list[str] = []

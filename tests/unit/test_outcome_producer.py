@@ -171,7 +171,7 @@ def test_an_outcome_that_fails_its_second_send_is_not_sent_a_third_time(made: Ma
 
 def test_outcomes_gather_into_requests_unless_the_options_say_otherwise(made: Made) -> None:
     default = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
-    assert default._config["linger.ms"] == worker.OUTCOME_LINGER_MS == 20
+    assert default._config["linger.ms"] == worker.OUTCOME_LINGER_MS == 50
     told = worker.OutcomeProducer(Settings(kafka_topic="t", kafka_options={"linger.ms": 2}),
                                   clock=Clock())
     assert told._config["linger.ms"] == 2
