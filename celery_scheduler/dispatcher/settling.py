@@ -255,9 +255,7 @@ class Settling:
     def _succeeded_due(self) -> list[Loaded]:
         """The successes ``_store_succeeded(lingering=True)`` would record now, for a release's
         write to carry (then :meth:`_succeeded_stored` once written)."""
-        if not self._succeeded or self.clock() < self._store_succeeded_by_ms:
-            return []
-        return list(self._succeeded.values())
+        return list(self._succeeded.values()) if self._succeeded_due_count() else []
 
     def _succeeded_due_count(self) -> int:
         """How many successes :meth:`_succeeded_due` would give now."""
