@@ -195,10 +195,9 @@ def _six(ctx: Context, runs: int, ratio_runs: int, window: int) -> Section:
     six = Section("6", "Backlog of overdue tasks after a restart")
     backlog_tasks, fill_seconds = ctx.pick(3_000, 100_000), ctx.pick(3, 60)
     ids = backlog_tasks // 10
-    # The ratio to Celery alone is this scenario's target, and this machine's speed drifts
-    # within minutes (its Celery-alone drain read 1,737 and 2,311 tasks/s hours apart):
-    # each of our drains is paired with a Celery-alone drain run right after it, the pairs
-    # repeated, and the ratio is the median of the pairs' ratios.
+    # The ratio to Celery alone is this scenario's target, and the machine's speed drifts
+    # within minutes: each of our drains is paired with a Celery-alone drain run right
+    # after it, the pairs repeated, and the ratio is the median of the pairs' ratios.
     pairs = [(drain(ctx, backlog_tasks, ids, window, fill_seconds),
               celery_drain(ctx, backlog_tasks, ids, window)) for _ in range(ratio_runs)]
     drains, floor = [ours for ours, _ in pairs], [alone for _, alone in pairs]
