@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar, overload
 
+from celery import signals
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import loads as _kombu_loads
 
@@ -26,6 +27,7 @@ from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.redis_clients import reuse_clients
 from celery_scheduler.release_redis import Document, RedisPush
+from celery_scheduler.release_template import Templates, static_routes
 from celery_scheduler.wire import HEADER, Release
 
 __all__ = ["Prepared", "Publisher", "publish", "publish_each", "send_release", "task_message"]
@@ -118,16 +120,24 @@ def _route(name: str, options: dict[str, Any]) -> tuple[Any, ...]:
 def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
             now: dt.datetime | None = None, producer: Any = None,
             declared: set[tuple[Any, ...]] | None = None, push: RedisPush | None = None,
-            context: SendContext | None = None) -> None:
+            context: SendContext | None = None, templates: Templates | None = None) -> None:
     """Send *envelope*'s task to Celery for *release* (through *producer*, if given).
 
     With *declared* (the routes this producer's connection has declared already), a route
     is declared by its first message only: Celery would declare the queue again for every
     message, a fifth of the CPU of a release. With *push* (a Redis broker), a message it
-    takes waits there for the step's pipeline instead of going through kombu. *context*
-    (read once for many messages) saves reading the app's state again for each.
+    takes waits there for the step's pipeline instead of going through kombu, built from
+    one of *templates* where it can be. *context* (read once for many messages) saves
+    reading the app's state again for each.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
+    if producer is not None and push is not None and templates is not None:
+        context = context or SendContext.of(app)
+        if not context.in_task:
+            document = _templated(templates, envelope, release, now)
+            if document is not None:
+                push.add_prepared(document)
+                return
     args, kwargs, sent = _release_options(envelope, release, lease_seconds, now)
     if args is not envelope.args or kwargs is not envelope.kwargs:
         push = None  # objects kombu's JSON tags (datetimes, ...): its encoder writes them
@@ -142,8 +152,36 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
         app.send_task(envelope.task, args=args, kwargs=kwargs, task_id=envelope.task_id,
                       retries=CELERY_RETRIES_EXHAUSTED, producer=producer, **sent)
         return
-    send_release(app, producer, envelope.task, envelope.task_id, args, kwargs, sent, push,
-                 sent_event=context.sent_event)
+    if push is None:
+        send_release(app, producer, envelope.task, envelope.task_id, args, kwargs, sent,
+                     sent_event=context.sent_event)
+        return
+    message, options = task_message(app, envelope.task, envelope.task_id, args, kwargs, sent, now,
+                                    context.sent_event)
+    document = push.prepare(envelope.task, message, options)
+    if document is None:
+        with producer.connection._reraise_as_library_errors():
+            app.amqp.send_task_message(producer, envelope.task, message, **options)
+        return
+    if templates is not None:
+        templates.learn(envelope.task, envelope.options, document)
+    push.add_prepared(document)
+
+
+def _templated(templates: Templates, envelope: ScheduleEnvelope, release: Release,
+               at: dt.datetime) -> Document | None:
+    """*release*'s document sent at *at*, from the template of its task and options; None
+    if it has none yet, or cannot have one."""
+    if release.not_before_ms > at.timestamp() * 1000 or signals.task_sent.receivers:
+        return None  # sent ahead of its due time (its eta is its own), or a deprecated signal
+    template = templates.get(envelope.task, envelope.options)
+    if template is None:
+        return None
+    args, kwargs = _arguments(envelope)
+    if args is not envelope.args or kwargs is not envelope.kwargs:
+        return None  # objects kombu's JSON tags: its encoder writes them
+    return template.document(envelope.task_id, args, kwargs, _shown(args), _shown(kwargs),
+                             release.header())
 
 
 def send_release(app: Any, producer: Any, name: str, task_id: str, args: list[Any],
@@ -188,7 +226,10 @@ def task_message(app: Any, name: str, task_id: str, args: list[Any], kwargs: dic
     shadow = options.pop("shadow", None)
     options = amqp.router.route(options, name, args, kwargs, task_type)
     if expires is not None:
-        left = (expires - (now or dt.datetime.now(dt.timezone.utc))).total_seconds()
+        now = now or dt.datetime.now(dt.timezone.utc)
+        if not isinstance(expires, dt.datetime):  # the task's own expires=, in seconds
+            expires = (eta or now) + dt.timedelta(seconds=float(expires))
+        left = (expires - now).total_seconds()
         options["expiration"] = max(0.0, left)
     message = amqp.create_task_message(
         task_id, name, args, kwargs, None, eta, None, None, expires,
@@ -275,6 +316,9 @@ class Publisher:
         self._confirms: Confirms | None = None  # set while the producer is our RabbitMQ one
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
         self._push: RedisPush | None = None  # set while the producer is on Redis
+        # documents of releases pushed on the producer's connection, to build the next ones
+        # from (None: the app has router functions, which may route on the arguments)
+        self._templates: Templates | None = None
         self._batches: bool | None = None  # whether the producer takes publish batches, once known
         # Bumped whenever the producer is let go: a message prepared for an earlier one is
         # built again (its queue may have to be declared again on the new connection).
@@ -309,9 +353,13 @@ class Publisher:
         if push is None or context.in_task:
             return [None] * len(items)
         prepared: list[Prepared | None] = []
+        templates = self._templates
         for envelope, release in items:
             at = dt.datetime.fromtimestamp(max(now_ms(), release.not_before_ms) / 1000,
                                            dt.timezone.utc)
+            if templates is not None and (made := _templated(templates, envelope, release, at)):
+                prepared.append(Prepared(self._generation, made))
+                continue
             args, kwargs, sent = _release_options(envelope, release, self.lease_seconds, at)
             if (args is not envelope.args or kwargs is not envelope.kwargs
                     or _route(envelope.task, sent) not in self._declared):
@@ -321,6 +369,8 @@ class Publisher:
             message, options = task_message(self.app, envelope.task, envelope.task_id, args, kwargs,
                                             sent, at, context.sent_event)
             document = push.prepare(envelope.task, message, options)
+            if document is not None and templates is not None:
+                templates.learn(envelope.task, envelope.options, document)
             prepared.append(None if document is None else Prepared(self._generation, document))
         return prepared
 
@@ -380,7 +430,8 @@ class Publisher:
                             push.add_prepared(document.document)
                         else:
                             publish(self.app, envelope, release, self.lease_seconds, producer=producer,
-                                    declared=self._declared, push=push, context=context)
+                                    declared=self._declared, push=push, context=context,
+                                    templates=self._templates)
             if push is not None:
                 push.push()  # what kombu did not send, in one pipeline
         except Exception as exc:
@@ -470,6 +521,7 @@ class Publisher:
         if self._push is not None:
             self._push.close()
         self._push = None
+        self._templates = None
         self._batches = None
         producer, self._producer = self._producer, None
         confirms, self._confirms = self._confirms, None
@@ -503,4 +555,6 @@ class Publisher:
             reuse_clients(self._producer.channel)
             if self._redis_push:
                 self._push = RedisPush.for_channel(self.app, self._producer.channel)
+                if self._push is not None and static_routes(self.app):
+                    self._templates = Templates()
         return self._producer

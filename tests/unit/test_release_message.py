@@ -40,6 +40,11 @@ def routed(customer: str, kind: str = "") -> None:
     pass
 
 
+@app.task(name="proj.expiring", expires=600)
+def expiring(customer: str, kind: str = "") -> None:
+    pass
+
+
 @pytest.fixture
 def published() -> Iterator[list[dict[str, Any]]]:
     seen: list[dict[str, Any]] = []
@@ -136,3 +141,13 @@ def test_a_release_sent_ahead_of_its_due_time_carries_it_as_celerys_eta(
     published.clear()
     _, now = both_ways(published, "proj.unregistered", {}, late)
     assert now["headers"]["eta"] is None
+
+
+def test_a_tasks_own_expiry_in_seconds_counts_from_the_send_as_celerys_does(
+        published: list[dict[str, Any]]) -> None:
+    celery, ours = both_ways(published, "proj.expiring", {})
+    ours_at, celery_at = (dt.datetime.fromisoformat(sent["headers"]["expires"]) for sent in (ours, celery))
+    assert abs((ours_at - celery_at).total_seconds()) < 5
+    assert abs((ours_at - dt.datetime.now(dt.timezone.utc)).total_seconds() - 600) < 5
+    assert ours["properties"]["expiration"] == pytest.approx(
+        celery["properties"]["expiration"], abs=5)
