@@ -35,7 +35,7 @@ from celery import signals
 from kombu.entity import maybe_delivery_mode
 from kombu.utils import json as kombu_json
 
-__all__ = ["Document", "RedisPush"]
+__all__ = ["Document", "RedisPush", "encoded_body"]
 
 # Options Celery's send_task_message takes itself; the rest are message properties.
 _CELERY_NAMED = frozenset(("exchange", "routing_key", "queue", "event_dispatcher", "retry",
@@ -109,6 +109,11 @@ def _json(value: Any) -> bytes:
         return orjson.dumps(value, default=_refuse, option=_ORJSON)
     except TypeError:
         return _kombu_json(value)
+
+
+def encoded_body(body: Any) -> str:
+    """A message body as kombu's Redis transport stores it: JSON, then base64."""
+    return base64.b64encode(_json(body)).decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -193,8 +198,8 @@ class RedisPush:
         properties.update((key, value) for key, value in options.items() if key not in _CELERY_NAMED)
         delivery_mode = maybe_delivery_mode(  # type: ignore[no-untyped-call]
             options.get("delivery_mode") or queue.exchange.delivery_mode or self._default_delivery_mode)
-        return Document(name, headers, properties, body, base64.b64encode(_json(body)).decode("ascii"),
-                        queue.name, options, delivery_mode)
+        return Document(name, headers, properties, body, encoded_body(body), queue.name, options,
+                        delivery_mode)
 
     def add_prepared(self, document: Document) -> None:
         """Queue *document* (from :meth:`prepare` on this channel) for the next :meth:`push`."""
@@ -247,12 +252,14 @@ class RedisPush:
         # The commands go on a connection of the channel's pool, kept between pushes, as a
         # pipeline sends them (written together, then each reply read), without the
         # pipeline's and the pool's layers: they took as much CPU as building the message,
-        # at light load where each push carries one.
+        # at light load where each push carries one. The documents bound for one list in a
+        # row go in one LPUSH, which pushes its values in the order given, as one LPUSH
+        # each would: in a backlog, one command and one reply for a whole step.
         connection = self._connection()
         try:
-            connection.send_packed_command(
-                connection.pack_commands([("LPUSH", key, document) for key, document in pending]))
-            for _ in pending:
+            commands = _lpushes(pending)
+            connection.send_packed_command(connection.pack_commands(commands))
+            for _ in commands:
                 connection.read_response()
         except BaseException:
             self.close()  # replies may be left unread on it
@@ -287,3 +294,14 @@ class RedisPush:
             connection.disconnect()
             connection.connect()
         return connection
+
+
+def _lpushes(pending: list[tuple[str, bytes]]) -> list[list[Any]]:
+    """One LPUSH for each run of *pending* documents bound for the same list, in order."""
+    commands: list[list[Any]] = []
+    for key, document in pending:
+        if commands and commands[-1][1] == key:
+            commands[-1].append(document)
+        else:
+            commands.append(["LPUSH", key, document])
+    return commands

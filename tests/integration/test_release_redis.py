@@ -3,7 +3,9 @@
 The publisher pushes a release's document itself (``release_redis.RedisPush``) once its
 route is declared; each test publishes the same releases with that push turned off, through
 kombu's producer, and compares what reached Redis, field by field (all but the delivery tag,
-a fresh UUID per message). A real Celery worker then runs pushed releases.
+a fresh UUID per message). A real Celery worker then runs pushed releases. Past the route's
+first two releases, the documents are built from a template (``release_template``): the
+cases publish five.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from celery import Celery, signals
 from celery.app import amqp as celery_amqp
 from celery.contrib.testing.worker import start_worker
 
-from celery_scheduler import release_redis
+from celery_scheduler import release, release_redis
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.release import Publisher
@@ -64,6 +66,9 @@ CASES: dict[str, dict[str, Any]] = {
     "time limits": {"options": {"time_limit": 60, "soft_time_limit": 20}},
     "sent ahead (eta)": {"ahead_ms": 60_000},
     "unicode": {"args": ["é ✓ \u2028", {"nested": ["ü"]}]},
+    "routed by name": {"conf": {"task_routes": {"pushed.*": {"queue": "routed", "priority": 3}}}},
+    "router function": {"conf": {"task_routes": [lambda name, args, kwargs, options, task=None, **kw:
+                                                  {"queue": f"q{args[0] % 2}"}]}},
 }
 
 
@@ -122,8 +127,9 @@ def test_a_pushed_release_is_the_document_kombu_pushes(private_redis: PrivateRed
     spec = CASES[case]
     # the first release of a route declares its queue through kombu; the rest are pushed
     items = [_release(n, args=spec.get("args"), options=spec.get("options"),
-                      ahead_ms=spec.get("ahead_ms", 0)) for n in range(3)]
-    app = _app(private_redis.url)  # one app: its reply_to (a per-app id) is in every message
+                      ahead_ms=spec.get("ahead_ms", 0)) for n in range(5)]
+    # one app: its reply_to (a per-app id) is in every message
+    app = _app(private_redis.url, **spec.get("conf", {}))
     pushed = _publish_all(app, private_redis.url, items, push=True)
     through_kombu = _publish_all(app, private_redis.url, items, push=False)
     _assert_same_documents(pushed, through_kombu, len(items))
@@ -134,8 +140,9 @@ def _assert_same_documents(ours: dict[str, list[dict[str, Any]]], theirs: dict[s
     """Each queue's documents the same but for the delivery tag, and for the times taken when
     each was built (eta, expires), which are the same within a second."""
     assert ours.keys() == theirs.keys() and ours
+    assert sum(len(documents) for documents in ours.values()) == count
     for name in ours:
-        assert len(ours[name]) == count
+        assert len(ours[name]) == len(theirs[name])
         for one, other in zip(ours[name], theirs[name], strict=True):
             one, other = _comparable(one), _comparable(other)
             for field in ("eta", "expires"):
@@ -266,13 +273,14 @@ def _built_ahead(app: Celery, url: str, items: list[tuple[ScheduleEnvelope, Rele
     return _queued(url)
 
 
-# A release sent ahead with Celery's eta goes when it is marked: it is never built ahead.
-@pytest.mark.parametrize("case", sorted(set(CASES) - {"sent ahead (eta)"}))
+# A release sent ahead with Celery's eta goes when it is marked: it is never built ahead. The
+# router function sends to two queues, whose first messages each go through kombu.
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"sent ahead (eta)", "router function"}))
 def test_a_release_built_ahead_is_the_document_built_when_sent(private_redis: PrivateRedis,
                                                                 case: str) -> None:
     spec = CASES[case]
-    items = [_release(n, args=spec.get("args"), options=spec.get("options")) for n in range(3)]
-    app = _app(private_redis.url)
+    items = [_release(n, args=spec.get("args"), options=spec.get("options")) for n in range(5)]
+    app = _app(private_redis.url, **spec.get("conf", {}))
     ahead = _built_ahead(app, private_redis.url, items)
     when_sent = _publish_all(app, private_redis.url, items, push=True)
     _assert_same_documents(ahead, when_sent, len(items))
@@ -330,3 +338,62 @@ def test_pushes_go_on_after_redis_closed_their_connection(private_redis: Private
         publisher.close()
     assert [d["headers"]["id"] for d in _queued(private_redis.url)[QUEUE]] == [
         r.key.task_id for _, r in items]
+
+
+@pytest.fixture
+def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The task names whose message was built the full way (Celery's options and router)."""
+    built: list[str] = []
+    real = release.task_message
+
+    def counting(app: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        built.append(name)
+        return real(app, name, *args, **kwargs)
+
+    monkeypatch.setattr(release, "task_message", counting)
+    return built
+
+
+@pytest.mark.parametrize(("case", "full"), [
+    ("plain", 2), ("priority", 2), ("routed by name", 2), ("time limits", 2),
+    # merged per message, taken when sent, or routed by a function: each built the full way
+    ("own headers", 8), ("expires", 8), ("sent ahead (eta)", 8), ("router function", 8),
+])
+def test_releases_past_the_first_two_are_built_from_a_template(
+        private_redis: PrivateRedis, counted_builds: list[str], case: str, full: int) -> None:
+    spec = CASES[case]
+    items = [_release(n, args=spec.get("args"), options=spec.get("options"),
+                      ahead_ms=spec.get("ahead_ms", 0)) for n in range(8)]
+    _publish_all(_app(private_redis.url, **spec.get("conf", {})), private_redis.url, items, push=True)
+    assert len(counted_builds) == full
+
+
+def test_a_receiver_changing_a_templated_message_changes_that_message_only(
+        private_redis: PrivateRedis) -> None:
+    def stamp(headers: dict[str, Any], **kwargs: Any) -> None:
+        headers["stamps"]["seen"] = headers["stamps"].get("seen", 0) + 1
+        headers["timelimit"][1] = (headers["timelimit"][1] or 0) + 1
+
+    signals.before_task_publish.connect(stamp)
+    try:
+        queued = _publish_all(_app(private_redis.url), private_redis.url,
+                              [_release(n) for n in range(5)], push=True)
+    finally:
+        signals.before_task_publish.disconnect(stamp)
+    assert [d["headers"]["stamps"] for d in queued[QUEUE]] == [{"seen": 1}] * 5
+    assert [d["headers"]["timelimit"] for d in queued[QUEUE]] == [[295.0, 1]] * 5
+
+
+def test_one_step_for_two_queues_keeps_each_queues_order(private_redis: PrivateRedis) -> None:
+    items = [_release(n, options={"queue": "elsewhere"} if n in (2, 3, 5) else None) for n in range(8)]
+    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    try:
+        assert publisher.publish_many([items[0], items[2]]) == [None] * 2  # declares both queues
+        assert publisher.publish_many(items[1:2] + items[3:]) == [None] * 6  # pushed, in runs
+    finally:
+        publisher.close()
+    queued = _queued(private_redis.url)
+    assert [d["headers"]["id"] for d in queued[QUEUE]] == [
+        items[n][1].key.task_id for n in (0, 1, 4, 6, 7)]
+    assert [d["headers"]["id"] for d in queued["elsewhere"]] == [
+        items[n][1].key.task_id for n in (2, 3, 5)]
