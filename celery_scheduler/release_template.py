@@ -15,7 +15,8 @@ Only the plain case has a template; the rest is built the full way, as before:
   or ``countdown`` (the headers are merged per message, the times are taken when sent);
 - a message sent at its due time (no ``eta``), without a ``task-sent`` event;
 - only static routes (``task_routes`` maps by task name): a router function may route on
-  the arguments.
+  the arguments;
+- the first ``MAX_TEMPLATES`` task names and options of a connection.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from celery.app.routes import MapRoute
 from celery_scheduler.release_redis import Document, encoded_body
 from celery_scheduler.wire import HEADER
 
-__all__ = ["Template", "Templates", "static_routes"]
+__all__ = ["MAX_TEMPLATES", "Template", "Templates", "static_routes"]
 
 # Schedule-call options taken per message: a release with any of them has no template.
 _PER_MESSAGE = frozenset(("headers", "expires", "eta", "countdown"))
+# Most templates kept for one connection: options that differ from call to call (a shadow
+# name per task, say) would otherwise make one for every release, and keep them all.
+MAX_TEMPLATES = 1000
 
 
 @dataclass(frozen=True)
@@ -99,12 +103,10 @@ class Templates:
             return name
         if not _PER_MESSAGE.isdisjoint(options):
             return None
-        key = (name, frozenset(options.items()))
         try:
-            hash(key)
+            return (name, frozenset(options.items()))
         except TypeError:  # a list or dict among the options
             return None
-        return key
 
     def get(self, name: str, options: dict[str, Any]) -> Template | None:
         """The template of *name*'s releases with these schedule-call *options*, if made."""
@@ -114,7 +116,7 @@ class Templates:
     def learn(self, name: str, options: dict[str, Any], document: Document) -> None:
         """Make *document* (of a release of *name* with *options*) their template, if it can be."""
         key = self.key(name, options)
-        if key is not None and key not in self._made:
+        if key is not None and key not in self._made and len(self._made) < MAX_TEMPLATES:
             template = Template.of(document)
             if template is not None:
                 self._made[key] = template
