@@ -10,7 +10,6 @@ milliseconds is rounded up, so that a task never runs before the time it was giv
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import hashlib
 import uuid
 from dataclasses import dataclass
@@ -138,11 +137,28 @@ class TaskKey:
         """The scheduled time as an aware UTC datetime."""
         return from_epoch_ms(self.scheduled_ms)
 
-    @functools.cached_property
+    @property
     def task_id(self) -> str:
         """The Celery task id every release of this key uses (stable across retries)."""
-        name = f"{self.ordering_id}\x1f{self.scheduled_ms}\x1f{self.uniqueness_key}"
-        return _uuid5_text(name)
+        # kept on the key (not functools.cached_property, which takes a lock each first time)
+        task_id: str | None = self.__dict__.get("_task_id")
+        if task_id is None:
+            name = f"{self.ordering_id}\x1f{self.scheduled_ms}\x1f{self.uniqueness_key}"
+            task_id = self.__dict__["_task_id"] = _uuid5_text(name)
+        return task_id
+
+    def __hash__(self) -> int:
+        # A key is hashed a dozen times on its way through a dispatcher (the timetable, the
+        # claims, the batches of a step): the dataclass's hash makes a tuple every time.
+        found: int | None = self.__dict__.get("_hash")
+        if found is None:
+            found = self.__dict__["_hash"] = hash((self.ordering_id, self.scheduled_ms,
+                                                   self.uniqueness_key))
+        return found
+
+    def __reduce__(self) -> tuple[type[TaskKey], tuple[str, int, str]]:
+        # the fields only: a string's hash differs from one process to the next
+        return (TaskKey, (self.ordering_id, self.scheduled_ms, self.uniqueness_key))
 
     def __str__(self) -> str:
         return f"{self.ordering_id}@{self.scheduled_at.isoformat()}#{self.uniqueness_key}"

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import copy
 import datetime as dt
+import os
+import pickle
+import subprocess
+import sys
 import uuid
 import zoneinfo
 
@@ -68,3 +73,20 @@ def test_task_id_is_the_uuid5_of_the_key_within_the_projects_namespace(key: Task
     # ids of tasks already released must not change from one version to the next
     name = f"{key.ordering_id}\x1f{key.scheduled_ms}\x1f{key.uniqueness_key}"
     assert key.task_id == str(uuid.uuid5(TASK_ID_NAMESPACE, name))
+
+
+def test_a_key_sent_to_another_process_hashes_as_that_process_hashes_it() -> None:
+    # the hash a key keeps is of its strings, which another interpreter hashes differently
+    key = TaskKey("customer-42", 1_893_456_000_000, "welcome")
+    assert hash(key) == hash(TaskKey("customer-42", 1_893_456_000_000, "welcome"))
+    key.task_id  # noqa: B018 - kept on the key too
+    code = ("import pickle, sys; key = pickle.loads(sys.stdin.buffer.read()); "
+            "from celery_scheduler.keys import TaskKey; "
+            "fresh = TaskKey('customer-42', 1_893_456_000_000, 'welcome'); "
+            "print(hash(key) == hash(fresh), {fresh: 1}.get(key), key == fresh)")
+    result = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(key), capture_output=True,
+                            check=True, env={**os.environ, "PYTHONHASHSEED": "random"})
+    assert result.stdout.split() == [b"True", b"1", b"True"]
+    assert copy.copy(key) == key and hash(copy.deepcopy(key)) == hash(key)
+    assert repr(key) == ("TaskKey(ordering_id='customer-42', scheduled_ms=1893456000000, "
+                         "uniqueness_key='welcome')")
