@@ -29,6 +29,9 @@ __all__ = ["Binder"]
 Encoder = Callable[[Any], bytes]
 int32_pack: Callable[[int], bytes] = marshal.int32_pack
 int64_pack: Callable[[int], bytes] = marshal.int64_pack
+# Routing keys kept per statement: the scheduler's tables are partitioned by (partition,
+# bucket) and (shard, slot), so a dispatcher writes to few Cassandra partitions at a time.
+ROUTING_KEYS = 4096
 
 
 def _timestamp(value: Any) -> bytes:
@@ -103,6 +106,11 @@ class Binder:
         self._encoders: list[Encoder | None] = [_ENCODERS.get(column.type) for column in columns]
         self._fast: list[Encoder] = [encoder or functools.partial(self._serialise, column)
                                      for encoder, column in zip(self._encoders, columns, strict=True)]
+        # A partition key of two columns: the driver packs its routing key from their bytes,
+        # 1.5 µs a statement; kept here by those bytes instead.
+        indexes = list(prepared.routing_key_indexes or [])
+        self._pair: tuple[int, int] | None = (indexes[0], indexes[1]) if len(indexes) == 2 else None
+        self._routing_keys: dict[tuple[bytes | None, bytes | None], bytes] = {}
 
     def bind(self, values: Sequence[Any]) -> BoundStatement:
         if not self._direct or len(values) != len(self._fast):
@@ -116,6 +124,15 @@ class Binder:
         bound = BoundStatement(self.prepared)
         bound.raw_values = values
         bound.values = encoded
+        if self._pair is not None:
+            parts = (encoded[self._pair[0]], encoded[self._pair[1]])
+            key = self._routing_keys.get(parts)
+            if key is not None:
+                bound._routing_key = key
+            elif None not in parts:  # a null part is the driver's to refuse
+                if len(self._routing_keys) >= ROUTING_KEYS:
+                    self._routing_keys.clear()
+                self._routing_keys[parts] = bound.routing_key
         return bound
 
     def _bind_each(self, values: Sequence[Any]) -> list[bytes | None]:

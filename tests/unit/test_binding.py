@@ -89,3 +89,10 @@ def test_a_value_the_column_cannot_take_is_a_type_error_naming_the_column(
         ROW.bind(values)
     with pytest.raises(TypeError, match=f"column '{column}'"):
         Binder(ROW).bind(values)
+
+
+def test_routing_keys_kept_by_one_binder_are_the_drivers() -> None:
+    binder = Binder(ROW)
+    for partition, bucket in [(1, 2), (1, 3), (1, 2), (2, 2), (1, 2), (2**31 - 1, -1)]:
+        values = (partition, bucket, NOW, "o", "u", "t", b"e", 0, False)
+        assert binder.bind(values).routing_key == ROW.bind(values).routing_key
