@@ -290,8 +290,10 @@ class Timetable:
         queue = self._queues.get(key.ordering_id)
         if queue is None:
             return None
-        after = [t for _, t in queue.tasks[:2] if t.key != key]
-        return after[0].due_ms if after else None
+        for _, task in queue.tasks[:2]:
+            if task.key is not key and task.key != key:  # mostly the key itself, in flight
+                return task.due_ms
+        return None
 
     def waiting_after(self, task: Loaded) -> list[Loaded]:
         """The loaded tasks of *task*'s ordering id that come after it and are not in flight."""
