@@ -5,16 +5,28 @@ Cassandra and Redis, but the Celery workers are replaced by ``benchmarks.instant
 it takes each released message and reports its success to the outcomes topic immediately.
 What is left is the scheduler's own pipeline (loading, releasing, publishing, outcomes),
 so its rate is the most one dispatcher can release on this machine.
+
+::
+
+    python -m benchmarks.ceiling [--tasks 100000] [--dispatchers 1] [--runs 1]
+
+runs it alone and prints each run's rate and CPU per task of each part; with
+``--dispatchers N``, N dispatchers started together share the partitions (where one
+interpreter's ceiling is not the limit, the machine's is).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.backlog import Drain, measure_drain
 from benchmarks.context import Context
 from benchmarks.cpu import add_rows
+from benchmarks.drain import line
 from benchmarks.harness import stack
 from benchmarks.populate import populate
 from benchmarks.report import Section
@@ -23,7 +35,8 @@ from benchmarks.stats import Figure
 __all__ = ["run"]
 
 
-def ceiling(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_seconds: float) -> Drain:
+def ceiling(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_seconds: float,
+            dispatchers: int = 1) -> Drain:
     with stack(ctx.tmp) as s:
         app = s.use_client()
         base = time.time() + ctx.pick(1, 5)
@@ -36,9 +49,10 @@ def ceiling(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_sec
                          {"BENCH_READY_FILE": str(marker)})
         s._wait(worker, marker.exists, "instant worker", 60)
         launched = time.time()
-        dispatcher = s.dispatcher(wait=False)
+        started = [s.dispatcher(wait=False) for _ in range(dispatchers)]
         return measure_drain(s, tasks, window, launched, fill_rate,
-                             {"dispatcher": [dispatcher.pid], "instant worker": [worker.pid]})
+                             {"dispatcher": [process.pid for process in started],
+                              "instant worker": [worker.pid]})
 
 
 def run(ctx: Context) -> list[Section]:
@@ -62,3 +76,22 @@ def run(ctx: Context) -> list[Section]:
         "CPU per part from the first start to the end of the wait.",
     ]
     return [eight]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ceiling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=100_000, help="tasks in the backlog")
+    parser.add_argument("--dispatchers", type=int, default=1, help="dispatchers started together")
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="celery-scheduler-ceiling-") as tmp:
+        ctx = Context(quick=False, tmp=Path(tmp), runs=args.runs)
+        for number in range(1, args.runs + 1):
+            result = ceiling(ctx, args.tasks, max(1, args.tasks // 10), 60, 60, args.dispatchers)
+            print(line(f"run {number}, {args.dispatchers} dispatcher(s)", result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,7 +26,7 @@ WINDOW = 30
 FILL_SECONDS = 60
 
 
-def _line(label: str, result: Drain) -> str:
+def line(label: str, result: Drain) -> str:
     parts = ", ".join(f"{part} {ms:.3f}" for part, ms in result.cpu.ms_per_task(result.cpu_tasks).items())
     return (f"{label}: {result.rate:,.0f} tasks/s ({result.started:,} of {result.tasks:,} started), "
             f"machine busy {100 * result.cpu.busy:.0f}%; CPU ms a task: {parts}")
@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(quick=False, tmp=Path(tmp), runs=args.runs)
         for number in range(1, args.runs + 1):
             ours = drain(ctx, args.tasks, max(1, args.tasks // 10), WINDOW, FILL_SECONDS)
-            print(_line(f"run {number}, celery_scheduler", ours), flush=True)
+            print(line(f"run {number}, celery_scheduler", ours), flush=True)
             if args.celery:
                 alone = celery_drain(ctx, args.tasks, max(1, args.tasks // 10), WINDOW)
-                print(_line(f"run {number}, Celery alone", alone), flush=True)
+                print(line(f"run {number}, Celery alone", alone), flush=True)
                 if alone.rate:
                     share = 100 * ours.rate / alone.rate
                     print(f"run {number}, celery_scheduler / Celery alone: {share:.0f}%", flush=True)
