@@ -22,13 +22,20 @@ def test_demand_is_cpu_a_task_times_the_rate() -> None:
     line = cells(row("celery_scheduler", 800, outcome(0.005, 1000, 1000,
                                                       {"workers": 1.2, "dispatcher": 0.3})))
     assert line[0] == "celery_scheduler" and line[1] == "800"
-    assert line[5] == "yes" and line[6] == "80%"
-    assert line[7] == "1.50" and line[8] == "1.20"  # 1.5 ms x 800/s = 1.2 cores
-    assert line[9] == "workers 1.20, dispatcher 0.30"
+    assert line[4] == ""  # no release times: not split
+    assert line[6] == "yes" and line[7] == "80%"
+    assert line[8] == "1.50" and line[9] == "1.20"  # 1.5 ms x 800/s = 1.2 cores
+    assert line[10] == "workers 1.20, dispatcher 0.30"
 
 
 def test_a_late_or_unfinished_rate_is_not_kept() -> None:
     late = cells(row("Celery eta=", 1000, outcome(0.250, 1000, 1000, {"workers": 2.0})))
-    assert late[3] == "250.0" and late[5] == "no"
+    assert late[3] == "250.0" and late[6] == "no"
     unfinished = cells(row("Celery eta=", 1000, outcome(0.005, 900, 1000, {"workers": 2.0})))
-    assert unfinished[4] == "90.0%" and unfinished[5] == "no"
+    assert unfinished[5] == "90.0%" and unfinished[6] == "no"
+
+
+def test_the_scheduler_s_lateness_is_split_at_its_publish() -> None:
+    split = outcome(0.030, 100, 100, {"dispatcher": 0.1})
+    split = Outcome(split.lateness, 100, 100, 0, 0, [0.020] * 100, [0.010] * 100, split.cpu)
+    assert cells(row("celery_scheduler", 100, split))[4] == "20.0 / 10.0"
