@@ -3,6 +3,8 @@ and a rate counts as kept only when its p99 and its share run by the deadline bo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks.capacity import row
 from benchmarks.cpu import CpuUse
 from benchmarks.lateness import Outcome
@@ -36,6 +38,6 @@ def test_a_late_or_unfinished_rate_is_not_kept() -> None:
 
 
 def test_the_scheduler_s_lateness_is_split_at_its_publish() -> None:
-    split = outcome(0.030, 100, 100, {"dispatcher": 0.1})
-    split = Outcome(split.lateness, 100, 100, 0, 0, [0.020] * 100, [0.010] * 100, split.cpu)
+    split = replace(outcome(0.030, 100, 100, {"dispatcher": 0.1}),
+                    to_release=[0.020] * 100, after_release=[0.010] * 100)
     assert cells(row("celery_scheduler", 100, split))[4] == "20.0 / 10.0"
