@@ -143,7 +143,7 @@ def flower(browser: str) -> None:
 def main() -> int:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
+        print("chromium is not installed (scripts/debian-install chromium)", file=sys.stderr)
         return 1
     OUT.mkdir(parents=True, exist_ok=True)
     start = dt.datetime(2030, 1, 1, 9, 0, tzinfo=dt.timezone.utc)

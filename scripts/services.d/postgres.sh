@@ -14,13 +14,13 @@ postgres_dir() { echo "$STATE_DIR/postgres"; }
 
 postgres_logfile() { echo "$(postgres_dir)/postgres.log"; }
 
-postgres_install() { debian_install postgresql pg_ctlcluster; }
+postgres_install() { "$SCRIPT_DIR/debian-install" postgresql; }
 
 # The newest server Debian installed (/usr/lib/postgresql/<major>/bin).
 postgres_bin() {
     local bin
     bin=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1)
-    [[ -x $bin/postgres && -x $bin/initdb ]] || die "no PostgreSQL server under /usr/lib/postgresql (apt-get install postgresql)"
+    [[ -x $bin/postgres && -x $bin/initdb ]] || die "no PostgreSQL server under /usr/lib/postgresql (scripts/debian-install postgresql)"
     echo "$bin"
 }
 

@@ -18,7 +18,7 @@ rabbitmq_bin() {
     if [[ -x /usr/lib/rabbitmq/bin/$1 ]]; then echo "/usr/lib/rabbitmq/bin/$1"; else command -v "$1"; fi
 }
 
-rabbitmq_install() { debian_install rabbitmq-server rabbitmq-server; }
+rabbitmq_install() { "$SCRIPT_DIR/debian-install" rabbitmq-server; }
 
 # The environment our node runs with: its name, ports, files, and no plugins.
 rabbitmq_env() {

@@ -10,7 +10,7 @@ redis_dir() { echo "$STATE_DIR/redis"; }
 
 redis_logfile() { echo "$(redis_dir)/redis.log"; }
 
-redis_install() { debian_install redis-server redis-server; }
+redis_install() { "$SCRIPT_DIR/debian-install" redis-server; }
 
 redis_start() {
     local dir pidfile
