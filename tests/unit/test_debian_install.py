@@ -217,8 +217,14 @@ def listed_packages() -> set[str]:
     return set(out.split())
 
 
+def script_files() -> list[Path]:
+    """The project's scripts (what is checked in under scripts/, not caches beside them)."""
+    return [p for p in (ROOT / "scripts").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts]
+
+
 def test_only_debian_install_runs_apt_get() -> None:
-    scripts = [p for p in (ROOT / "scripts").rglob("*") if p.is_file() and p != SCRIPT]
+    scripts = [p for p in script_files() if p != SCRIPT]
     scripts += [ROOT / "tox.ini", ROOT / ".ci" / "run"]
     offenders = [str(p.relative_to(ROOT)) for p in scripts
                  if re.search(r"apt-get\s+(-\S+\s+)*(install|update)\b", p.read_text())]
@@ -230,8 +236,8 @@ def test_the_scripts_install_what_readme_names() -> None:
         [str(ROOT / "scripts" / "services"), "packages", "kafka", "cassandra", "redis",
          "rabbitmq", "postgres"], capture_output=True, text=True, check=True).stdout.split()
     asked = set(services)
-    for path in (p for p in (ROOT / "scripts").rglob("*") if p != SCRIPT):
-        for line in path.read_text().splitlines() if path.is_file() else []:
+    for path in (p for p in script_files() if p != SCRIPT):
+        for line in path.read_text().splitlines():
             line = re.sub(r"\$\([^)]*\)", "", line)  # what `scripts/services packages` says
             if line.lstrip().startswith("#"):
                 continue
