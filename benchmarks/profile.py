@@ -327,7 +327,7 @@ def profile_backlog(args: argparse.Namespace) -> None:
         last_seq: dict[str, int] = {}
         disorder: list[str] = []
 
-        publisher = releasing.Publisher(app, settings.lease_seconds)  # as a dispatcher keeps one
+        publisher = releasing.Publisher(app)  # as a dispatcher keeps one
 
         def sent(task: Loaded, release: wire.Release) -> None:
             ordering_id, seq = task.envelope.args

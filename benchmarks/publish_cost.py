@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,10,100", help="releases a step, comma-separated")
     options = parser.parse_args(argv)
     client = redis.Redis.from_url(REDIS)
-    publisher = Publisher(app, lease_seconds=300)
-    through_kombu = Publisher(app, lease_seconds=300, redis_push=False)
+    publisher = Publisher(app)
+    through_kombu = Publisher(app, redis_push=False)
     try:
         for each in (publisher, through_kombu):  # connected, the queue declared
             assert each.publish_many(_items(10)) == [None] * 10

@@ -76,7 +76,12 @@ class Settings:
     retry_backoff: float = 1.0
     retry_backoff_max: float = 600.0
     on_exhausted: str = "skip"  # "skip": mark failed, move on; "block": hold the ordering id
-    lease_seconds: float = 300.0
+    # a released task that has not started this long after its due time is released again
+    # (its copy, should it start later, is skipped): how long a task may wait in the broker
+    start_lease_seconds: float = 8.0
+    # a running task whose worker has not been heard from (beats) for this long is released
+    # again; a worker whose beats cannot reach Kafka for this long stops the task
+    lease_seconds: float = 20.0
     # dispatcher ownership of a partition; as long as Kafka's session timeout (6 s), so a
     # killed dispatcher's partitions are free about when Kafka hands them on
     partition_lease_seconds: float = 6.0
@@ -115,7 +120,11 @@ class Settings:
                 raise ConfigurationError(
                     f"{PREFIX}{name} must be positive, got {getattr(self, name)!r}"
                 )
-        for name in ("grace_seconds", "kafka_produce_timeout", "lease_seconds", "max_in_flight",
+        for name in ("start_lease_seconds", "lease_seconds"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(
+                    f"{PREFIX}{name} must be at least 1 second, got {getattr(self, name)!r}")
+        for name in ("grace_seconds", "kafka_produce_timeout", "max_in_flight",
                      "eta_threshold_seconds", "release_ahead_seconds",
                      "partition_lease_seconds", "lookahead_seconds", "startup_timeout",
                      "ingest_linger_seconds"):

@@ -34,9 +34,6 @@ __all__ = ["Prepared", "Publisher", "publish", "publish_each", "send_release", "
 
 T = TypeVar("T")
 
-# A released task is killed (hard time limit) this many seconds before its lease ends, so a
-# hung task never overlaps with its own re-release.
-LEASE_MARGIN_SECONDS = 5.0
 # The scheduler owns retries of scheduled runs. Released messages say they have been retried
 # this often already, so Celery's own retry (self.retry, autoretry_for) finds its limit
 # reached and raises the failure, which the scheduler retries in order, instead of sending
@@ -87,8 +84,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= ARGS_REPR_LIMIT else text[:ARGS_REPR_LIMIT - 3] + "..."
 
 
-def _release_options(envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
-                     now: dt.datetime) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+def _release_options(envelope: ScheduleEnvelope, release: Release, now: dt.datetime
+                     ) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     """The arguments *envelope*'s task is sent with for *release*, and its send options."""
     options = dict(envelope.options)
     options.pop("task_id", None)  # sent as the task id
@@ -101,11 +98,6 @@ def _release_options(envelope: ScheduleEnvelope, release: Release, lease_seconds
     expires = options.pop("expires", None)
     if expires is not None:
         options["expires"] = (due or now) + dt.timedelta(seconds=expires)
-    if lease_seconds > 0:
-        ceiling = max(1.0, lease_seconds - LEASE_MARGIN_SECONDS)
-        options["time_limit"] = min(float(options.get("time_limit", ceiling)), ceiling)
-        if "soft_time_limit" in options:
-            options["soft_time_limit"] = min(float(options["soft_time_limit"]), options["time_limit"])
     args, kwargs = _arguments(envelope)
     # JSON whatever the app's task_serializer says: the scheduler promises that nothing it
     # carries is ever pickled, from the schedule call to the worker.
@@ -117,7 +109,7 @@ def _route(name: str, options: dict[str, Any]) -> tuple[Any, ...]:
     return (name, options.get("queue"), options.get("exchange"), options.get("routing_key"))
 
 
-def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_seconds: float,
+def publish(app: Any, envelope: ScheduleEnvelope, release: Release,
             now: dt.datetime | None = None, producer: Any = None,
             declared: set[tuple[Any, ...]] | None = None, push: RedisPush | None = None,
             context: SendContext | None = None, templates: Templates | None = None) -> None:
@@ -138,7 +130,7 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release, lease_second
             if document is not None:
                 push.add_prepared(document)
                 return
-    args, kwargs, sent = _release_options(envelope, release, lease_seconds, now)
+    args, kwargs, sent = _release_options(envelope, release, now)
     if args is not envelope.args or kwargs is not envelope.kwargs:
         push = None  # objects kombu's JSON tags (datetimes, ...): its encoder writes them
     if declared is not None:
@@ -308,10 +300,9 @@ class Publisher:
     is let go and the next call takes a fresh one.
     """
 
-    def __init__(self, app: Any, lease_seconds: float, *, redis_push: bool = True) -> None:
+    def __init__(self, app: Any, *, redis_push: bool = True) -> None:
         self.app = app
         self._redis_push = redis_push  # False: every release goes through kombu's producer
-        self.lease_seconds = lease_seconds
         self._producer: Any = None
         self._confirms: Confirms | None = None  # set while the producer is our RabbitMQ one
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
@@ -332,7 +323,7 @@ class Publisher:
                 raise error
             return
         try:
-            publish(self.app, envelope, release, self.lease_seconds, producer=producer,
+            publish(self.app, envelope, release, producer=producer,
                     declared=self._declared)
         except Exception:
             self.close()
@@ -360,7 +351,7 @@ class Publisher:
             if templates is not None and (made := _templated(templates, envelope, release, at)):
                 prepared.append(Prepared(self._generation, made))
                 continue
-            args, kwargs, sent = _release_options(envelope, release, self.lease_seconds, at)
+            args, kwargs, sent = _release_options(envelope, release, at)
             if (args is not envelope.args or kwargs is not envelope.kwargs
                     or _route(envelope.task, sent) not in self._declared):
                 prepared.append(None)
@@ -429,7 +420,7 @@ class Publisher:
                         if push is not None and document is not None:
                             push.add_prepared(document.document)
                         else:
-                            publish(self.app, envelope, release, self.lease_seconds, producer=producer,
+                            publish(self.app, envelope, release, producer=producer,
                                     declared=self._declared, push=push, context=context,
                                     templates=self._templates)
             if push is not None:
@@ -451,7 +442,7 @@ class Publisher:
         context = SendContext.of(self.app)
         for envelope, release in items:
             try:
-                publish(self.app, envelope, release, self.lease_seconds, producer=producer,
+                publish(self.app, envelope, release, producer=producer,
                         declared=self._declared, context=context)
             except Exception as exc:
                 self.close()

@@ -206,8 +206,9 @@ class SchedulerTesting:
             error = result.result
             outcome = Outcome(envelope.key, release.partition, release.attempt, False,
                               f"{type(error).__name__}: {error}")
-        else:  # ignored or rejected: a worker reports nothing, and the lease runs out
-            return
+        else:  # ignored or rejected: a worker reports a failed attempt for it
+            outcome = Outcome(envelope.key, release.partition, release.attempt, False,
+                              f"the task raised {'Reject' if result.state == 'REJECTED' else 'Ignore'}")
         self.engine.outcome(outcome)
 
     # --- what was scheduled ----------------------------------------------------------------

@@ -1,13 +1,18 @@
-"""The worker side: run only current releases, report each one's outcome.
+"""The worker side: run only current releases, beat while they run, report each one's outcome.
 
 Before a released task runs, the worker checks that the message is the key's current
-release. A message carries the end of its attempt's lease, when the dispatcher releases the
-key again if no outcome came: a copy that starts later (a message a killed worker had
-prefetched, given back by the broker after its visibility timeout) is stale and skipped
-without a round trip. A message the broker marks as redelivered may be a copy of a run that
-already happened, so for those alone the worker reads the key's status; it skips a copy of
-an older attempt or of a key that already finished. When the store cannot be read the task
-runs: at least once.
+release. A message carries the end of its attempt's start lease, after which the dispatcher
+releases the key again if it heard nothing of it: a copy that starts later (a message a
+killed worker had prefetched, given back by the broker after its visibility timeout) is
+stale and skipped without a round trip. A message the broker marks as redelivered may be a
+copy of a run that already happened, so for those alone the worker reads the key's status;
+it skips a copy of an older attempt or of a key that already finished. When the store
+cannot be read the task runs: at least once.
+
+While a released task runs, this process beats for it on the outcomes topic
+(:mod:`celery_scheduler.heartbeat`): so the dispatcher tells a long task from a dead worker,
+and a task runs as long as it likes. A task whose beats have not reached Kafka for its run
+lease is stopped (its process killed), since the dispatcher may release it again.
 
 The hooks are Celery signal handlers (``task_success``, ``task_failure``) connected when a
 task is decorated with ``@scheduled_task``, so any worker that imports the task reports
@@ -16,7 +21,7 @@ without further set-up. A report is produced to the scheduler's outcomes topic
 that owns that partition of the schedule reads it, records the outcome in Cassandra and only
 then commits its offset, so an outcome survives a dispatcher's death. Producing never blocks
 the task: the record is handed to the Kafka client, which sends it in the background (a
-report lost with its worker costs a re-run when the lease ends, never a lost task).
+report lost with its worker costs a re-run, never a lost task).
 """
 
 from __future__ import annotations
@@ -32,15 +37,16 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import signals
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from celery_scheduler import redis_clients, redis_worker_fix
 from celery_scheduler.client import get_client
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings
 from celery_scheduler.errors import SchedulerError
+from celery_scheduler.heartbeat import CLOCK_MARGIN_MS, Beats
 from celery_scheduler.store.base import State
-from celery_scheduler.wire import HEADER, Outcome, Release, outcome_topic, parse_header
+from celery_scheduler.wire import HEADER, Beat, Outcome, Release, outcome_topic, parse_header
 from celery_scheduler.worker_advice import warn_on_ready
 
 __all__ = ["OutcomeProducer", "guard_stale_releases", "install_worker_hooks",
@@ -49,10 +55,10 @@ __all__ = ["OutcomeProducer", "guard_stale_releases", "install_worker_hooks",
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_LENGTH = 2000
-# A copy of a release is stale this long before its lease ends, not only at the end, so
-# that a worker whose clock runs a little behind the dispatcher's cannot start a copy that
-# overlaps the key's next release.
-STALE_MARGIN_MS = 5_000
+# A copy of a release is stale this long before its start lease ends, not only at the end,
+# so that a worker whose clock runs a little behind the dispatcher's cannot start a copy
+# that overlaps the key's next release.
+STALE_MARGIN_MS = CLOCK_MARGIN_MS
 # Request attribute holding when the body of a current release started (epoch ms).
 STARTED = "celery_scheduler_started_ms"
 # Request attribute holding the release the guard read from the header, for the outcome report.
@@ -79,13 +85,16 @@ MAX_SENDS = 2
 # How long a worker's producer gathers outcomes into one request (milliseconds; linger.ms in
 # scheduler_kafka_options overrides it).
 OUTCOME_LINGER_MS = 50
+# How long the client keeps trying to deliver an outcome (ms), at least: longer than a
+# broker restart usually takes; one that times out is sent once more after.
+OUTCOME_DELIVERY_TIMEOUT_MS = 60_000
 
 
 class OutcomeProducer:
     """Produces outcomes to the outcomes topic without waiting; one per worker process.
 
     The Kafka client batches and retries in its own thread (``acks=all``, idempotent), until
-    a record's delivery timeout (half the task lease), which a broker restart can outlast. An
+    a record's delivery timeout (a minute), which a broker restart can outlast. An
     outcome that timed out is sent once more: as soon as the producer delivers again, or by
     the producer that replaces it. A producer that reported a fatal error, or whose records
     have all failed for ``REPLACE_AFTER_SECONDS``, is replaced at the next outcome. An outcome
@@ -106,7 +115,8 @@ class OutcomeProducer:
         # dispatcher's fetch wait (50 ms).
         config.setdefault("linger.ms", OUTCOME_LINGER_MS)
         config.update({"acks": "all", "enable.idempotence": True,
-                       "delivery.timeout.ms": max(1000, int(settings.lease_seconds * 1000 / 2)),
+                       "delivery.timeout.ms": max(OUTCOME_DELIVERY_TIMEOUT_MS,
+                                                  int(settings.lease_seconds * 1000 / 2)),
                        "error_cb": self._on_error})
         self.topic = outcome_topic(settings.kafka_topic)
         self._config = config
@@ -134,6 +144,25 @@ class OutcomeProducer:
                            outcome.partition), sends=1)
             self._producer.poll(0)  # serve the reports of earlier records
             self._send_again_if_delivering()
+
+    def send_beat(self, beat: Beat, answered: Callable[[bool], None]) -> None:
+        """Hand *beat* to the client; *answered* learns whether Kafka took it. A beat that
+        failed is not sent again: the next one is due soon, and a late one would not count."""
+        def delivered(error: Any, message: Any) -> None:
+            answered(error is None)
+
+        with self._lock:
+            self._replace_if_broken()
+            try:
+                self._producer.produce(self.topic, beat.encode(), key=beat.key.ordering_id.encode("utf-8"),
+                                       partition=beat.partition, on_delivery=delivered)
+            except BufferError:
+                answered(False)
+
+    def poll(self) -> None:
+        """Serve the client's delivery reports."""
+        with self._lock:
+            self._producer.poll(0)
 
     def _send_again_if_delivering(self) -> None:
         """Send the outcomes that failed once more (the lock held), once a record was
@@ -207,6 +236,7 @@ class OutcomeProducer:
 
 _reporters: dict[tuple[int, str, str], OutcomeProducer] = {}
 _reporters_lock = threading.Lock()
+_beats: dict[tuple[int, str, str], Beats] = {}
 
 
 def _reporter(settings: Settings) -> OutcomeProducer:
@@ -220,6 +250,19 @@ def _reporter(settings: Settings) -> OutcomeProducer:
             if reporter is None:
                 reporter = _reporters[ident] = OutcomeProducer(settings)
     return reporter
+
+
+def _beats_of(settings: Settings) -> Beats:
+    """This process's beats, through its outcome producer (one per process, as that is)."""
+    ident = (os.getpid(), settings.kafka_bootstrap_servers, settings.kafka_topic)
+    beats = _beats.get(ident)
+    if beats is None:
+        reporter = _reporter(settings)
+        with _reporters_lock:
+            beats = _beats.get(ident)
+            if beats is None:
+                beats = _beats[ident] = Beats(reporter.send_beat, reporter.poll)
+    return beats
 
 
 def flush_reports(timeout: float = 10.0) -> None:
@@ -240,12 +283,12 @@ def report(task: Any, succeeded: bool, error: str | None) -> None:
         return
     outcome = Outcome(release.key, release.partition, release.attempt, succeeded,
                       None if error is None else error[:MAX_ERROR_LENGTH],
-                      int(getattr(task.request, STARTED, 0) or 0), now_ms())
+                      int(getattr(task.request, STARTED, 0) or 0), now_ms(), release.lease_until_ms)
     try:
         _reporter(get_client(task._get_app()).settings).send(outcome)
     except Exception:  # the dispatcher releases the task again when its lease ends
-        logger.exception("could not report the outcome of %s; it will run again after its lease",
-                         outcome.key)
+        logger.exception("could not report the outcome of %s; it will run again when its lease "
+                         "ends", outcome.key)
 
 
 def _redelivered(task: Any) -> bool:
@@ -261,8 +304,8 @@ def is_current_release(task: Any) -> bool:
 
 def _is_current(task: Any, release: Release) -> bool:
     if release.lease_until_ms and now_ms() > release.lease_until_ms - STALE_MARGIN_MS:
-        logger.warning("skipping a stale copy of %s (attempt %d): its lease has ended, so the key "
-                       "is released again (or finished)", release.key, release.attempt)
+        logger.warning("skipping a stale copy of %s (attempt %d): its start lease has ended, so "
+                       "the key is released again (or finished)", release.key, release.attempt)
         return False
     if release.lease_until_ms and not _redelivered(task):
         return True  # the copy the dispatcher sent, within its lease
@@ -308,7 +351,19 @@ def guard_stale_releases(task: Any) -> None:
             started = _wait_until(release.not_before_ms)
         setattr(task.request, STARTED, started)  # reported with the outcome
         setattr(task.request, RELEASE, release)  # read once: the report needs it too
-        return run(*args, **kwargs)
+        if release is None or not release.run_lease_ms:
+            return run(*args, **kwargs)
+        beats = _beats_of(get_client(task._get_app()).settings)
+        token = beats.running(release, started)
+        try:
+            return run(*args, **kwargs)
+        except (Ignore, Reject) as exc:
+            # Celery reports nothing for these: the dispatcher hears it as a failed attempt
+            # now, rather than learn it from beats that stop
+            report(task, False, f"the task raised {type(exc).__name__}")
+            raise
+        finally:
+            beats.done(token)
 
     task.run = guarded
 

@@ -126,7 +126,7 @@ def flower(browser: str) -> None:
             key = TaskKey(f"customer-{n:02d}", now + n * 1000, "step-1")
             envelope = ScheduleEnvelope(key, "proj.send_reminder", [key.ordering_id, "step-1"])
             release = wire.Release(key, n % 12, 1, 1, now + 300_000)
-            releasing.publish(flowerproj.app, envelope, release, 300)
+            releasing.publish(flowerproj.app, envelope, release)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/tasks", timeout=5) as answer:

@@ -106,4 +106,4 @@ class KafkaDelivery:
 
 def _outcome(release: Release, started: int, error: str | None) -> Outcome:
     return Outcome(release.key, release.partition, release.attempt, error is None, error,
-                   started, now_ms())
+                   started, now_ms(), release.lease_until_ms)

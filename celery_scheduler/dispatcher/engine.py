@@ -59,7 +59,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.release import publish_each
 from celery_scheduler.store.base import ScheduleStore, State, StoredTask
-from celery_scheduler.wire import Outcome, Release
+from celery_scheduler.wire import Beat, Outcome, Release
 
 __all__ = ["Engine", "EngineSettings"]
 
@@ -92,6 +92,13 @@ class Engine(LeaseUpkeep, Settling):
         self.owner = owner
         self.settings = settings or EngineSettings()
         self.clock = clock or now_ms
+        # a release's start lease, and a running task's run lease (see celery_scheduler.heartbeat)
+        self._start_lease_ms = int(self.settings.start_lease_seconds * 1000)
+        self._run_lease_ms = int(self.settings.lease_seconds * 1000)
+        # beats of tasks not loaded (yet), with when they were read: applied when the task
+        # is judged; and the tasks heard running, whose beats hold outcome commits back
+        self._unloaded_beats: dict[TaskKey, tuple[Beat, int]] = {}
+        self._beating: dict[TaskKey, Loaded] = {}
         self.timetable = Timetable()
         # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
         self.claims = Claims()
@@ -345,6 +352,7 @@ class Engine(LeaseUpkeep, Settling):
             logger.warning("could not record finished tasks before a revocation", exc_info=True)
         gone = set(request.partitions)
         self._outcome_retries = [o for o in self._outcome_retries if o.partition not in gone]
+        self._unloaded_beats = {k: b for k, b in self._unloaded_beats.items() if b[0].partition not in gone}
         for number in request.partitions:
             self._outcomes_read.pop(number, None)
             self._writable.discard(number)
@@ -409,7 +417,7 @@ class Engine(LeaseUpkeep, Settling):
                 del open_[task.key]
         ready = [task for task in ready if task.key in free]
         due = {task.key: task.due_ms for task in ready}
-        lease_ms = int(self.settings.lease_seconds * 1000)
+        lease_ms = self._start_lease_ms
         # Successes due to be recorded share the round trip: one wait for both. Their
         # ordering ids stay held until then, so none of them has a task among these.
         finishing = self._succeeded_due()
@@ -417,7 +425,7 @@ class Engine(LeaseUpkeep, Settling):
             if ready or finishing:
                 # Mark them all released (one round trip for the lot), and only then publish:
                 # a task another dispatcher could see as not released must not be running.
-                # One marked ahead is sent at its due time: its lease counts from then.
+                # One marked ahead is sent at its due time: its start lease counts from then.
                 self.store.mark_released_and_succeeded(
                     [(t.stored, t.attempts + 1, max(now, due[t.key]) + lease_ms) for t in ready],
                     [t.stored for t in finishing], now, {t.key: t.run for t in finishing})
@@ -432,7 +440,7 @@ class Engine(LeaseUpkeep, Settling):
                      now: int) -> None:
         """Publish *ready*, just marked released, each at its *due* time or now if that passed."""
         sending: list[Sending] = []
-        lease_ms = int(self.settings.lease_seconds * 1000)
+        lease_ms = self._start_lease_ms
         for task in ready:
             del open_[task.key]
             partition = self.partitions.get(task.partition)
@@ -442,11 +450,11 @@ class Engine(LeaseUpkeep, Settling):
             assert partition.lease is not None
             attempt, at = task.attempts + 1, max(now, due[task.key])
             task.attempts, task.lease_until_ms, task.released_ms = attempt, at + lease_ms, at
-            if attempt == 1:
+            if attempt == 1 and not task.first_released_ms:  # kept by a release sent again
                 task.first_released_ms = at
-            task.next_poll_ms = 0
+            task.next_poll_ms, task.heard_ms, task.beat_offset = 0, 0, -1
             release = Release(task.key, task.partition, attempt, partition.lease.epoch, at + lease_ms,
-                              due[task.key])
+                              due[task.key], self._run_lease_ms, now)
             sending.append(Sending(task, release, due[task.key], self._sends_early(task)))
         if not sending:
             return

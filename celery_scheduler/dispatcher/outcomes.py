@@ -27,6 +27,7 @@ was.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -37,7 +38,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from celery_scheduler.errors import TaskLogError
 from celery_scheduler.tasklog.reader import close_aside, kafka_errors
-from celery_scheduler.wire import Outcome
+from celery_scheduler.wire import Beat, Outcome, decode_report
 
 __all__ = ["OutcomeBatch", "OutcomeReader"]
 
@@ -63,16 +64,17 @@ ENDS_TIMEOUT = 2.0
 
 
 class OutcomeBatch:
-    """Outcomes read together, and the offsets to commit once their effect is stored;
-    *retried*: outcomes whose effect an earlier write did not store, applied again."""
+    """Outcomes and beats read together, and the offsets to commit once their effect is
+    stored; *retried*: outcomes whose effect an earlier write did not store, applied again."""
 
-    __slots__ = ("offsets", "outcomes", "retried")
+    __slots__ = ("beats", "offsets", "outcomes", "retried")
 
     def __init__(self, outcomes: list[Outcome], offsets: dict[int, int], *,
-                 retried: bool = False) -> None:
+                 retried: bool = False, beats: list[Beat] | None = None) -> None:
         self.outcomes = outcomes
         self.offsets = offsets  # partition -> offset of the next record to read
         self.retried = retried
+        self.beats = beats or []
 
 
 class OutcomeReader:
@@ -196,6 +198,7 @@ class OutcomeReader:
         if not self._assigned:
             time.sleep(POLL_SECONDS)
         outcomes: list[Outcome] = []
+        beats: list[Beat] = []
         offsets: dict[int, int] = {}
         for message in messages:
             error = message.error()
@@ -206,13 +209,15 @@ class OutcomeReader:
                     logger.warning("reading outcomes: %s", error)
                 continue
             offsets[message.partition()] = message.offset() + 1
-            outcome = Outcome.decode(message.value())
-            if outcome is None:
+            report = decode_report(message.value())
+            if isinstance(report, Outcome):
+                outcomes.append(report)
+            elif isinstance(report, Beat):
+                beats.append(dataclasses.replace(report, offset=message.offset()))
+            else:
                 logger.warning("ignoring an outcome record that is not one: %r", message.value()[:200])
-                continue
-            outcomes.append(outcome)
         if offsets:
-            self._deliver(OutcomeBatch(outcomes, offsets))
+            self._deliver(OutcomeBatch(outcomes, offsets, beats=beats))
             for number, offset in offsets.items():
                 self._note_reached(number, offset)
         return len(outcomes)

@@ -84,7 +84,8 @@ DEFAULT_GROUP_SUFFIX = ".dispatchers"
 
 
 def engine_settings(settings: Settings) -> EngineSettings:
-    return EngineSettings(lease_seconds=settings.lease_seconds,
+    return EngineSettings(start_lease_seconds=settings.start_lease_seconds,
+                          lease_seconds=settings.lease_seconds,
                           partition_lease_seconds=settings.partition_lease_seconds,
                           on_exhausted=settings.on_exhausted,
                           max_loaded=settings.max_loaded_per_partition,
@@ -177,7 +178,7 @@ class Dispatcher:
         self.store = when_available("Cassandra", lambda: open_checked_store(s), deadline,
                                     self.stopping)
         self.metrics = metrics or Metrics()
-        self.publisher = releasing.Publisher(app, s.lease_seconds)  # used by one thread only
+        self.publisher = releasing.Publisher(app)  # used by one thread only
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many,
                              sends_early=_held_by_worker if s.release_eta else None,

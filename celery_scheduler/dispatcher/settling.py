@@ -1,7 +1,10 @@
 """How outcomes settle tasks: success finishes a key and frees its ordering id; failure is
 retried with jittered exponential backoff or, after the last attempt, fails or blocks the
-key; a task whose outcome does not come before its lease ends is asked about in the store,
-then released again. Once an outcome's effect is stored, its offset may be committed.
+key. Beats keep a running task's lease (see :mod:`celery_scheduler.heartbeat`); a task whose
+lease ends without an outcome is asked about in the store, then released again: at once and
+with the same attempt if it never started, as a failed attempt if its worker went silent.
+Once an outcome's effect is stored, its offset may be committed, but never past the latest
+beat of a task still running, so that the partition's next owner hears it too.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from celery_scheduler.dispatcher.pace import Window
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import SchedulerError, StoreUnavailableError
+from celery_scheduler.heartbeat import heard_ms, not_started_by_ms, stopped_by_ms
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import RunTimes, ScheduleStore, State, TaskStatus
-from celery_scheduler.wire import Outcome
+from celery_scheduler.wire import Beat, Outcome
 
 __all__ = ["Settling"]
 
@@ -32,6 +36,10 @@ OUTCOME_WAIT_MS = 1000
 # traceback (thousands of log lines a minute while Cassandra was down), and not so rarely
 # that the ordering ids they hold wait long once it is back.
 OUTCOME_RETRY_MS = (250, 1000)
+# Why a task whose worker went silent is released again (its status's last error).
+WORKER_LOST = "no beat from its worker within the run lease (the worker died or lost Kafka)"
+# Beats of tasks not loaded (yet) are kept for when they are, up to this many.
+UNLOADED_BEATS = 100_000
 
 
 class Settling:
@@ -55,6 +63,8 @@ class Settling:
     _outcome_retry_ms: int  # when to try them again
     _outcome_retry_delay_ms: int  # the current delay between tries; 0 while none failed
     _durable_offsets: dict[int, int]
+    _unloaded_beats: dict[TaskKey, tuple[Beat, int]]  # each with when it was read
+    _beating: dict[TaskKey, Loaded]  # tasks heard running: their beats hold commits back
 
     def durable_outcome_offsets(self) -> dict[int, int]:
         """Per partition, the outcomes offset up to which every outcome's effect is stored."""
@@ -62,6 +72,11 @@ class Settling:
 
 
     def _on_outcomes(self, batch: OutcomeBatch) -> None:
+        if batch.beats:
+            now = self.clock()
+            for beat in batch.beats:
+                if beat.partition in self.partitions:
+                    self._on_beat(beat, now)
         unknown: list[Outcome] = []
         failed: list[Outcome] = []
         error: SchedulerError | None = None
@@ -71,7 +86,8 @@ class Settling:
             task = self.timetable.get(outcome.key)
             if task is None:
                 unknown.append(outcome)  # not loaded (yet): the store keeps it for the loader
-            elif task.awaiting_outcome and outcome.attempt == task.attempts:
+            elif (task.awaiting_outcome and outcome.attempt == task.attempts
+                  and outcome.generation in (0, task.lease_until_ms)):
                 # also for a task a previous owner released: its outcome frees the ordering id
                 task.started_ms, task.finished_ms = outcome.started_ms, outcome.finished_ms
                 try:
@@ -79,10 +95,12 @@ class Settling:
                 except SchedulerError as exc:
                     failed.append(outcome)
                     error = error or exc
-            # else an older attempt's outcome, or one of a task not released: nothing to do
+            # else an older attempt's or release's outcome, or one of a task not released:
+            # nothing to do
         if unknown:
             try:
-                self.store.record_outcomes([(o.partition, o.key, o.attempt, o.succeeded, o.error)
+                self.store.record_outcomes([(o.partition, o.key, o.attempt, o.succeeded, o.error,
+                                             o.generation)
                                             for o in unknown], self.clock(),
                                            {o.key: RunTimes(0, o.started_ms, o.finished_ms)
                                             for o in unknown})
@@ -96,6 +114,56 @@ class Settling:
         for number, offset in batch.offsets.items():
             if number in self.partitions:
                 self._outcomes_read[number] = max(offset, self._outcomes_read.get(number, 0))
+
+    def _on_beat(self, beat: Beat, now: int) -> None:
+        task = self.timetable.get(beat.key)
+        if task is not None:
+            self._heard(task, beat, now)
+        elif len(self._unloaded_beats) < UNLOADED_BEATS:
+            kept = self._unloaded_beats.get(beat.key)
+            if kept is None or kept[0].sent_ms <= beat.sent_ms:
+                self._unloaded_beats[beat.key] = (beat, now)
+
+    def _heard(self, task: Loaded, beat: Beat, read_ms: int) -> None:
+        """*beat*, read at *read_ms*: *task*'s current release is running, if it is its."""
+        if not (task.awaiting_outcome and beat.attempt == task.attempts
+                and beat.generation == task.lease_until_ms):
+            return  # an earlier release's, or one finished since
+        task.heard_ms = max(task.heard_ms, heard_ms(beat, read_ms))
+        task.run_lease_ms = beat.run_lease_ms
+        task.beat_offset = max(task.beat_offset, beat.offset)
+        task.started_ms = task.started_ms or beat.started_ms
+        self._beating[task.key] = task
+
+    def _release_end(self, task: Loaded) -> int:
+        """When *task*'s current release, unless an outcome comes, is certainly not running:
+        its start lease's end if it was never heard, its last beat plus the run lease if it was."""
+        kept = self._unloaded_beats.pop(task.key, None)
+        if kept is not None:
+            self._heard(task, *kept)
+        end = not_started_by_ms(task.lease_until_ms)
+        if task.heard_ms:
+            end = max(end, stopped_by_ms(task.heard_ms, task.run_lease_ms))
+        return end
+
+    def _beat_floors(self) -> dict[int, int]:
+        """Per partition, the offset of the earliest latest-beat of a task still heard running
+        (and forget the tasks no longer running)."""
+        floors: dict[int, int] = {}
+        for key, task in list(self._beating.items()):
+            if self.timetable.get(key) is not task or not task.awaiting_outcome or not task.heard_ms:
+                del self._beating[key]
+                continue
+            floors[task.partition] = min(task.beat_offset, floors.get(task.partition, task.beat_offset))
+        if self._unloaded_beats:
+            now = self.clock()
+            for key, (beat, read) in list(self._unloaded_beats.items()):
+                if (beat.partition not in self.partitions
+                        or stopped_by_ms(heard_ms(beat, read), beat.run_lease_ms) < now):
+                    del self._unloaded_beats[key]
+                    continue
+                floors[beat.partition] = min(beat.offset, floors.get(beat.partition, beat.offset))
+        return floors
 
     def _outcomes_not_stored(self, failed: list[Outcome], error: SchedulerError) -> None:
         """Keep *failed* to try again, later each time while the store refuses, in one log line."""
@@ -121,10 +189,11 @@ class Settling:
             return
         held = {o.partition for o in self._outcome_retries}
         held.update(task.partition for task in self._succeeded.values())
+        floors = self._beat_floors() if self._beating or self._unloaded_beats else {}
         durable = dict(self._durable_offsets)
         for number, offset in self._outcomes_read.items():
             if number not in held:
-                durable[number] = offset
+                durable[number] = min(offset, floors.get(number, offset))
         self._durable_offsets = durable
 
 
@@ -150,11 +219,12 @@ class Settling:
         earlier = [task for task in tasks if task.awaiting_outcome]
         if not earlier:
             return tasks
-        unread = {task.key for task in earlier if not self._outcome_read(task)}
-        if unread:  # their outcomes may be in the topic, unread
-            now = self.clock()
+        now = self.clock()
+        unread = {task.key for task in earlier
+                  if self._release_end(task) > now or not self._outcome_read(task)}
+        if unread:  # still running, or their outcomes may be in the topic, unread
             for key in unread:
-                self.timetable.defer(key, now + OUTCOME_WAIT_MS)
+                self.timetable.defer(key, max(now + OUTCOME_WAIT_MS, self._release_end(open_[key])))
                 del open_[key]
             earlier = [task for task in earlier if task.key not in unread]
             tasks = [task for task in tasks if task.key not in unread]
@@ -170,21 +240,31 @@ class Settling:
 
     def _outcome_stored(self, task: Loaded, status: TaskStatus | None) -> bool:
         """Apply the outcome the worker stored for *task*'s current attempt, if there is one."""
-        if status is None or not status.outcome or status.outcome_attempt != task.attempts:
+        if (status is None or not status.outcome or status.outcome_attempt != task.attempts
+                or status.outcome_generation not in (0, task.lease_until_ms)):
             return False
         task.started_ms, task.finished_ms = status.started_ms, status.finished_ms
         self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
         return True
 
     def _settle_from_store(self, task: Loaded, status: TaskStatus | None) -> bool:
-        """A task released earlier whose lease ran out: did its outcome reach the store?"""
+        """A task released earlier whose lease ran out: did its outcome reach the store?
+
+        If not, it is released again: with the same attempt if it was never heard running
+        (it did not start), as its next attempt if its worker went silent.
+        """
         if self._outcome_stored(task, status):
             return True
         if status is not None and (status.state.finished or status.state is State.CANCELLED):
             self._drop(task.key)
             return True
+        if not task.heard_ms:
+            logger.warning("%s (attempt %d) did not start within its start lease; releasing it "
+                           "again", task.key, task.attempts)
+            task.attempts, task.lease_until_ms = task.attempts - 1, 0
+            return False
         if task.attempts >= self._max_attempts(task):
-            self._apply_outcome(task, False, "lease expired without an outcome")
+            self._apply_outcome(task, False, WORKER_LOST)
             return True
         return False
 
@@ -207,10 +287,14 @@ class Settling:
             if task.key in self._succeeded:
                 continue
             if task.next_poll_ms == 0:
-                task.next_poll_ms = task.lease_until_ms if task.released_ms else now + first
+                task.next_poll_ms = self._release_end(task) if task.released_ms else now + first
             if now < task.next_poll_ms:
                 continue
-            task.next_poll_ms = task.lease_until_ms if task.lease_until_ms > now else now + first
+            end = self._release_end(task)
+            if task.released_ms and end > now:  # heard running since: not ended yet
+                task.next_poll_ms = end
+                continue
+            task.next_poll_ms = end if end > now else now + first
             asking.append(task)
         for start in range(0, len(asking), self.settings.release_batch):
             chunk = asking[start:start + self.settings.release_batch]
@@ -218,8 +302,8 @@ class Settling:
                 self._settle_polled(task, status, now)
 
     def _outcome_read(self, task: Loaded) -> bool:
-        """Whether every outcome reported before *task*'s lease ended has been read."""
-        return self.outcomes_read_until(task.partition) >= task.lease_until_ms
+        """Whether every outcome and beat reported before *task*'s lease ended has been read."""
+        return self.outcomes_read_until(task.partition) >= self._release_end(task)
 
     def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int) -> None:
         if self._outcome_stored(task, status):
@@ -231,12 +315,26 @@ class Settling:
             logger.info("%s was settled as cancelled while released; dropping it", task.key)
             self._drop(task.key)
             return
-        if task.released_ms and now >= task.lease_until_ms:
+        if task.released_ms and now >= self._release_end(task):
             if not self._outcome_read(task):
                 task.next_poll_ms = now + OUTCOME_WAIT_MS  # its outcome may be in the topic, unread
                 return
-            logger.warning("no outcome for %s within its lease; releasing it again", task.key)
-            self._apply_outcome(task, False, "lease expired without an outcome")
+            if not task.heard_ms:
+                self._not_started(task, now)
+                return
+            logger.warning("no beat from the worker of %s (attempt %d) within its %.0fs run "
+                           "lease; releasing it again", task.key, task.attempts,
+                           task.run_lease_ms / 1000)
+            self._apply_outcome(task, False, WORKER_LOST)
+
+    def _not_started(self, task: Loaded, now: int) -> None:
+        """*task*'s release certainly did not start: release it again at once, the same
+        attempt (a copy of the old release that turns up later is stale)."""
+        logger.warning("%s (attempt %d) did not start within its start lease; releasing it "
+                       "again", task.key, task.attempts)
+        task.attempts -= 1
+        task.released_ms = task.next_poll_ms = task.heard_ms = 0
+        self.timetable.retry_later(task.key, now)
 
     def _store_succeeded(self, lingering: bool = False) -> None:
         """Record the tasks that succeeded since the last call, then forget them.

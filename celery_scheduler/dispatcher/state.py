@@ -22,7 +22,10 @@ __all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Per
 
 @dataclass(frozen=True)
 class EngineSettings:
-    lease_seconds: float = 300.0  # a released task's lease
+    # a released task's start lease, from its due time (or release, if later), and its run
+    # lease, renewed by its worker's beats (see celery_scheduler.heartbeat)
+    start_lease_seconds: float = 8.0
+    lease_seconds: float = 20.0
     partition_lease_seconds: float = 6.0  # a partition's ownership lease
     on_exhausted: str = "skip"
     max_loaded: int = 5000  # per partition

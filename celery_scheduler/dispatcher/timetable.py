@@ -37,6 +37,11 @@ class Loaded:
     bucket: int = 0  # where its row is stored
     released_ms: int = 0  # when it was last released (0: not by this process)
     next_poll_ms: int = 0  # when to ask the store about its outcome next
+    # When its current release was last heard running (a beat; 0: not heard), and the offset
+    # of that beat in the outcomes topic (not committed past while it runs).
+    heard_ms: int = 0
+    beat_offset: int = -1
+    run_lease_ms: int = 0  # the run lease its beats say its worker keeps
     # What its status records when it finishes (0: unknown): its first release, if this
     # process made it, and its last attempt's start and end, as the worker reported them.
     first_released_ms: int = 0

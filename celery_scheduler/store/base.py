@@ -57,6 +57,9 @@ class TaskStatus:
     released_ms: int = 0
     started_ms: int = 0
     finished_ms: int = 0
+    # which of its attempt's releases the outcome came from (their start lease's end; 0:
+    # unknown, as from workers of earlier versions)
+    outcome_generation: int = 0
 
 
 class RunTimes(NamedTuple):
@@ -345,18 +348,20 @@ class ScheduleStore(abc.ABC):
 
     @abc.abstractmethod
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
-                       error: str | None, now_ms: int, run: RunTimes | None = None) -> None:
+                       error: str | None, now_ms: int, run: RunTimes | None = None,
+                       generation: int = 0) -> None:
         """The worker's report of one attempt of a task of *partition* (the dispatcher acts
-        on it), with the attempt's start and end in *run*."""
+        on it), with the attempt's start and end in *run*, and which release of the attempt
+        ran (*generation*, its start lease's end; 0: unknown)."""
 
-    def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None]],
+    def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None, int]],
                         now_ms: int, runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
-        """:meth:`record_outcome` for each (partition, key, attempt, succeeded, error),
-        concurrently where the store can. If it raises, any of them may or may not be
-        recorded."""
-        for partition, key, attempt, succeeded, error in outcomes:
+        """:meth:`record_outcome` for each (partition, key, attempt, succeeded, error,
+        generation), concurrently where the store can. If it raises, any of them may or may
+        not be recorded."""
+        for partition, key, attempt, succeeded, error, generation in outcomes:
             self.record_outcome(partition, key, attempt, succeeded, error, now_ms,
-                                (runs or {}).get(key))
+                                (runs or {}).get(key), generation)
 
     # --- partition leases ------------------------------------------------------------------------
 

@@ -420,19 +420,20 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                 for task in tasks]
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
-                       error: str | None, now_ms: int, run: RunTimes | None = None) -> None:
+                       error: str | None, now_ms: int, run: RunTimes | None = None,
+                       generation: int = 0) -> None:
         self._cql.execute(f"record the outcome of {key}",
                           *outcome_statement(self.layout, key, attempt, succeeded, error, now_ms,
-                                             run, self.status_ttl), partition)
+                                             run, self.status_ttl, generation), partition)
 
-    def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None]],
+    def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None, int]],
                         now_ms: int, runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
         runs = runs or {}
         self._cql.batches(f"record {len(outcomes)} outcome(s)",
                           [(partition, [outcome_statement(self.layout, key, attempt, succeeded,
                                                           error, now_ms, runs.get(key),
-                                                          self.status_ttl)])
-                           for partition, key, attempt, succeeded, error in outcomes])
+                                                          self.status_ttl, generation)])
+                           for partition, key, attempt, succeeded, error, generation in outcomes])
 
     def close(self) -> None:
         self._cql.close()

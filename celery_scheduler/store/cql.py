@@ -121,7 +121,7 @@ INDEX_BUCKET = "INSERT INTO {ks}.schedule_buckets (partition, bucket) VALUES (?,
 
 
 _STATUS_VALUES = ("state, task, partition, bucket, attempts, last_error, outcome, outcome_attempt,"
-                  " updated_at, released_at, started_at, finished_at")
+                  " updated_at, released_at, started_at, finished_at, outcome_generation")
 SELECT_STATUS = f"SELECT {_STATUS_VALUES} FROM {{ks}}.key_status WHERE {STATUS_KEY}"
 # The statuses of several keys of one (shard, slot), bound with a list of (at, ordering_id,
 # unique_key): one request, however many keys.
@@ -153,7 +153,7 @@ def status_of(key: TaskKey, row: Any) -> TaskStatus | None:
     return TaskStatus(key, State(row.state), row.task, row.partition, row.attempts or 0,
                       row.last_error, to_ms(row.updated_at), row.bucket, row.outcome,
                       row.outcome_attempt or 0, to_ms(row.released_at), to_ms(row.started_at),
-                      to_ms(row.finished_at))
+                      to_ms(row.finished_at), getattr(row, "outcome_generation", None) or 0)
 
 
 def times_of(run: RunTimes | None) -> tuple[int | None, ...]:
@@ -229,16 +229,18 @@ def finished_statements(layout: StatusLayout, task: StoredTask, state: State, er
 
 
 def outcome_statement(layout: StatusLayout, key: TaskKey, attempt: int, succeeded: bool,
-                      error: str | None, now_ms: int, run: RunTimes | None, ttl: int
-                      ) -> tuple[str, tuple[Any, ...]]:
+                      error: str | None, now_ms: int, run: RunTimes | None, ttl: int,
+                      generation: int = 0) -> tuple[str, tuple[Any, ...]]:
     """A worker's report, recorded for the dispatcher that loads the key later."""
     _, started, finished = times_of(run)
     if succeeded:
         return (f"UPDATE {{ks}}.key_status USING TTL ? SET state = ?, outcome = ?,"
-                f" outcome_attempt = ?, updated_at = ?, started_at = ?, finished_at = ? WHERE {STATUS_KEY}",
-                (ttl, State.SUCCEEDED.value, "succeeded", attempt, now_ms,
+                " outcome_attempt = ?, outcome_generation = ?, updated_at = ?, started_at = ?,"
+                f" finished_at = ? WHERE {STATUS_KEY}",
+                (ttl, State.SUCCEEDED.value, "succeeded", attempt, generation, now_ms,
                  started, finished, *layout.primary_key(key)))
     return (f"UPDATE {{ks}}.key_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
-            f" last_error = ?, updated_at = ?, started_at = ?, finished_at = ? WHERE {STATUS_KEY}",
-            (ttl, "failed", attempt, error, now_ms, started, finished,
+            " outcome_generation = ?, last_error = ?, updated_at = ?, started_at = ?,"
+            f" finished_at = ? WHERE {STATUS_KEY}",
+            (ttl, "failed", attempt, generation, error, now_ms, started, finished,
              *layout.primary_key(key)))

@@ -218,6 +218,11 @@ class CqlSession:
         keyspace = self._cluster.metadata.keyspaces.get(self.keyspace)
         return keyspace is not None and table in keyspace.tables
 
+    def _has_column(self, table: str, column: str) -> bool:
+        keyspace = self._cluster.metadata.keyspaces.get(self.keyspace)
+        found = keyspace.tables.get(table) if keyspace is not None else None
+        return found is not None and column in found.columns
+
     def check_schema(self) -> None:
         """Raise SchemaMissingError if the keyspace is not the one this version writes."""
         with translate_errors("read the schema"):
@@ -235,6 +240,12 @@ class CqlSession:
                 "table, where this version keeps partition leases; run "
                 "`celery -A <your app> scheduler init` to add it (dispatchers of the earlier "
                 "version may keep running meanwhile)")
+        if not self._has_column("key_status", "outcome_generation"):
+            raise SchemaMissingError(
+                f"the scheduler's Cassandra keyspace {self.keyspace!r} has no "
+                "key_status.outcome_generation column, which this version writes with each "
+                "outcome; run `celery -A <your app> scheduler init` to add it (dispatchers of "
+                "the earlier version may keep running meanwhile)")
         self.status_layout()
 
     def status_layout(self) -> StatusLayout:

@@ -215,10 +215,12 @@ class MemoryScheduleStore(ScheduleStore):
             self._update_status(task.key, **changes)
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
-                       error: str | None, now_ms: int, run: RunTimes | None = None) -> None:
+                       error: str | None, now_ms: int, run: RunTimes | None = None,
+                       generation: int = 0) -> None:
         with self._lock:
             changes: dict[str, object] = {
                 "outcome": "succeeded" if succeeded else "failed", "outcome_attempt": attempt,
+                "outcome_generation": generation,
                 "updated_ms": now_ms, "started_ms": (run or RunTimes()).started_ms,
                 "finished_ms": (run or RunTimes()).finished_ms}
             if succeeded:

@@ -110,6 +110,7 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             last_error text,
             outcome text,
             outcome_attempt int,
+            outcome_generation bigint,
             updated_at timestamp,
             envelope blob,
             released_at timestamp,
@@ -117,6 +118,9 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             finished_at timestamp,
             PRIMARY KEY ((shard, slot), at, ordering_id, unique_key)
         ) WITH CLUSTERING ORDER BY (at ASC, ordering_id ASC, unique_key ASC)""",
+        # added after the table's first version: which release of its attempt an outcome
+        # came from (see celery_scheduler.heartbeat)
+        f"ALTER TABLE {ks}.key_status ADD IF NOT EXISTS outcome_generation bigint",
         # the shard count and slot width of key_status, written once by init
         f"""CREATE TABLE IF NOT EXISTS {ks}.status_layout (
             id int PRIMARY KEY,

@@ -140,7 +140,8 @@ def schedule_grid(schedule, ordering_ids: int, per_id: int, spacing: float, dura
     names = [f"o{i}" for i in range(ordering_ids)]
     for seq in range(per_id):
         for ordering_id in names:
-            schedule.record.schedule((ordering_id, seq), {"duration": duration},
+            schedule.record.schedule((ordering_id, seq), {"duration": duration,
+                                                          "scheduled_for": start + seq * spacing},
                                      at=utc(start + seq * spacing))
     return names
 
@@ -318,6 +319,14 @@ def test_sigkilled_dispatcher_loses_nothing(scheduler: Scheduler, schedule) -> N
     seqs_in_order(order, {o: 20 for o in ordering_ids})
     resumed = min(s["t"] for s in scheduler.starts() if s["t"] > killed_at)
     print(f"release resumed {resumed - killed_at:.1f}s after SIGKILL")
+    # every task the killed dispatcher had in flight or that fell due meanwhile started
+    # within 15 s of the kill (at the default start lease): none waited for a long lease
+    first_starts: dict[tuple[str, int], dict] = {}
+    for start in scheduler.starts():
+        first_starts.setdefault((start["o"], start["seq"]), start)
+    waited = max(s["t"] - max(s["scheduled_for"], killed_at) for s in first_starts.values())
+    print(f"longest wait of a task after the kill: {waited:.1f}s")
+    assert waited <= 15.0
 
 
 @both_brokers
@@ -341,6 +350,9 @@ def test_a_task_whose_worker_was_sigkilled_runs_again_before_the_next_of_its_ord
     ends = [e["t"] for e in scheduler.executions() if e["event"] == "end" and e["seq"] == 1]
     second = [s["t"] for s in starts if s["seq"] == 2]
     assert len(first) == 2 and first[1] > killed  # run again, after the kill
+    # its last beat came at most 1.2 s before the kill: the run lease, the 1.5 s a beat may
+    # take to count, the first retry's backoff (<= 0.2 s) and the read of outcomes (<= 1 s)
+    assert first[1] - killed <= 12 + 1.5 + 0.2 + 1 + 2
     assert ends and second[0] >= ends[0]  # and only then the next task of the ordering id
 
 
@@ -480,24 +492,35 @@ def test_dispatcher_metrics_on_prometheus(scheduler: Scheduler, schedule) -> Non
 
 
 @both_brokers
-def test_hung_task_is_killed_before_its_lease_ends_and_released_again(
+def test_a_task_running_several_leases_runs_once_to_its_end(
         scheduler: Scheduler, schedule) -> None:
-    # lease 10 s: the release carries a hard time limit of 5 s, enforced by the prefork pool
-    scheduler.env["CELERY_SCHEDULER_TEST_LEASE"] = "10"
+    # run lease 4 s: the task runs 15 s, beating every 0.4 s, in a prefork pool process
+    scheduler.env["CELERY_SCHEDULER_TEST_LEASE"] = "4"
     scheduler.dispatcher()
     scheduler.worker("--pool=prefork", "--concurrency=1")
     start = time.time() + 2
-    hung = schedule.record.schedule(("acct", 0), {"duration": 120.0}, at=utc(start))
+    long = schedule.record.schedule(("acct", 0), {"duration": 15.0}, at=utc(start))
     follower = schedule.record.schedule(("acct", 1), {}, at=utc(start + 0.1))
 
-    wait_for_states([hung], State.FAILED, timeout=90)
-    wait_for_states([follower], State.SUCCEEDED, timeout=30)
+    wait_for_states([long, follower], State.SUCCEEDED, timeout=90)
 
     runs = [s for s in scheduler.starts() if s["seq"] == 0]
-    assert len(runs) == 3  # every attempt hung and was killed; then the key failed
-    for earlier, later in itertools.pairwise(runs):
-        # killed at the 5 s hard limit (well inside the lease), and only then released again
-        assert later["t"] - earlier["t"] >= 5.0
+    assert len(runs) == 1  # never released again while it ran
+    end = next(e["t"] for e in scheduler.executions() if e["event"] == "end" and e["seq"] == 0)
+    assert end - runs[0]["t"] >= 15.0  # not cut short
     follower_start = next(s["t"] for s in scheduler.starts() if s["seq"] == 1)
-    assert follower_start > runs[-1]["t"] + 5.0
+    assert follower_start >= end
+    assert long.status().attempts == 1
+
+
+def test_a_tasks_own_time_limit_is_celerys_as_always(scheduler: Scheduler, schedule) -> None:
+    scheduler.dispatcher()
+    scheduler.worker("--pool=prefork", "--concurrency=1")
+    hung = schedule.record.schedule(("acct", 0), {"duration": 120.0}, at=utc(time.time() + 2),
+                                    time_limit=3)
+    wait_for_states([hung], State.FAILED, timeout=90)
+    runs = [s for s in scheduler.starts() if s["seq"] == 0]
+    assert len(runs) == 3  # every attempt killed at the app's own limit; then the key failed
+    for earlier, later in itertools.pairwise(runs):
+        assert later["t"] - earlier["t"] >= 3.0
     assert "TimeLimitExceeded" in hung.status().last_error

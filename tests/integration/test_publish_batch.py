@@ -48,7 +48,7 @@ def _items(first: int, count: int) -> list[tuple[ScheduleEnvelope, Release]]:
 
 
 def test_a_step_of_releases_reaches_the_queue_whole_and_in_order(private_redis: PrivateRedis) -> None:
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         items = _items(0, 200)
         # Celery's default Redis settings allow kombu's publish batches: the batch path runs
@@ -61,7 +61,7 @@ def test_a_step_of_releases_reaches_the_queue_whole_and_in_order(private_redis: 
 
 def test_a_batch_cut_off_may_have_been_sent_and_one_without_a_connection_was_not(
         private_redis: PrivateRedis) -> None:
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         assert publisher.publish_many(_items(0, 1)) == [None]  # a connection in use
         private_redis.stop()
@@ -89,7 +89,7 @@ def test_one_redis_client_serves_every_step(private_redis: PrivateRedis,
         original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(redis.Redis, "__init__", counting)
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         steps = [_items(i * 10, 10) for i in range(20)] + [_items(200 + i, 1) for i in range(20)]
         for items in steps:

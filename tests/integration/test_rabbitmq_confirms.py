@@ -102,7 +102,7 @@ def queue(rabbitmq_url: str, unique_name: str) -> Iterator[Queue]:
 
 def test_a_step_of_releases_is_confirmed_whole_and_queued_in_order(rabbitmq_url: str,
                                                                    queue: Queue) -> None:
-    publisher = Publisher(_app(rabbitmq_url, queue), lease_seconds=300)
+    publisher = Publisher(_app(rabbitmq_url, queue))
     try:
         items = _items(queue.name, 0, 200)
         assert publisher.publish_many(items) == [None] * 200
@@ -118,7 +118,7 @@ def test_messages_rabbitmq_refuses_are_not_sent(rabbitmq_url: str, unique_name: 
     # a queue of three messages at most, which refuses (nacks) publishes beyond that
     full = Queue(unique_name, routing_key=unique_name, auto_delete=False,
                  queue_arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
-    publisher = Publisher(_app(rabbitmq_url, full), lease_seconds=300)
+    publisher = Publisher(_app(rabbitmq_url, full))
     try:
         results = publisher.publish_many(_items(full.name, 0, 5))
         assert results[:3] == [None] * 3
@@ -142,7 +142,7 @@ def proxied(rabbitmq_url: str, queue: Queue, monkeypatch: pytest.MonkeyPatch
     host, port = rabbitmq_url.rsplit("@", 1)[1].rstrip("/").split(":")
     proxy = Proxy((host, int(port)))
     url = f"{rabbitmq_url.rsplit('@', 1)[0]}@127.0.0.1:{proxy.port}//"
-    publisher = Publisher(_app(url, queue), lease_seconds=300)
+    publisher = Publisher(_app(url, queue))
     try:
         yield publisher, proxy
     finally:
@@ -171,7 +171,7 @@ def test_releases_without_a_broker_are_not_sent(unique_name: str) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     queue = Queue(unique_name)
-    publisher = Publisher(_app(f"amqp://guest:guest@127.0.0.1:{port}//", queue), lease_seconds=300)
+    publisher = Publisher(_app(f"amqp://guest:guest@127.0.0.1:{port}//", queue))
     results = publisher.publish_many(_items(queue.name, 0, 3))
     assert len(results) == 3 and all(isinstance(e, ReleaseNotSentError) for e in results)
 
@@ -190,7 +190,7 @@ def test_releases_confirmed_later_are_settled_as_rabbitmq_answers(rabbitmq_url: 
                                                                  unique_name: str) -> None:
     full = Queue(unique_name, routing_key=unique_name, auto_delete=False,
                  queue_arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
-    publisher = Publisher(_app(rabbitmq_url, full), lease_seconds=300)
+    publisher = Publisher(_app(rabbitmq_url, full))
     try:
         first = publisher.publish_many(_items(full.name, 0, 2), confirm_later=True)
         # a second step goes out before the first one's confirms were read

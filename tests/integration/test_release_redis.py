@@ -95,7 +95,7 @@ def _comparable(document: dict[str, Any]) -> dict[str, Any]:
 def _publish_all(app: Celery, url: str, items: list[tuple[ScheduleEnvelope, Release]], *,
                  push: bool) -> dict[str, list[dict[str, Any]]]:
     redis.Redis.from_url(url).flushdb()
-    publisher = Publisher(app, lease_seconds=300, redis_push=push)
+    publisher = Publisher(app, redis_push=push)
     try:
         for envelope, release in items:  # one a step, as a dispatcher sends at light load
             assert publisher.publish_many([(envelope, release)]) == [None]
@@ -158,7 +158,7 @@ def _assert_same_documents(ours: dict[str, list[dict[str, Any]]], theirs: dict[s
 
 def test_only_the_routes_first_release_goes_through_kombu(private_redis: PrivateRedis,
                                                           counted_kombu_sends: list[str]) -> None:
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         items = [_release(n) for n in range(20)]
         assert publisher.publish_many(items[:1]) == [None]
@@ -178,7 +178,7 @@ def test_what_the_push_leaves_to_kombu_goes_through_kombu(private_redis: Private
                        (_app(private_redis.url, task_send_sent_event=True), [_release(2), _release(3)]),
                        (_app(private_redis.url, task_compression="gzip"), [_release(4), _release(5)])):
         counted_kombu_sends.clear()
-        publisher = Publisher(app, lease_seconds=300)
+        publisher = Publisher(app)
         try:
             for item in items:
                 assert publisher.publish_many([item]) == [None]
@@ -204,7 +204,7 @@ def test_publish_signals_see_and_stamp_every_pushed_release(private_redis: Priva
 
     signals.before_task_publish.connect(stamp)
     signals.after_task_publish.connect(published)
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         items = [_release(n) for n in range(5)]
         for item in items:
@@ -232,7 +232,7 @@ def test_a_celery_worker_runs_pushed_releases(private_redis: PrivateRedis,
         if len(ran) == 10:
             done.set()
 
-    publisher = Publisher(app, lease_seconds=300)
+    publisher = Publisher(app)
     items = []
     for n in range(10):
         key = TaskKey(f"o{n}", NOW + n, "u")
@@ -261,7 +261,7 @@ def _built_ahead(app: Celery, url: str, items: list[tuple[ScheduleEnvelope, Rele
     """*items* published as a dispatcher's sender does: the first of the route at once (it
     declares the queue), the rest built ahead, then sent one a step."""
     redis.Redis.from_url(url).flushdb()
-    publisher = Publisher(app, lease_seconds=300)
+    publisher = Publisher(app)
     try:
         assert publisher.publish_many(items[:1]) == [None]
         prepared = publisher.prepare_many(items[1:])
@@ -287,7 +287,7 @@ def test_a_release_built_ahead_is_the_document_built_when_sent(private_redis: Pr
 
 
 def test_only_a_declared_route_is_built_ahead(private_redis: PrivateRedis) -> None:
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         first, second = _release(0), _release(1)
         elsewhere = _release(2, options={"queue": "elsewhere"})
@@ -310,7 +310,7 @@ def test_only_a_declared_route_is_built_ahead(private_redis: PrivateRedis) -> No
 
 def test_a_message_built_for_a_connection_let_go_is_built_again(private_redis: PrivateRedis,
                                                                 counted_kombu_sends: list[str]) -> None:
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         items = [_release(n) for n in range(4)]
         assert publisher.publish_many(items[:1]) == [None]
@@ -325,7 +325,7 @@ def test_a_message_built_for_a_connection_let_go_is_built_again(private_redis: P
 
 
 def test_pushes_go_on_after_redis_closed_their_connection(private_redis: PrivateRedis) -> None:
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         items = [_release(n) for n in range(6)]
         assert publisher.publish_many(items[:2]) == [None] * 2
@@ -386,7 +386,7 @@ def test_a_receiver_changing_a_templated_message_changes_that_message_only(
 
 def test_one_step_for_two_queues_keeps_each_queues_order(private_redis: PrivateRedis) -> None:
     items = [_release(n, options={"queue": "elsewhere"} if n in (2, 3, 5) else None) for n in range(8)]
-    publisher = Publisher(_app(private_redis.url), lease_seconds=300)
+    publisher = Publisher(_app(private_redis.url))
     try:
         assert publisher.publish_many([items[0], items[2]]) == [None] * 2  # declares both queues
         assert publisher.publish_many(items[1:2] + items[3:]) == [None] * 6  # pushed, in runs

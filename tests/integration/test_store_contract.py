@@ -142,11 +142,24 @@ def test_a_finished_status_records_the_run_times(store: ScheduleStore) -> None:
 def test_an_outcome_recorded_for_later_keeps_its_run_times(store: ScheduleStore) -> None:
     stored = store.put(0, envelope("a", NOW), NOW)
     assert stored is not None
-    store.record_outcomes([(0, stored.key, 1, True, None)], NOW + 5,
+    store.record_outcomes([(0, stored.key, 1, True, None, NOW + 8_000)], NOW + 5,
                           {stored.key: RunTimes(0, NOW + 2, NOW + 3)})
     status = store.status(stored.key)
     assert status is not None and (status.outcome, status.started_ms, status.finished_ms) == (
         "succeeded", NOW + 2, NOW + 3)
+    assert (status.outcome_attempt, status.outcome_generation) == (1, NOW + 8_000)
+
+
+def test_an_outcome_says_which_release_of_its_attempt_it_came_from(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 8_000, NOW)
+    store.record_outcome(0, stored.key, 1, False, "boom", NOW + 5, generation=NOW + 8_000)
+    status = store.status(stored.key)
+    assert status is not None and (status.outcome, status.outcome_generation) == ("failed", NOW + 8_000)
+    store.record_outcome(0, stored.key, 1, False, "boom", NOW + 6)  # a worker that does not say
+    status = store.status(stored.key)
+    assert status is not None and status.outcome_generation == 0
 
 
 def test_releases_and_successes_written_together_are_as_written_apart(store: ScheduleStore) -> None:

@@ -57,7 +57,8 @@ def test_wrong_types_name_the_setting_and_value(name: str, value: object) -> Non
     ("scheduler_on_exhausted", "retry", "'skip' or 'block'"),
     ("scheduler_kafka_partitions", 0, "must be positive"),
     ("scheduler_max_attempts", 0, "max_attempts"),
-    ("scheduler_lease_seconds", -1.0, "must be >= 0"),
+    ("scheduler_lease_seconds", 0.5, "must be at least 1 second"),
+    ("scheduler_start_lease_seconds", 0, "must be at least 1 second"),
 ])
 def test_bad_values(name: str, value: object, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):

@@ -21,7 +21,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import Cursor, State, StoredTask, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
-from celery_scheduler.wire import Outcome, Release
+from celery_scheduler.wire import Beat, Outcome, Release
 from tests.unit.fakes import NOW
 
 
@@ -41,6 +41,7 @@ class Harness:
         self.store = store
         self.clock = clock
         self.released: list[tuple[TaskKey, int]] = []
+        self.releases: dict[TaskKey, Release] = {}  # the last release of each key
         self.registry = CollectorRegistry()
         self.engine = Engine(store, self.publish, "owner-1",
                              EngineSettings(**{"tick_seconds": 0, "outcome_poll_seconds": 1.0, **settings}),
@@ -53,6 +54,14 @@ class Harness:
 
     def publish(self, task: Loaded, release: Release) -> None:
         self.released.append((task.key, release.attempt))
+        self.releases[task.key] = release
+
+    def beat(self, key: TaskKey, offset: int = 0, release: Release | None = None) -> None:
+        """The worker of *key*'s last release (or of *release*) says it is running."""
+        r = release or self.releases[key]
+        self.engine.outcomes(OutcomeBatch([], {0: offset + 1}, beats=[
+            Beat(key, 0, r.attempt, r.lease_until_ms, self.clock(), self.clock(), r.run_lease_ms,
+                 offset)]))
 
     def schedule(self, ordering_id: str, offset_ms: int, unique: str = "u", attempts: int = 3) -> TaskKey:
         envelope = ScheduleEnvelope(TaskKey(ordering_id, NOW + offset_ms, unique), "t",
@@ -237,27 +246,129 @@ def test_an_outcome_stored_elsewhere_is_found_when_the_lease_ends(
     assert store.status(first).state is State.SUCCEEDED  # type: ignore[union-attr]
 
 
-def test_expired_lease_releases_again(store: MemoryScheduleStore, clock: Clock) -> None:
-    h = Harness(store, clock, lease_seconds=10.0)
+def test_a_release_never_heard_of_is_sent_again_with_the_same_attempt_once_its_start_lease_ends(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    # the broker lost it, or a worker took it and died before it started: no beat, no outcome
+    h = Harness(store, clock, start_lease_seconds=8.0)
     key = h.schedule("a", 0)
     h.step()
-    for _ in range(40):
+    first = h.releases[key]
+    assert first.lease_until_ms == NOW + 8_000 and first.run_lease_ms == 20_000
+    for _ in range(20):  # the start lease, and the time a beat may take to count (2.5 s)
         h.step(500)
-    assert h.released[:2] == [(key, 1), (key, 2)]
+    assert h.released == [(key, 1)]
+    for _ in range(2):
+        h.step(500)
+    assert h.released == [(key, 1), (key, 1)]  # no attempt spent, no backoff
+    assert h.releases[key].lease_until_ms > first.lease_until_ms  # a new release of it
 
 
-def test_a_task_without_an_outcome_is_released_again_when_its_lease_ends(
+def test_a_task_that_beats_runs_past_its_run_lease_and_is_not_released_again(
         store: MemoryScheduleStore, clock: Clock) -> None:
-    # polls at 1, 2, 4, 8, 16, 32 s after the release would find the 20 s lease over only at 32 s
+    h = Harness(store, clock, lease_seconds=10.0)
+    key = h.schedule("a", 0)
+    later = h.schedule("a", 1, "later")
+    h.step()
+    for second in range(120):  # two minutes, twelve run leases
+        h.step(1000)
+        h.beat(key, second)
+    assert h.released == [(key, 1)]
+    h.report(key, 1, True)
+    h.step()
+    h.step(1000)
+    assert h.released == [(key, 1), (later, 1)]
+
+
+def test_a_task_whose_beats_stop_is_released_again_as_its_next_attempt(
+        store: MemoryScheduleStore, clock: Clock) -> None:
     h = Harness(store, clock, lease_seconds=20.0)
     key = h.schedule("a", 0)
     h.step()
-    for _ in range(80):
+    for second in range(5):
+        h.step(1000)
+        h.beat(key, second)
+    last_beat = clock()
+    while (key, 2) not in h.released and clock() - last_beat < 40_000:
         h.step(500)
-        if (key, 2) in h.released:
-            break
-    assert (key, 2) in h.released
-    assert clock() - NOW <= 20_000 + 1_500  # the lease, then the first retry's backoff (≤ 1 s)
+    # the run lease and the 2.5 s a beat may take, then the first retry's backoff (<= 1 s)
+    assert 20_000 + 2_500 <= clock() - last_beat <= 20_000 + 2_500 + 1_500
+    status = store.status(key)
+    assert status is not None and "no beat from its worker" in (status.last_error or "")
+
+
+def test_a_beat_of_an_earlier_release_of_the_attempt_does_not_count(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    h = Harness(store, clock)
+    key = h.schedule("a", 0)
+    h.step()
+    stale = h.releases[key]
+    for _ in range(22):
+        h.step(500)
+    assert h.released == [(key, 1), (key, 1)]  # sent again: the first was not heard of
+    h.beat(key, release=stale)  # a copy of the first one turns up
+    h.engine.outcome(Outcome(key, 0, 1, True, None, generation=stale.lease_until_ms))
+    h.step(1000)
+    status = store.status(key)
+    assert status is not None and status.state is State.RELEASED  # not finished by it
+    h.engine.outcome(Outcome(key, 0, 1, True, None, generation=h.releases[key].lease_until_ms))
+    h.step(1000)
+    status = store.status(key)
+    assert status is not None and status.state is State.SUCCEEDED
+
+
+def test_outcome_commits_stop_at_the_latest_beat_of_a_running_task(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    """So that the partition's next owner reads it again, and knows the task is running."""
+    h = Harness(store, clock)
+    running, short = h.schedule("a", 0), h.schedule("b", 0)
+    h.step()
+    h.beat(running, offset=3)
+    h.engine.outcomes(OutcomeBatch([Outcome(short, 0, 1, True, None)], {0: 5}))
+    h.step(1000)
+    assert h.engine.durable_outcome_offsets() == {0: 3}
+    h.beat(running, offset=7)
+    h.step(1000)
+    assert h.engine.durable_outcome_offsets() == {0: 7}
+    h.engine.outcomes(OutcomeBatch([Outcome(running, 0, 1, True, None)], {0: 9}))
+    h.step(1000)
+    assert h.engine.durable_outcome_offsets() == {0: 9}  # finished: nothing holds them back
+
+
+def previous_owners_release(store: MemoryScheduleStore) -> ScheduleEnvelope:
+    """A task another dispatcher marked released at NOW, with the default start lease."""
+    envelope = ScheduleEnvelope(TaskKey("a", NOW, "u"), "t")
+    stored = store.put(0, envelope, NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 8_000, NOW)
+    return envelope
+
+
+def test_a_previous_owners_task_heard_before_it_is_loaded_is_not_released_again(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    envelope = previous_owners_release(store)
+    h = Harness(store, clock)
+    previous = Release(envelope.key, 0, 1, 1, NOW + 8_000, NOW, 20_000)
+    h.beat(envelope.key, offset=4, release=previous)  # read before the partition is loaded
+    for second in range(60):
+        h.step(1000)
+        h.beat(envelope.key, offset=5 + second, release=previous)
+    assert h.released == []  # running all along
+    assert h.engine.durable_outcome_offsets()[0] <= 5 + 59
+    for _ in range(30):  # its worker died
+        h.step(1000)
+    assert h.released == [(envelope.key, 2)]
+
+
+def test_a_previous_owners_release_never_heard_of_is_sent_again_with_the_same_attempt(
+        store: MemoryScheduleStore, clock: Clock) -> None:
+    envelope = previous_owners_release(store)  # marked, then its owner died before it sent it
+    h = Harness(store, clock)
+    for _ in range(10):
+        h.step(1000)
+    assert h.released == []
+    for _ in range(2):
+        h.step(1000)
+    assert h.released == [(envelope.key, 1)]
 
 
 def test_task_left_in_flight_by_a_previous_owner_blocks_until_its_outcome(
@@ -335,7 +446,7 @@ def test_a_released_task_settled_as_cancelled_is_not_released_again(
     assert h.released == [(first, 1)]
     assert store.read(0, Cursor(bucket_of(NOW, store.bucket_seconds)), 10)[0].key == second
     assert store.status(first).state is State.CANCELLED  # type: ignore[union-attr]
-    for _ in range(10):  # its poll when its lease ends finds the cancel
+    for _ in range(11):  # its poll when its lease ends finds the cancel
         h.step(1000)
     assert h.released == [(first, 1), (second, 1)]
     h.report(second, 1, True)
@@ -425,9 +536,8 @@ def test_a_batch_the_broker_may_have_taken_stays_released_until_its_outcome_or_l
     h.report(first, 1, True)  # the broker had it after all
     h.step()
     assert batches[1] == [(later, 1)]
-    h.step(5100)  # the other's lease ended without an outcome: the broker lost it
-    h.step(1000)  # and its retry's backoff has passed
-    assert batches[2] == [(other, 2)]
+    h.step(5600)  # the other's start lease ended, unheard of: the broker lost it
+    assert batches[2] == [(other, 1)]  # the same attempt, sent again
 
 
 def test_after_a_failed_publish_the_rest_of_the_step_is_not_tried(
@@ -744,7 +854,7 @@ def test_a_store_outage_while_settling_an_adopted_task_does_not_block_its_orderi
     envelope = ScheduleEnvelope(TaskKey("a", NOW, "u"), "t", retry=RetryPolicy(5, 1.0, 10.0))
     stored = store.put(0, envelope, NOW)
     assert stored is not None
-    store.mark_released(stored, 1, NOW + 1000, NOW)  # a previous owner's release, lease gone soon
+    store.mark_released(stored, 1, NOW - 3000, NOW - 11_000)  # a previous owner's, long over
     h = Harness(store, clock)
     store.down = True
     with pytest.raises(StoreUnavailableError):
@@ -752,7 +862,7 @@ def test_a_store_outage_while_settling_an_adopted_task_does_not_block_its_orderi
     store.down = False
     for _ in range(5):
         h.step(500)
-    assert h.released == [(envelope.key, 2)]
+    assert h.released == [(envelope.key, 1)]  # never heard of: the same attempt again
 
 
 def test_a_broker_and_store_outage_at_once_does_not_block_the_ordering_id(clock: Clock) -> None:
@@ -888,14 +998,15 @@ def test_a_lease_end_while_the_outcome_reader_is_behind_does_not_release_again(
     h.engine.outcomes_read_until = lambda partition: read_until[0]
     for _ in range(20):
         h.step(1000)
-    read_until[0] = released_at + 9_000  # read up to a second before the lease's end
+    # its start lease (8 s) and the 2.5 s a beat may take to count end 10.5 s after it
+    read_until[0] = released_at + 9_500  # read up to a second before that
     for _ in range(3):
         h.step(1000)
     assert h.released == [(key, 1)]
-    read_until[0] = released_at + 10_000  # read up to its end: no outcome came
+    read_until[0] = released_at + 10_500  # read up to then: no beat, no outcome came
     for _ in range(3):
         h.step(1000)
-    assert h.released == [(key, 1), (key, 2)]
+    assert h.released == [(key, 1), (key, 1)]
 
 
 def test_no_more_than_the_window_is_in_flight(store: MemoryScheduleStore, clock: Clock) -> None:

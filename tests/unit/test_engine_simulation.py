@@ -4,8 +4,12 @@ A seeded simulation of what the chaos suite does with real services, at the engi
 and a thousand times faster: dispatchers that trade partitions and pause past their leases,
 a broker that fails publishes (some of which it took after all) and loses messages, workers
 that are busy (so copies start late and are skipped as stale), outcomes that arrive late,
-twice or never. The workers' execution log is then checked against the guarantees: every
-task ran, and per ordering id the first runs are in schedule order and no two runs overlap.
+twice or never. Workers keep the beat rules of ``celery_scheduler.heartbeat`` with its own
+``RunLease``: some tasks run for several run leases, some workers die mid-run, and some are
+cut off from Kafka for a while (their beats arrive late or never, and they stop what they
+run once its lease is gone). The workers' execution log is then checked against the
+guarantees: every task ran, and per ordering id the first runs are in schedule order and no
+two runs overlap (a killed or stopped run ends when it was killed).
 
 Schedule records reach the engines in one of two ways: written to the store by the
 simulation itself, in order and only by the partition's leaseholder (what ingest promises),
@@ -19,32 +23,33 @@ import random
 import types
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from confluent_kafka import TopicPartition
 
 from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher import ingest as ingest_module
+from celery_scheduler.dispatcher import settling as settling_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryPolicy, ScheduleEnvelope, encode
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
+from celery_scheduler.heartbeat import RunLease
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.release import LEASE_MARGIN_SECONDS
 from celery_scheduler.store.base import Cursor, RunTimes, State, StoredTask, TaskStatus
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
-from celery_scheduler.wire import Outcome, Release
+from celery_scheduler.wire import Beat, Outcome, Release
 from celery_scheduler.worker import STALE_MARGIN_MS
 
 START_MS = 1_893_456_000_000
 TICK_MS = 50
 PARTITIONS = 3
-LEASE_MS = 10_000
-TIME_LIMIT_MS = LEASE_MS - int(LEASE_MARGIN_SECONDS * 1000)  # the hard limit a release gets
+LEASE_MS = 10_000  # the run lease
+START_LEASE_MS = 4_000
 
 
 class World:
@@ -79,6 +84,9 @@ class Worker:
     started: int = 0
     busy_until: int = 0
     running: Message | None = None
+    lease: RunLease | None = None
+    dies_at: int = 0  # killed (SIGKILL) then, mid-run (0: not)
+    cut_off_until: int = 0  # what it produces reaches Kafka only from then on
 
 
 @dataclass
@@ -90,6 +98,8 @@ class Dispatcher:
     read: dict[int, int] = field(default_factory=dict)  # outcomes partition -> next offset
     reader: MemoryTaskLogReader | None = None  # with the real ingest loop: the task log
     ingest: Ingest | None = None
+    # per partition: the time before which every outcome and beat appended to it was read
+    read_until: dict[int, int] = field(default_factory=dict)
 
 
 class Crash(BaseException):
@@ -163,9 +173,11 @@ class Simulation:
         self.workers = [Worker() for _ in range(3)]
         self.runs: list[Run] = []
         # outcomes "topic": per partition a log, and the offset committed for it
-        self.outcome_log: dict[int, list[tuple[int, Outcome]]] = {p: [] for p in range(PARTITIONS)}
+        self.outcome_log: dict[int, list[tuple[int, Outcome | Beat]]] = {p: [] for p in range(PARTITIONS)}
         self.committed: dict[int, int] = dict.fromkeys(range(PARTITIONS), 0)
-        self.settings = EngineSettings(lease_seconds=LEASE_MS / 1000, partition_lease_seconds=6.0,
+        self.settings = EngineSettings(lease_seconds=LEASE_MS / 1000,
+                                       start_lease_seconds=START_LEASE_MS / 1000,
+                                       partition_lease_seconds=6.0,
                                        tick_seconds=0, outcome_poll_seconds=1.0, max_loaded=8,
                                        lookahead_seconds=5.0, page_size=3)
         self.dispatchers = [self._dispatcher(f"d{i}") for i in range(2)]
@@ -202,6 +214,8 @@ class Simulation:
         engine = Engine(self.store, lambda task, release: None, name, self.settings,
                         clock=self.world.clock, publish_many=publish_many)
         dispatcher = Dispatcher(name, engine)
+        # what its outcome reader has read up to: everything appended before its last read
+        engine.outcomes_read_until = lambda partition: dispatcher.read_until.get(partition, 0)
         if self.through_ingest:
             dispatcher.reader = MemoryTaskLogReader(self.log, "sim", self.group_committed, ())
             dispatcher.ingest = Ingest(dispatcher.reader, self.store, engine, self.dead_letters,
@@ -227,22 +241,31 @@ class Simulation:
         for task, release in items:
             if self.rng.random() < 0.02:
                 continue  # lost by the broker
-            self.queue.append(Message(task.key, release, self.rng.randrange(10, 400)))
+            # mostly short; some run for several run leases
+            duration = (self.rng.randrange(10, 400) if self.rng.random() < 0.97
+                        else self.rng.randrange(LEASE_MS, 3 * LEASE_MS))
+            self.queue.append(Message(task.key, release, duration))
 
     def _work(self) -> None:
         now = self.world.ms
         for worker in self.workers:
-            if worker.running is not None and now >= worker.busy_until:
-                message, worker.running = worker.running, None
-                self.runs.append(Run(message.key, worker.started, worker.busy_until))
-                if self.rng.random() < 0.03:
-                    continue  # the worker died before its outcome left
-                killed = worker.busy_until - worker.started >= TIME_LIMIT_MS
-                outcome = Outcome(message.key, message.release.partition,
-                                  message.release.attempt, not killed,
-                                  "TimeLimitExceeded" if killed else None)
-                delay = self.rng.choice([0, 0, 0, 50, 200, 2000, 8000])
-                self._later(now + delay, outcome)
+            message, lease = worker.running, worker.lease
+            if message is not None and lease is not None:
+                # killed, or stopped once no beat counted for its lease: nothing more from it
+                if (worker.dies_at and now >= worker.dies_at) or lease.expired(now):
+                    self._ended(worker, now)
+                elif now >= worker.busy_until:
+                    self._ended(worker, worker.busy_until)
+                    if self.rng.random() < 0.03:
+                        continue  # the worker died before its outcome left
+                    outcome = Outcome(message.key, message.release.partition,
+                                      message.release.attempt, True, None,
+                                      generation=message.release.lease_until_ms)
+                    self._produce(worker, outcome, self.rng.choice([0, 0, 0, 50, 200, 2000, 8000]))
+                elif now >= lease.next_beat:
+                    beat = lease.beat(now, now)
+                    self._produce(worker, beat, self.rng.choice([0, 0, 50, 100, 400, 3000]),
+                                  (lease, now))
             if worker.running is None:
                 while self.queue:
                     message = self.queue.popleft()
@@ -250,24 +273,41 @@ class Simulation:
                         continue  # stale copy, skipped
                     worker.running, worker.started = message, now
                     worker.busy_until = now + message.duration_ms
+                    worker.lease = RunLease.begin(message.release, now, now)
+                    worker.dies_at = (now + self.rng.randrange(1, message.duration_ms + 1)
+                                      if self.rng.random() < 0.02 else 0)
                     break
-        slow = self.workers[0]
-        if slow.running is not None and self.rng.random() < 0.01:  # a slow run, killed at
-            slow.busy_until = min(slow.busy_until + self.rng.randrange(1000, 4000),  # its limit
-                                  slow.started + TIME_LIMIT_MS)
+            if self.rng.random() < 0.0005:  # cut off from Kafka for a while
+                worker.cut_off_until = now + self.rng.randrange(2000, 20_000)
 
-    def _later(self, at: int, outcome: Outcome) -> None:
-        self.delayed.append((at, outcome))
+    def _ended(self, worker: Worker, end: int) -> None:
+        assert worker.running is not None
+        self.runs.append(Run(worker.running.key, worker.started, end))
+        worker.running = worker.lease = None
 
-    delayed: list[tuple[int, Outcome]]
+    def _produce(self, worker: Worker, record: Outcome | Beat, delay: int,
+                 beat_of: tuple[RunLease, int] | None = None) -> None:
+        """*record* reaches the outcomes topic after *delay* (or after a cut-off, if later;
+        some records sent while cut off are lost); a beat's lease learns when Kafka took it."""
+        now = self.world.ms
+        if now < worker.cut_off_until:
+            if self.rng.random() < 0.5:
+                return
+            delay = max(delay, worker.cut_off_until - now)
+        self.delayed.append((now + delay, record, beat_of))
+
+    delayed: list[tuple[int, Outcome | Beat, tuple[RunLease, int] | None]]
 
     def _deliver_outcomes(self) -> None:
         now = self.world.ms
         ready = [item for item in self.delayed if item[0] <= now]
         self.delayed = [item for item in self.delayed if item[0] > now]
-        for _, outcome in ready:
-            log = self.outcome_log[outcome.partition]
-            log.append((len(log), outcome))
+        for _, record, beat_of in ready:
+            log = self.outcome_log[record.partition]
+            log.append((len(log), record))
+            if beat_of is not None:
+                lease, sent = beat_of
+                lease.acknowledged(sent, now)
         for dispatcher in self.dispatchers:
             if now < dispatcher.paused_until:
                 continue
@@ -275,9 +315,13 @@ class Simulation:
                 log = self.outcome_log[partition]
                 start = dispatcher.read.get(partition, self.committed[partition])
                 if start < len(log):
-                    batch = [outcome for _, outcome in log[start:]]
+                    outcomes = [r for _, r in log[start:] if isinstance(r, Outcome)]
+                    beats = [replace(r, offset=offset) for offset, r in log[start:]
+                             if isinstance(r, Beat)]
                     dispatcher.read[partition] = len(log)
-                    dispatcher.engine.outcomes(OutcomeBatch(batch, {partition: len(log)}))
+                    dispatcher.engine.outcomes(OutcomeBatch(outcomes, {partition: len(log)},
+                                                            beats=beats))
+                dispatcher.read_until[partition] = now
             for partition, offset in dispatcher.engine.durable_outcome_offsets().items():
                 if partition in dispatcher.owned:
                     self.committed[partition] = max(self.committed[partition], offset)
@@ -287,6 +331,7 @@ class Simulation:
     def _assign(self, dispatcher: Dispatcher, partition: int) -> None:
         dispatcher.owned.add(partition)
         dispatcher.read.pop(partition, None)
+        dispatcher.read_until.pop(partition, None)
         dispatcher.engine.assign([partition])
         if dispatcher.reader is not None and dispatcher.ingest is not None:
             dispatcher.reader.assign([partition])
@@ -402,6 +447,9 @@ class Simulation:
                         dispatcher.paused_until = self.world.ms + 1000
             self._work()
             self._deliver_outcomes()
+        for worker in self.workers:  # still running: started, and running until now
+            if worker.running is not None:
+                self._ended(worker, self.world.ms)
 
     # --- the guarantees ------------------------------------------------------------------
 
@@ -454,3 +502,25 @@ def test_dispatchers_reading_the_task_log_keep_order_and_lose_nothing_under_faul
     sim = _simulate(seed, monkeypatch, through_ingest=True)
     assert sim.problems() == []
     assert sim.group_committed == [len(sim.log.records(p)) for p in range(PARTITIONS)]
+
+
+# Each rule of celery_scheduler.heartbeat, broken on purpose: the simulation must then find
+# what the rule prevents (overlapping runs, mostly), or it could not tell that it holds.
+BROKEN_RULES = {
+    "the dispatcher ignores beats": (settling_module.Settling, "_heard",
+                                     lambda self, task, beat, read: None),
+    "outcome commits pass the beats of running tasks": (settling_module.Settling, "_beat_floors",
+                                                        lambda self: {}),
+    "a worker runs on when its beats do not reach Kafka": (RunLease, "expired",
+                                                           lambda self, now: False),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(BROKEN_RULES))
+def test_the_simulation_finds_each_beat_rule_broken(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    owner, name, broken = BROKEN_RULES[rule]
+    monkeypatch.setattr(owner, name, broken)
+    for seed in range(40):
+        if _simulate(seed, monkeypatch, through_ingest=False).problems():
+            return
+    pytest.fail(f"no seed of 40 showed a problem with {rule}")

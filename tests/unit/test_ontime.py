@@ -50,7 +50,8 @@ class Sends:
 
 def engine_with(store: MemoryScheduleStore, sends: Sends) -> Engine:
     engine = Engine(store, sends, "owner-1", EngineSettings(
-        tick_seconds=0.01, release_ahead_seconds=AHEAD_MS / 1000, lease_seconds=LEASE_MS / 1000))
+        tick_seconds=0.01, release_ahead_seconds=AHEAD_MS / 1000,
+        start_lease_seconds=LEASE_MS / 1000))
     engine.assign([0])
     engine.step()  # takes the lease
     assert engine.partitions[0].lease is not None
@@ -125,7 +126,7 @@ def test_a_task_is_marked_ahead_and_sent_at_its_due_time_not_before() -> None:
         assert sends.at[key] >= due
         task = engine.timetable.get(key)
         assert task is not None
-        assert task.lease_until_ms == due + LEASE_MS  # its lease counts from its due time
+        assert task.lease_until_ms == due + LEASE_MS  # its start lease counts from its due time
         assert engine.released_count == 0
         engine.step()  # the Sent event
         assert engine.released_count == 1
@@ -234,7 +235,8 @@ def test_a_task_its_worker_holds_is_sent_once_marked_carrying_its_due_time() -> 
         releases[task.key] = (now_ms(), release)
 
     engine = Engine(store, publish, "owner-1", EngineSettings(
-        tick_seconds=0.01, release_ahead_seconds=AHEAD_MS / 1000, lease_seconds=LEASE_MS / 1000),
+        tick_seconds=0.01, release_ahead_seconds=AHEAD_MS / 1000,
+        start_lease_seconds=LEASE_MS / 1000),
         sends_early=lambda task: task.key.ordering_id != "topic")
     engine.assign([0])
     engine.step()
@@ -246,7 +248,7 @@ def test_a_task_its_worker_holds_is_sent_once_marked_carrying_its_due_time() -> 
         sent_at, release = releases[early]
         assert sent_at < due  # gone to the broker before it is due ...
         assert release.not_before_ms == due  # ... saying when it may start
-        assert release.lease_until_ms == due + LEASE_MS  # its lease still counts from its due time
+        assert release.lease_until_ms == due + LEASE_MS  # its start lease still counts from its due time
         assert held not in releases  # one the broker's consumer would not hold waits for its time
         wait_for(lambda: held in releases)
         assert releases[held][0] >= due and releases[held][1].not_before_ms == due

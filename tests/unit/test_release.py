@@ -22,12 +22,11 @@ class RecordingApp:
         self.sent.append((name, options))
 
 
-def released(options: dict[str, Any], lease: float = 300.0, args: list[Any] | None = None
-             ) -> dict[str, Any]:
+def released(options: dict[str, Any], args: list[Any] | None = None) -> dict[str, Any]:
     encoded_args, encoded_kwargs = encode_arguments(args or ["customer-42"], {"kind": "welcome"})
     envelope = ScheduleEnvelope(KEY, "proj.remind", encoded_args, encoded_kwargs, options)
     app = RecordingApp()
-    publish(app, envelope, Release(KEY, 3, 2, 7), lease, now=NOW)
+    publish(app, envelope, Release(KEY, 3, 2, 7), now=NOW)
     [(name, sent)] = app.sent
     assert name == "proj.remind"
     return sent
@@ -54,11 +53,11 @@ def test_release_is_json_even_when_the_app_pickles() -> None:
     assert released({})["serializer"] == "json"
 
 
-def test_hard_time_limit_stays_below_the_lease() -> None:
-    assert released({})["time_limit"] == 295.0
-    assert released({"time_limit": 60})["time_limit"] == 60.0
-    assert released({"time_limit": 600})["time_limit"] == 295.0
-    assert released({"soft_time_limit": 900})["soft_time_limit"] == 295.0
+def test_time_limits_are_the_users_own() -> None:
+    # a running task beats to keep its lease: no limit is put on it, and the user's stand
+    assert "time_limit" not in released({}) and "soft_time_limit" not in released({})
+    assert released({"time_limit": 3600})["time_limit"] == 3600
+    assert released({"soft_time_limit": 900})["soft_time_limit"] == 900
 
 
 def test_expires_counts_from_the_release() -> None:

@@ -76,10 +76,10 @@ def both_ways(published: list[dict[str, Any]], task: str, options: dict[str, Any
         try:
             # the same publish(), once forced through Celery's own send_task
             app.send_task = lambda *a, **kw: original(*a, **dict(kw, producer=producer))  # type: ignore[method-assign]
-            publish(app, envelope, release, 300.0, now=NOW, producer=None)
+            publish(app, envelope, release, now=NOW, producer=None)
         finally:
             del app.send_task
-        publish(app, envelope, release, 300.0, now=NOW, producer=producer)
+        publish(app, envelope, release, now=NOW, producer=producer)
     before_celery, after_celery, before_ours, after_ours = published
     assert after_celery == after_ours == {"after": task}
     return before_celery, before_ours

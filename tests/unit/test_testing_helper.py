@@ -112,14 +112,15 @@ def test_the_start_must_be_aware() -> None:
         pass
 
 
-def test_a_task_that_reports_nothing_waits_for_its_lease_like_in_production(
+def test_a_task_that_raises_ignore_counts_as_a_failed_attempt_like_on_a_worker(
         scheduler: SchedulerTesting) -> None:
     ignored_runs.clear()
     ignoring.schedule_in(10, "c1")
     remind.schedule_in(20, "c1")  # the same ordering id: it waits behind the first
-    [first] = scheduler.advance(30)
+    [first] = scheduler.advance(10)
     assert first.attempt == 1 and ignored_runs == ["c1"]
-    lease = get_settings(app).lease_seconds
-    runs = scheduler.advance(lease)  # the lease ends: released again (attempt 2)
-    assert [(r.key.ordering_id, r.attempt) for r in runs][:1] == [("c1", 2)]
+    runs = scheduler.advance(get_settings(app).retry_backoff)  # retried after its backoff
+    assert [(r.key.ordering_id, r.attempt) for r in runs] == [("c1", 2)]
     assert calls == []  # the next task of c1 still waits
+    status = scheduler.store.status(first.key)
+    assert status is not None and status.last_error == "the task raised Ignore"
