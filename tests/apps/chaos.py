@@ -7,11 +7,13 @@ the harness's own Kafka, Cassandra and broker (which it restarts at will):
   ``CELERY_SCHEDULER_CHAOS_BROKER`` (a Redis or RabbitMQ URL): where the services are;
 - ``CELERY_SCHEDULER_TEST_TOPIC``/``_KEYSPACE``/``_QUEUE``/``_EXECLOG``: as for
   ``tests.apps.dispatching``, so ``tests.integration.dispatch_fixtures.Scheduler`` drives it;
-- ``CELERY_SCHEDULER_CHAOS_MUTANT``: a deliberately broken dispatcher (see :func:`_mutate`),
-  to show that the harness notices when a guarantee is broken.
+- ``CELERY_SCHEDULER_CHAOS_MUTANT``: a deliberately broken dispatcher (one of :data:`MUTANTS`),
+  to show that the harness notices when a guarantee is broken: each breaks one.
 
-Each execution appends a ``start`` and an ``end`` line (JSON) to the execution log, with the
-release's partition, lease epoch and attempt from the message header.
+The leases are the package's defaults unless ``CELERY_SCHEDULER_TEST_LEASE`` (the run lease)
+or ``CELERY_SCHEDULER_TEST_START_LEASE`` say otherwise. Each execution appends a ``start`` and
+an ``end`` line (JSON) to the execution log, with the release's partition, lease epoch,
+attempt, start lease's end and when it was marked, from the message header.
 """
 
 from __future__ import annotations
@@ -29,7 +31,19 @@ from celery_scheduler.wire import HEADER, parse_header
 from tests.apps.dispatching import log, unique_seq
 
 BROKER_URL = os.environ.get("CELERY_SCHEDULER_CHAOS_BROKER", "redis://127.0.0.1:16379/1")
-# Mutant: the dispatcher commits Kafka offsets before it writes the batch to Cassandra.
+# The broken dispatchers, each with the verdict it must make fail.
+MUTANTS = {
+    # Kafka offsets committed before the batch is written to Cassandra
+    "commit-before-persist": "lost",
+    # cancel records read and dropped
+    "ignore-cancels": "cancelled_but_ran",
+    # every task taken as due three seconds early
+    "release-early": "early",
+    # the next task of an ordering id released while the one before is in flight
+    "release-two-at-once": "overlaps",
+    # the latest task of an ordering id released first
+    "release-out-of-order": "order_violations",
+}
 MUTANT_COMMIT_FIRST = "commit-before-persist"
 
 app = Celery("chaos", broker=BROKER_URL)
@@ -43,7 +57,6 @@ app.conf.update(
     scheduler_cassandra_consistency="ONE",
     scheduler_cassandra_serial_consistency="SERIAL",
     scheduler_cassandra_request_timeout=5.0,
-    scheduler_lease_seconds=float(os.environ.get("CELERY_SCHEDULER_TEST_LEASE", "10")),
     scheduler_partition_lease_seconds=float(os.environ.get("CELERY_SCHEDULER_TEST_PARTITION_LEASE", "6")),
     scheduler_retry_backoff=0.2,
     scheduler_retry_backoff_max=1.0,
@@ -56,6 +69,10 @@ app.conf.update(
     # on RabbitMQ, a message is taken off the queue only once its run ended (README: Brokers)
     task_acks_late=BROKER_URL.startswith("amqp"),
 )
+for variable, setting in (("CELERY_SCHEDULER_TEST_LEASE", "scheduler_lease_seconds"),
+                          ("CELERY_SCHEDULER_TEST_START_LEASE", "scheduler_start_lease_seconds")):
+    if os.environ.get(variable):
+        app.conf[setting] = float(os.environ[variable])
 
 
 @scheduled_task(ordering_id="ordering_id", uniqueness_key=unique_seq)
@@ -64,7 +81,8 @@ def record(self: Any, ordering_id: str, seq: int, duration: float = 0.0,
            scheduled_for: float = 0.0) -> int:
     release = parse_header(getattr(self.request, HEADER, None))
     where = {} if release is None else {"p": release.partition, "e": release.epoch,
-                                        "a": release.attempt}
+                                        "a": release.attempt, "l": release.lease_until_ms,
+                                        "m": release.marked_ms}
     log("start", ordering_id, seq, scheduled_for=scheduled_for, **where)
     if duration:
         time.sleep(duration)
@@ -94,11 +112,8 @@ class _CommitFirst:
         return getattr(self._consumer, name)
 
 
-def _mutate() -> None:
-    """Break the dispatcher's ingest: Kafka offsets are committed BEFORE the Cassandra write.
-
-    Patched in this module, which only harness processes import; the package is untouched.
-    """
+def _commit_first() -> None:
+    """Break the dispatcher's ingest: Kafka offsets are committed BEFORE the Cassandra write."""
     from celery_scheduler.dispatcher.ingest import Ingest
 
     init = Ingest.__init__
@@ -109,5 +124,58 @@ def _mutate() -> None:
     Ingest.__init__ = wrapped_init  # type: ignore[method-assign]
 
 
-if os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT") == MUTANT_COMMIT_FIRST:
-    _mutate()
+def _ignore_cancels() -> None:
+    """Break ingest: cancel records are read, and dropped."""
+    from celery_scheduler.dispatcher.ingest import Ingest
+    from celery_scheduler.store.base import Cancel
+
+    apply = Ingest._apply
+
+    def without_cancels(self: Ingest, operations: list[Any]) -> None:
+        apply(self, [op for op in operations if not isinstance(op, Cancel)])
+
+    Ingest._apply = without_cancels  # type: ignore[method-assign]
+
+
+def _release_early() -> None:
+    """Break the timetable: every task is due three seconds before its time."""
+    from celery_scheduler.dispatcher.timetable import Loaded
+
+    due = Loaded.due_ms.fget
+    assert due is not None
+    Loaded.due_ms = property(lambda self: due(self) - 3000)  # type: ignore[method-assign,assignment]
+
+
+def _release_two_at_once() -> None:
+    """Break the timetable: with each task it takes for release, the next of its ordering id."""
+    from celery_scheduler.dispatcher.timetable import Timetable
+
+    take_due = Timetable.take_due
+
+    def take_two(self: Any, now_ms: int, limit: int | None = None, ahead_ms: int = 0) -> Any:
+        taken = take_due(self, now_ms, limit, ahead_ms)
+        extra = []
+        for task in taken:
+            queue = self._queues[task.key.ordering_id]
+            following = next((t for _, t in queue.tasks
+                              if t is not task and not t.awaiting_outcome), None)
+            if following is not None:
+                extra.append(following)
+        return taken + extra
+
+    Timetable.take_due = take_two  # type: ignore[method-assign]
+
+
+def _release_out_of_order() -> None:
+    """Break the timetable: an ordering id's latest task is its head."""
+    from celery_scheduler.dispatcher import timetable
+
+    timetable._Queue.head = lambda self: self.tasks[-1][1] if self.tasks else None  # type: ignore[method-assign]
+
+
+_BREAK = {"commit-before-persist": _commit_first, "ignore-cancels": _ignore_cancels,
+          "release-early": _release_early, "release-two-at-once": _release_two_at_once,
+          "release-out-of-order": _release_out_of_order}
+# Patched in this module, which only harness processes import; the package is untouched.
+if os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT") in _BREAK:
+    _BREAK[os.environ["CELERY_SCHEDULER_CHAOS_MUTANT"]]()

@@ -4,7 +4,8 @@
     scripts/chaos --long                       # 130,000 tasks, 30 faults of every kind;
                                                # writes RELIABILITY.md
     scripts/chaos --long --broker rabbitmq     # writes docs/reliability-rabbitmq.md
-    scripts/chaos --quick --mutant commit-before-persist   # must report lost tasks
+    scripts/chaos --quick --mutant commit-before-persist   # must report lost tasks (and so
+                                               # on: each of tests.apps.chaos.MUTANTS breaks one)
     scripts/chaos --quick --broker rabbitmq    # Celery on RabbitMQ, with RabbitMQ restarts
 
 Exit status 0 when no guarantee was broken, 1 otherwise, 2 when the run could not be made.
@@ -20,6 +21,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from tests.apps.chaos import MUTANTS
 from tests.chaos.harness import (
     SERVICE_FAULTS,
     ChaosLockBusy,
@@ -67,8 +69,8 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                         help="the Celery broker the workers use, and restart (default redis)")
     parser.add_argument("--kinds", help="comma-separated fault kinds (default all of the broker's: "
                                         f"{','.join(fault_kinds('redis'))})")
-    parser.add_argument("--mutant", choices=["commit-before-persist"],
-                        help="run a deliberately broken dispatcher")
+    parser.add_argument("--mutant", choices=sorted(MUTANTS),
+                        help="run a deliberately broken dispatcher (each breaks one guarantee)")
     parser.add_argument("--report", type=Path, help="write the Markdown report here "
                         "(--long: RELIABILITY.md unless given)")
     parser.add_argument("--run-dir", type=Path, help="logs and facts (default: a new temp dir)")

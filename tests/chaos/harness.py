@@ -8,7 +8,9 @@ One run:
 2. creates a topic and keyspace, starts two dispatchers and two Celery workers of
    ``tests.apps.chaos`` (with :class:`tests.integration.dispatch_fixtures.Scheduler`);
 3. schedules the workload through the real API at a steady rate, cancelling some tasks
-   right after their schedule call returned, while two *lanes* inject faults on a seeded
+   right after their schedule call returned (a call that raises is made again with the same
+   key, as the README tells users to, up to ``Options.retries`` times), while *lanes* inject
+   faults on a seeded
    plan: processes (SIGKILL of a dispatcher or a worker, SIGSTOP of a dispatcher past the
    group session timeout and the partition lease) and services (restart of Kafka,
    Cassandra, the broker);
@@ -21,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import heapq
+import itertools
 import json
 import os
 import queue
@@ -146,6 +150,7 @@ class Options:
     drain_seconds: float = 120.0
     kinds: tuple[str, ...] = FAULT_KINDS
     mutant: str | None = None
+    retries: int = 5  # a schedule call that raised is made again, with the same key, this often
     dispatchers: int = 2
     workers: int = 2
     broker: str = "redis"  # the Celery broker: redis or rabbitmq (with its own restarts)
@@ -162,8 +167,11 @@ class Task:
     at_ms: int = 0
     accepted: bool | None = None  # None: the call has not resolved yet
     error: str | None = None
+    calls: int = 0  # schedule calls made for it: more than one when one raised
+    call_ms: int = 0  # when the last of them was made (its record's place in the log)
     cancel_accepted: bool | None = None
-    cancel_ms: int = 0
+    cancel_sent_ms: int = 0  # when the cancel call was made ...
+    cancel_ms: int = 0  # ... and when it returned
     status: str | None = None  # final store status, read for cancelled keys
 
 
@@ -191,6 +199,9 @@ class RunFacts:
     finished: float
     drained: bool
     run_dir: str
+    # what the run ran under: leases, consistency, replication, durability of each service
+    conditions: dict[str, str] = field(default_factory=dict)
+    release_ahead_ms: int = 500  # a release is marked no earlier than its due time less this
 
 
 def plan_tasks(options: Options, rng: random.Random) -> list[Task]:
@@ -298,6 +309,7 @@ class Run:
         self._up = {"kafka": threading.Lock(), "cassandra": threading.Lock()}
         self._next_restart = 0.0  # a process that keeps exiting is restarted every 5 s at most
         self.lane_errors: list[str] = []
+        self._retries: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     # --- processes --------------------------------------------------------------------
 
@@ -419,9 +431,17 @@ class Run:
         set_client(chaos.app, client)
         return client
 
-    def _produce(self, rate: float, handles: queue.SimpleQueue[Any]) -> None:
+    def _call(self, task: Task) -> Any:
+        """Make *task*'s schedule call (again, with the same key and time, after one raised)."""
         from tests.apps import chaos
 
+        task.calls += 1
+        task.call_ms = int(time.time() * 1000)
+        return chaos.record.schedule(
+            (task.ordering_id, task.seq), {"duration": task.duration, "scheduled_for": task.at_ms / 1000},
+            at=dt.datetime.fromtimestamp(task.at_ms / 1000, dt.timezone.utc), wait=False)
+
+    def _produce(self, rate: float, handles: queue.SimpleQueue[Any]) -> None:
         start = time.monotonic()
         last_ms: dict[str, int] = {}
         for index, task in enumerate(self.tasks):
@@ -436,11 +456,9 @@ class Run:
             last_ms[task.ordering_id] = at_ms
             task.at_ms = at_ms
             try:
-                handle = chaos.record.schedule(
-                    (task.ordering_id, task.seq), {"duration": task.duration, "scheduled_for": at_ms / 1000},
-                    at=dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc), wait=False)
+                handle = self._call(task)
             except Exception as exc:
-                task.accepted, task.error = False, repr(exc)
+                self._retries.put((task, exc))
                 continue
             handles.put((task, handle))
         handles.put(None)
@@ -451,17 +469,94 @@ class Run:
             task, handle = item
             try:
                 handle.wait(60)
-                task.accepted = True
             except Exception as exc:
-                task.accepted, task.error = False, repr(exc)
+                self._retries.put((task, exc))
                 continue
-            if task.cancel:
+            self._accepted(task, handle)
+        self._retries.put(None)
+
+    def _retry(self) -> None:
+        """Make the calls that raised again, with the same key, a second after each failure,
+        until one is acknowledged or the retries are used up (then the task is not accepted).
+        Many wait at once (a Kafka restart fails hundreds): none waits behind another."""
+        due: list[tuple[float, int, Task]] = []  # (when, tie, task)
+        waiting: list[tuple[Task, Any]] = []  # calls made, not yet resolved
+        ties = itertools.count()
+        more = True
+
+        def again(task: Task, error: BaseException) -> None:
+            if task.calls > self.options.retries or self._stop.is_set():
+                task.accepted, task.error = False, repr(error)
+            else:
+                heapq.heappush(due, (time.monotonic() + 1.0, next(ties), task))
+
+        while more or due or waiting:
+            while more:
                 try:
-                    handle.cancel()
-                    task.cancel_accepted = True
+                    item = self._retries.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    more = False
+                else:
+                    again(*item)
+            while due and due[0][0] <= time.monotonic():
+                task = heapq.heappop(due)[2]
+                try:
+                    waiting.append((task, self._call(task)))
                 except Exception as exc:
-                    task.cancel_accepted, task.error = False, repr(exc)
-                task.cancel_ms = int(time.time() * 1000)
+                    again(task, exc)
+            still = []
+            for task, handle in waiting:
+                if not handle.done():
+                    still.append((task, handle))
+                    continue
+                try:
+                    handle.wait(0)
+                except Exception as exc:
+                    again(task, exc)
+                    continue
+                self._accepted(task, handle)
+            waiting = still
+            time.sleep(0.05)
+
+    def _accepted(self, task: Task, handle: Any) -> None:
+        task.accepted = True
+        if task.cancel:
+            task.cancel_sent_ms = int(time.time() * 1000)
+            try:
+                handle.cancel()
+                task.cancel_accepted = True
+            except Exception as exc:
+                task.cancel_accepted, task.error = False, repr(exc)
+            task.cancel_ms = int(time.time() * 1000)
+
+    @staticmethod
+    def _release_ahead_ms() -> int:
+        from celery_scheduler.config import get_settings
+        from tests.apps import chaos
+
+        return int(get_settings(chaos.app).release_ahead_seconds * 1000)
+
+    def conditions(self) -> dict[str, str]:
+        """What this run ran under, for the report: read from the app and the services."""
+        from celery_scheduler.config import get_settings
+        from tests.apps import chaos
+
+        s = get_settings(chaos.app)
+        return {
+            "start lease": f"{s.start_lease_seconds:g} s",
+            "run lease": f"{s.lease_seconds:g} s (workers beat every {s.lease_seconds / 10:g} s)",
+            "partition lease": f"{s.partition_lease_seconds:g} s",
+            "Kafka": "1 broker, replication factor 1, producers acks=all with idempotence, "
+                     "log flushed by the OS (Kafka's default)",
+            "Cassandra": f"1 node, replication factor 1, writes at {s.cassandra_consistency}, "
+                         f"lightweight transactions at {s.cassandra_serial_consistency}, "
+                         "commitlog_sync periodic (10 s)",
+            "Celery broker": {"redis": "Redis, appendonly off (a restart loses what it held)",
+                              "rabbitmq": "RabbitMQ, durable queues, publisher confirms"}[
+                                  self.options.broker],
+        }
 
     # --- the run ------------------------------------------------------------------------
 
@@ -506,7 +601,8 @@ class Run:
         started = time.time()
         handles: queue.SimpleQueue[Any] = queue.SimpleQueue()
         threads = [threading.Thread(target=self._produce, args=(rate, handles), name="produce"),
-                   threading.Thread(target=self._resolve, args=(handles,), name="resolve")]
+                   threading.Thread(target=self._resolve, args=(handles,), name="resolve"),
+                   threading.Thread(target=self._retry, name="retry")]
         threads += [threading.Thread(target=self._lane, args=(lane,), name="lane") for lane in self.lanes]
         self._threads = threads
         for thread in threads:
@@ -539,7 +635,8 @@ class Run:
         self.executions.read()
         return RunFacts(self.options, self.tasks, self.faults, self.executions.events,
                         self.killed_workers, self.unexpected + self.lane_errors, started,
-                        produced_until, time.time(), drained, str(self.run_dir))
+                        produced_until, time.time(), drained, str(self.run_dir),
+                        self.conditions(), self._release_ahead_ms())
 
     def _waiting(self) -> list[Task]:
         return [t for t in self.tasks if t.accepted and not t.cancel_accepted

@@ -6,6 +6,7 @@ import datetime as dt
 import platform
 from collections import Counter
 
+from tests.apps.chaos import MUTANTS
 from tests.chaos.harness import PAUSE_SECONDS, RunFacts
 from tests.chaos.verify import WINDOW_AFTER, Verdict
 from tests.chaos.verify import __doc__ as RULES
@@ -38,8 +39,8 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"**Verdict: {'PASS' if verdict.ok else 'FAIL'}**"
         + ("" if facts.drained else " (the run stopped before every accepted task had run, so "
            "tasks still waiting count against it as not run)")
-        + (f" (mutant `{o.mutant}`: the dispatcher was broken on purpose, so FAIL with lost tasks "
-           "is what shows the check works)" if o.mutant else ""),
+        + (f" (mutant `{o.mutant}`: the dispatcher was broken on purpose, so FAIL on "
+           f"{MUTANTS.get(o.mutant, 'a guarantee')} is what shows the check works)" if o.mutant else ""),
         "",
         *([note, ""] if note else []),
         "## Plan",
@@ -51,7 +52,8 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         "schedule call returned;",
         f"- {o.dispatchers} dispatchers (`celery -A tests.apps.chaos scheduler dispatch`) and "
         f"{o.workers} Celery workers ({'threads' if o.broker == 'rabbitmq' else 'solo'} pool, one task "
-        "at a time), 6 partitions, task lease 10 s, partition lease 6 s, Kafka session timeout 6 s;",
+        "at a time), 6 partitions, Kafka session timeout 6 s; a schedule call that raised is "
+        f"made again with the same key, a second apart, up to {o.retries} times;",
         f"- own Kafka, Cassandra and {broker} (the Celery broker) on the chaos ports; "
         f"{o.faults_per_kind} fault(s) of each "
         f"kind in a seeded random order on three lanes that run side by side, "
@@ -63,6 +65,9 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"restarts, and Kafka or {broker} restarts (`scripts/services down` + `up`);",
         f"- drained: {'yes' if facts.drained else 'NO (drain timeout reached)'}.",
         "",
+        *(["Conditions:", "", "| | |", "|---|---|"]
+          + [f"| {name} | {value} |" for name, value in facts.conditions.items()] + [""]
+          if facts.conditions else []),
         "Faults injected: " + ", ".join(f"{kind} {kinds.get(kind, 0)}" for kind in o.kinds) + "; "
         f"pauses during which the other dispatcher took partitions over: "
         f"{c['pauses_with_takeover']} of {kinds.get('dispatcher-pause', 0)}.",
@@ -72,11 +77,14 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         "| figure | count |",
         "|---|---|",
         f"| schedule calls accepted | {c['accepted']} |",
-        f"| schedule calls that raised (not accepted, not counted as lost) | {c['not_accepted']} |",
-        f"| ... of which ran anyway | {c['ran_though_not_accepted']} |",
+        f"| keys whose first call raised (made again) / accepted on a later call / ran | "
+        f"{c['retried']} / {c['retried_accepted']} / {c['retried_ran']} |",
+        f"| **... ran to their end twice** | **{c['retried_ran_twice']}** |",
+        f"| keys not accepted after every call (not counted as lost) | {c['not_accepted']} |",
+        f"| **... of which ran anyway** | **{c['not_accepted_but_ran']}** |",
         f"| cancels accepted / cancels that raised | {c['cancels_accepted']} / {c['cancels_not_accepted']} |",
-        f"| cancelled (store status) / cancel came after the release | {c['cancelled']} / "
-        f"{c['cancel_came_too_late']} |",
+        f"| cancelled (store status) / cancel came after the release was marked / not judged | "
+        f"{c['cancelled']} / {c['cancel_came_too_late']} / {c['cancel_not_judged']} |",
         (f"| **lost** | **{c['lost']}** |" if facts.drained else
          f"| **not run when the run stopped** (lost, or still waiting: it did not drain) | "
          f"**{c['lost']}** |"),
@@ -86,6 +94,7 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"| **overlapping runs of one ordering id** | **{c['overlaps']}** |",
         f"| **cancelled but ran** | **{c['cancelled_but_ran']}** |",
         f"| duplicate runs | {c['duplicates']} |",
+        f"| ... keys never retried that ran to their end twice | {c['completed_twice']} |",
         f"| ... of which started after a later key of the ordering id | {c['late_duplicates']} |",
         f"| runs of keys never scheduled | {c['unknown_runs']} |",
         f"| dispatchers/workers that exited by themselves (restarted) or faults that failed | "

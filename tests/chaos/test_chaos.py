@@ -1,4 +1,4 @@
-"""The short chaos run, and proof that it catches a dispatcher that loses tasks.
+"""The short chaos run, and proof that it catches a dispatcher that breaks each guarantee.
 
 They share one set of Kafka, Cassandra and brokers on the chaos ports (they restart them;
 each run has a topic, keyspace and queue of its own), started by the first and stopped
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.apps.chaos import MUTANTS
 from tests.chaos.__main__ import QUICK
 from tests.chaos.harness import (
     BROKERS,
@@ -98,4 +99,22 @@ def test_the_chaos_run_catches_a_dispatcher_that_commits_before_it_persists(
 
     assert verdict.faults["dispatcher-kill"] == 4
     assert verdict.counts["never_stored"] > 0  # lost for good, not merely late
+    assert not verdict.ok
+
+
+# A dispatcher broken on purpose in one way each, no faults: each must make the verdict of
+# the guarantee it breaks fail (tests.apps.chaos.MUTANTS names which), or that verdict could
+# never fail. Half the tasks run 50-500 ms and a third are cancelled, so that every broken
+# rule has tasks to show on.
+BROKEN = Options(tasks=200, ordering_ids=20, kinds=(), produce_seconds=10.0, drain_seconds=6.0,
+                 delay=(1.0, 5.0), slow_share=0.5, cancel_share=0.3)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mutant", sorted(set(MUTANTS) - {MUTANT.mutant}))
+def test_the_chaos_run_catches_a_dispatcher_broken_on_purpose(
+        mutant: str, chaos_services: Path, tmp_path: Path) -> None:
+    verdict = run(replace(BROKEN, mutant=mutant), chaos_services, tmp_path)
+
+    assert verdict.counts[MUTANTS[mutant]] > 0, verdict.counts
     assert not verdict.ok

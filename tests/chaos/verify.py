@@ -6,20 +6,31 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
 - **lost**: the schedule call returned successfully ("accepted"), no cancel of it was
   accepted, and the key never started. A key whose cancel was accepted must either have been
   cancelled (store status ``cancelled``) or have run (the cancel came after its release);
-  anything else is lost too. A call that raised is not accepted and never counts as lost.
+  anything else is lost too. A call that raised is made again with the same key (up to the
+  run's retries); a key none of whose calls was accepted never counts as lost.
+- **not accepted but ran**: every call of a key raised, and yet it ran.
+- **retried and ran twice**: a key whose first call raised ran to its end twice or more (a
+  call made again must not schedule a second run).
 - **early**: a key's first start is more than 1 ms before its scheduled time (the key
   stores milliseconds).
-- **order violation**: within one ordering id, the *first* starts of the keys that ran are
-  not in seq order (seq order is schedule order, and scheduled times rise with seq).
+- **order violation**: within one ordering id, a key first started before an earlier key
+  (by seq: scheduled times rise with seq) whose accepted call was made before its own. A
+  call made again after a later key's call enqueued it after that key: the two are not
+  compared.
 - **overlap**: two runs of one ordering id (any runs, duplicates included) overlap in time.
   A run with no ``end`` ended when its worker was SIGKILLed; a run with no end in a live
   worker counts as still running at the end of the run.
 - **duplicate**: a second or later start of a key; reported with how many started after a
   later key of the same ordering id had already started ("late duplicates"), which is
   allowed (at least once) but worth watching.
-- **cancelled but ran**: a key whose cancel was accepted and whose store status is
-  ``cancelled`` has a start in the log.
-- **lateness**: first start minus scheduled time, over all keys that ran; "during faults"
+- **cancelled but ran**: a key whose cancel was accepted has a start in the log, and either
+  its store status is ``cancelled``, or the cancel was acknowledged before the release could
+  have been marked (a dispatcher marks a release no earlier than its due time less
+  ``scheduler_release_ahead_seconds``). A cancel acknowledged later "came too late" only
+  when a run's release says it was marked before the cancel call was made; the rest are
+  counted as not judged.
+- **lateness**: first start minus scheduled time (or minus the time of its accepted call,
+  when that was made later: a call made again), over all keys that ran; "during faults"
   are keys due between a fault's injection and 5 s after its end; "quiet" the others. The
   **recovery** of one fault is the largest lateness of the keys due in its window.
 """
@@ -27,13 +38,12 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chaos.harness import RunFacts
+from tests.chaos.harness import RunFacts, Task
 
 EARLY_TOLERANCE = 0.001
 WINDOW_AFTER = 5.0  # seconds after a fault's end that still count as "during" it
@@ -49,7 +59,8 @@ class Verdict:
     faults: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    VIOLATIONS = ("lost", "early", "order_violations", "overlaps", "cancelled_but_ran")
+    VIOLATIONS = ("lost", "early", "order_violations", "overlaps", "cancelled_but_ran",
+                  "not_accepted_but_ran", "retried_ran_twice")
 
     @property
     def ok(self) -> bool:
@@ -72,14 +83,33 @@ def percentiles(values: Iterable[float]) -> dict[str, float]:
     return {"n": len(ordered), "p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1], 3)}
 
 
+def _judge_cancel(verdict: Verdict, task: Task, runs: list[dict[str, Any]], started: float,
+                  ahead_ms: int) -> None:
+    """A key whose cancel was accepted ran: allowed only if its release was marked first."""
+    key = (task.ordering_id, task.seq)
+    earliest_mark_ms = task.at_ms - ahead_ms  # no release of it is marked before
+    if task.status == "cancelled":
+        verdict.flag("cancelled_but_ran", f"{key} cancelled, yet started at {started:.3f}")
+    elif task.cancel_ms < earliest_mark_ms:
+        verdict.flag("cancelled_but_ran",
+                     f"{key}: cancel acknowledged {(earliest_mark_ms - task.cancel_ms) / 1000:.3f}s "
+                     f"before its release could be marked, yet started at {started:.3f}")
+    elif any(0 < run.get("m", 0) <= task.cancel_sent_ms for run in runs):
+        verdict.counts["cancel_came_too_late"] += 1
+    else:
+        verdict.counts["cancel_not_judged"] += 1
+
+
 def verify(facts: RunFacts) -> Verdict:
     verdict = Verdict()
-    for name in (*Verdict.VIOLATIONS, "duplicates", "late_duplicates", "unknown_runs"):
+    for name in (*Verdict.VIOLATIONS, "duplicates", "late_duplicates", "unknown_runs",
+                 "completed_twice"):
         verdict.counts[name] = 0
     tasks = {(t.ordering_id, t.seq): t for t in facts.tasks}
     starts: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     runs: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # o -> (start, end, seq)
     open_runs: dict[int, dict[str, Any]] = {}  # pid -> its running start (one task at a time per worker)
+    completed: dict[tuple[str, int], int] = defaultdict(int)  # runs that reached their end
     for event in sorted(facts.executions, key=lambda e: e["t"]):
         pid = event["pid"]
         if event["event"] == "start":
@@ -95,6 +125,7 @@ def verify(facts: RunFacts) -> Verdict:
             begun = open_runs.pop(pid, None)
             if begun is not None:
                 runs[begun["o"]].append((begun["t"], event["t"], begun["seq"]))
+                completed[(begun["o"], begun["seq"])] += 1
     for pid, begun in open_runs.items():
         end = facts.killed_workers.get(pid, facts.finished)
         runs[begun["o"]].append((begun["t"], end, begun["seq"]))
@@ -106,27 +137,39 @@ def verify(facts: RunFacts) -> Verdict:
         first_start[key] = min(e["t"] for e in events)
         verdict.counts["duplicates"] += len(events) - 1
 
-    # lost / cancelled / not accepted
+    # lost / cancelled / not accepted / retried
     accepted = [t for t in facts.tasks if t.accepted]
     verdict.counts["accepted"] = len(accepted)
     verdict.counts["not_accepted"] = sum(1 for t in facts.tasks if not t.accepted)
-    verdict.counts["ran_though_not_accepted"] = sum(
-        1 for t in facts.tasks if not t.accepted and (t.ordering_id, t.seq) in starts)
+    retried = [t for t in facts.tasks if t.calls > 1]
+    verdict.counts["retried"] = len(retried)
+    verdict.counts["retried_accepted"] = sum(1 for t in retried if t.accepted)
+    verdict.counts["retried_ran"] = sum(1 for t in retried if (t.ordering_id, t.seq) in starts)
+    for task in facts.tasks:
+        key = (task.ordering_id, task.seq)
+        if not task.accepted and key in starts:
+            verdict.flag("not_accepted_but_ran", f"{key}: {task.calls} call(s), the last raised "
+                                                 f"{task.error}; started at {first_start[key]:.3f}")
+        if completed[key] > 1:
+            if task.calls > 1:
+                verdict.flag("retried_ran_twice", f"{key}: {task.calls} calls, ran to its end "
+                                                  f"{completed[key]} times")
+            else:
+                verdict.counts["completed_twice"] += 1
     verdict.counts["cancels_accepted"] = sum(1 for t in accepted if t.cancel_accepted)
     verdict.counts["cancels_not_accepted"] = sum(1 for t in accepted if t.cancel and not t.cancel_accepted)
-    verdict.counts["cancelled"] = verdict.counts["cancel_came_too_late"] = 0
-    verdict.counts["never_stored"] = 0  # not run, and the store never heard of it either
+    for name in ("cancelled", "cancel_came_too_late", "cancel_not_judged", "never_stored"):
+        verdict.counts[name] = 0  # never_stored: not run, and the store never heard of it either
     for task in accepted:
         key = (task.ordering_id, task.seq)
         ran = key in starts
+        if task.cancel_accepted and ran:
+            _judge_cancel(verdict, task, starts[key], first_start[key], facts.release_ahead_ms)
+            continue
         if task.cancel and task.status == "cancelled":
             verdict.counts["cancelled"] += 1
-            if ran:
-                verdict.flag("cancelled_but_ran", f"{key} cancelled, yet started at {first_start[key]:.3f}")
             continue
         if ran:
-            if task.cancel_accepted:
-                verdict.counts["cancel_came_too_late"] += 1
             continue
         verdict.flag("lost", f"{key} due {task.at_ms / 1000:.3f}, cancel accepted: "
                              f"{task.cancel_accepted}, status {task.status}")
@@ -137,10 +180,10 @@ def verify(facts: RunFacts) -> Verdict:
     lateness: dict[tuple[str, int], float] = {}
     for key, started in first_start.items():
         task = tasks[key]
-        late = started - task.at_ms / 1000
-        lateness[key] = late
-        if late < -EARLY_TOLERANCE:
-            verdict.flag("early", f"{key} started {-late:.3f}s before {task.at_ms / 1000:.3f}")
+        if started - task.at_ms / 1000 < -EARLY_TOLERANCE:
+            verdict.flag("early", f"{key} started {task.at_ms / 1000 - started:.3f}s before "
+                                  f"{task.at_ms / 1000:.3f}")
+        lateness[key] = started - max(task.at_ms, task.call_ms) / 1000
 
     # order of first starts, overlap of any runs, late duplicates
     by_ordering_id: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -148,8 +191,14 @@ def verify(facts: RunFacts) -> Verdict:
         by_ordering_id[ordering_id].append((seq, started))
     for ordering_id, seqs in by_ordering_id.items():
         seqs.sort()
-        for (seq_a, start_a), (seq_b, start_b) in itertools.pairwise(seqs):
-            if start_b < start_a:
+        called = [tasks[(ordering_id, seq)].call_ms for seq, _ in seqs]
+        for index, (seq_b, start_b) in enumerate(seqs):
+            # the earlier keys enqueued before this one, the latest-starting of them
+            before = [(start_a, seq_a) for (seq_a, start_a), call_a in zip(seqs[:index], called[:index],
+                                                                          strict=True)
+                      if call_a <= called[index]]
+            if before and max(before)[0] > start_b:
+                start_a, seq_a = max(before)
                 verdict.flag("order_violations",
                              f"{ordering_id}: seq {seq_b} first started {start_a - start_b:.3f}s "
                              f"before seq {seq_a}")

@@ -1,0 +1,138 @@
+"""The chaos checker's rules, on execution logs written by hand: each verdict must fail when
+its guarantee is broken, and only then."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.chaos.harness import Fault, Options, RunFacts, Task
+from tests.chaos.verify import Verdict, verify
+
+T0 = 1_900_000_000.0  # the run's start (epoch seconds)
+
+
+def task(ordering_id: str, seq: int, at: float, **fields: Any) -> Task:
+    return Task(ordering_id, seq, 0.0, 1.0, 0.0, bool(fields.get("cancel_accepted")),
+                at_ms=int((T0 + at) * 1000), accepted=fields.pop("accepted", True),
+                calls=fields.pop("calls", 1), **fields)
+
+
+def run(ordering_id: str, seq: int, start: float, end: float | None, pid: int = 1,
+        **header: Any) -> list[dict[str, Any]]:
+    events = [{"event": "start", "o": ordering_id, "seq": seq, "t": T0 + start, "pid": pid, **header}]
+    if end is not None:
+        events.append({"event": "end", "o": ordering_id, "seq": seq, "t": T0 + end, "pid": pid})
+    return events
+
+
+def facts(tasks: list[Task], executions: list[dict[str, Any]], faults: list[Fault] | None = None,
+          killed: dict[int, float] | None = None) -> RunFacts:
+    return RunFacts(Options(kinds=()), tasks, faults or [], executions, killed or {}, [],
+                    T0, T0 + 100, T0 + 200, True, "")
+
+
+def violations(verdict: Verdict) -> dict[str, int]:
+    return {name: verdict.counts[name] for name in Verdict.VIOLATIONS if verdict.counts[name]}
+
+
+def test_a_clean_run_passes() -> None:
+    verdict = verify(facts([task("a", 0, 10), task("a", 1, 11)],
+                           run("a", 0, 10.002, 10.1) + run("a", 1, 11.001, 11.2)))
+    assert verdict.ok and violations(verdict) == {}
+    assert verdict.lateness["overall"]["n"] == 2
+
+
+def test_an_accepted_task_that_never_ran_is_lost() -> None:
+    verdict = verify(facts([task("a", 0, 10), task("a", 1, 11)], run("a", 0, 10, 10.1)))
+    assert violations(verdict) == {"lost": 1}
+
+
+def test_a_start_before_its_time_is_early() -> None:
+    verdict = verify(facts([task("a", 0, 10)], run("a", 0, 9.9, 10.0)))
+    assert violations(verdict) == {"early": 1}
+
+
+def test_a_later_task_first_started_before_an_earlier_one_is_out_of_order() -> None:
+    verdict = verify(facts([task("a", 0, 10), task("a", 1, 11)],
+                           run("a", 1, 11.0, 11.1) + run("a", 0, 12.0, 12.1)))
+    assert violations(verdict) == {"order_violations": 1}
+
+
+def test_runs_of_one_ordering_id_that_overlap() -> None:
+    verdict = verify(facts([task("a", 0, 10), task("a", 1, 11)],
+                           run("a", 0, 10.0, 12.0, pid=1) + run("a", 1, 11.5, 11.6, pid=2)))
+    assert violations(verdict) == {"overlaps": 1}
+
+
+def test_a_run_cut_short_by_a_worker_kill_ends_when_it_was_killed() -> None:
+    executions = (run("a", 0, 10.0, None, pid=1) + run("a", 0, 20.0, 20.1, pid=2)
+                  + run("a", 1, 20.2, 20.3, pid=2))
+    clean = verify(facts([task("a", 0, 10), task("a", 1, 11)], executions, killed={1: T0 + 15}))
+    assert violations(clean) == {} and clean.counts["duplicates"] == 1
+    overlapping = verify(facts([task("a", 0, 10), task("a", 1, 11)], executions,
+                               killed={1: T0 + 25}))  # still running when the next started
+    assert violations(overlapping) == {"overlaps": 2}
+
+
+@pytest.mark.parametrize(("cancel_ms", "status", "marked", "verdict_count"), [
+    # acknowledged seconds before the release could be marked: it must not run
+    (6_000, "succeeded", 9_600, "cancelled_but_ran"),
+    # the store says cancelled, and yet it ran
+    (9_900, "cancelled", 9_600, "cancelled_but_ran"),
+    # the release's header says it was marked before the cancel was made: too late, allowed
+    (9_900, "succeeded", 9_600, "cancel_came_too_late"),
+    # acknowledged after the earliest mark, and no release says when it was marked
+    (9_700, "succeeded", 0, "cancel_not_judged"),
+])
+def test_a_cancelled_task_that_ran(cancel_ms: int, status: str, marked: int, verdict_count: str) -> None:
+    cancelled = task("a", 0, 10, cancel_accepted=True, cancel_sent_ms=int(T0 * 1000) + cancel_ms - 5,
+                     cancel_ms=int(T0 * 1000) + cancel_ms, status=status)
+    header = {"m": int(T0 * 1000) + marked} if marked else {}
+    verdict = verify(facts([cancelled], run("a", 0, 10.001, 10.1, **header)))
+    assert verdict.counts[verdict_count] == 1
+    assert verdict.ok == (verdict_count != "cancelled_but_ran")
+
+
+def test_a_cancelled_task_that_did_not_run_is_cancelled_not_lost() -> None:
+    cancelled = task("a", 0, 10, cancel_accepted=True, cancel_ms=int(T0 * 1000) + 6_000,
+                     status="cancelled")
+    verdict = verify(facts([cancelled], []))
+    assert verdict.ok and verdict.counts["cancelled"] == 1
+
+
+def test_a_call_that_raised_every_time_must_not_run() -> None:
+    refused = task("a", 0, 10, accepted=False, calls=6, error="TaskLogUnavailableError()")
+    assert violations(verify(facts([refused], []))) == {}  # not accepted: not lost either
+    assert violations(verify(facts([refused], run("a", 0, 10, 10.1)))) == {"not_accepted_but_ran": 1}
+
+
+def test_a_retried_call_that_ran_twice() -> None:
+    retried = task("a", 0, 10, calls=2)
+    once = verify(facts([retried], run("a", 0, 10, 10.1)))
+    assert violations(once) == {} and once.counts["retried_ran"] == 1
+    twice = verify(facts([retried], run("a", 0, 10, 10.1) + run("a", 0, 12, 12.1, pid=2)))
+    assert violations(twice) == {"retried_ran_twice": 1}
+    # a key never retried that ran twice is a duplicate (at least once), not a violation
+    plain = verify(facts([task("a", 0, 10)], run("a", 0, 10, 10.1) + run("a", 0, 12, 12.1, pid=2)))
+    assert violations(plain) == {} and plain.counts["completed_twice"] == 1
+
+
+def test_lateness_during_a_fault_and_its_recovery() -> None:
+    fault = Fault("worker-kill", "pid 1", T0 + 20, T0 + 21)
+    verdict = verify(facts([task("a", 0, 10), task("b", 0, 20.5)],
+                           run("a", 0, 10.01, 10.1) + run("b", 0, 27.5, 27.6), faults=[fault]))
+    assert verdict.lateness["quiet"]["max"] == pytest.approx(0.01, abs=0.001)
+    assert verdict.lateness["during faults"]["max"] == pytest.approx(7.0, abs=0.001)
+
+
+def test_a_key_enqueued_again_after_a_later_key_is_not_held_to_its_order() -> None:
+    late_call = int((T0 + 11.5) * 1000)  # its first call raised; made again after seq 1's
+    tasks = [task("a", 0, 10, calls=2, call_ms=late_call), task("a", 1, 11, call_ms=int((T0 + 1) * 1000))]
+    executions = run("a", 1, 11.0, 11.1) + run("a", 0, 12.0, 12.1)
+    verdict = verify(facts(tasks, executions))
+    assert violations(verdict) == {}
+    assert verdict.lateness["overall"]["max"] == pytest.approx(0.5, abs=0.001)  # from its call
+    tasks[0].call_ms = int((T0 + 0.5) * 1000)  # enqueued first after all: then it must go first
+    assert violations(verify(facts(tasks, executions))) == {"order_violations": 1}
