@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery, current_task, signals
 from celery_longterm_scheduler import Task as LongtermTask
 
-from benchmarks.execlog import write_start
+from benchmarks.execlog import write_end, write_start
 from celery_scheduler import scheduled_task
 from celery_scheduler.wire import HEADER
 
@@ -34,7 +34,6 @@ app.conf.update(
     scheduler_kafka_topic=os.environ.get("BENCH_TOPIC", "bench"),
     scheduler_kafka_partitions=int(os.environ.get("BENCH_PARTITIONS", "12")),
     scheduler_cassandra_keyspace=os.environ.get("BENCH_KEYSPACE", "bench"),
-    scheduler_lease_seconds=float(os.environ.get("BENCH_LEASE", "300")),
     # BENCH_RELEASE_ETA=1 measures the eta mode (not the default) in any scenario
     scheduler_release_eta=os.environ.get("BENCH_RELEASE_ETA") == "1",
     # BENCH_INGEST_LINGER=0 measures the ingest loop without its linger
@@ -50,6 +49,8 @@ app.conf.update(
 )
 if os.environ.get("BENCH_ETA_TASK_LIMIT"):  # Celery's worker_eta_task_limit, for the eta mode
     app.conf.worker_eta_task_limit = int(os.environ["BENCH_ETA_TASK_LIMIT"])
+if os.environ.get("BENCH_LEASE"):  # the package's default leases unless a scenario says
+    app.conf.scheduler_lease_seconds = float(os.environ["BENCH_LEASE"])
 if os.environ.get("BENCH_VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["BENCH_VISIBILITY_TIMEOUT"])}
 
@@ -74,6 +75,7 @@ def body(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
     write_start(EXECLOG, ordering_id, seq, at, released if isinstance(released, float) else None)
     if sleep:
         time.sleep(sleep)
+        write_end(EXECLOG, ordering_id, seq)
 
 
 @app.task(name="bench.record")

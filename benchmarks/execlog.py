@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Start", "read", "write_start"]
+__all__ = ["Start", "read", "read_ends", "write_end", "write_start"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,29 @@ def write_start(path: str, ordering_id: str, seq: int, at: float, released: floa
     line = start_line(ordering_id, seq, at, released)
     with open(path, "a") as handle:
         handle.write(line)
+
+
+def write_end(path: str, ordering_id: str, seq: int) -> None:
+    """The body of a task that works (``sleep``) ended now: a line in ``<path>.ends``."""
+    with open(f"{path}.ends", "a") as handle:
+        handle.write(f"{ordering_id},{seq},{time.time()!r},{os.getpid()}\n")
+
+
+def read_ends(path: Path) -> list[tuple[str, int, float, int]]:
+    """(ordering id, seq, when, pid) of every body that ended and logged it."""
+    try:
+        text = Path(f"{path}.ends").read_text()
+    except FileNotFoundError:
+        return []
+    ends = []
+    for line in text.splitlines():
+        parts = line.split(",")
+        if len(parts) == 4:
+            try:
+                ends.append((parts[0], int(parts[1]), float(parts[2]), int(parts[3])))
+            except ValueError:
+                continue
+    return ends
 
 
 def read(path: Path) -> list[Start]:

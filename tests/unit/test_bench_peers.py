@@ -81,3 +81,16 @@ def test_a_kill_between_two_tasks_cut_nothing_short() -> None:
     outcome = crash_outcome([_start(0, 9.5), _start(1, 10.2)], count=2, killed=10.0, body=0.1)
     assert math.isnan(outcome.rerun)
     assert outcome.recovered == pytest.approx(0.2)
+
+
+def test_order_and_overlaps_of_failover_runs() -> None:
+    from benchmarks.execlog import Start
+    from benchmarks.failover import order_and_overlaps
+
+    def start(ordering_id: str, seq: int, at: float) -> Start:
+        return Start(ordering_id, seq, 0.0, at, 1)
+
+    clean = [start("a", 0, 1.0), start("a", 1, 2.0), start("b", 0, 1.001)]
+    assert order_and_overlaps(clean, 0.005) == (0, 0)
+    assert order_and_overlaps([start("a", 1, 1.0), start("a", 0, 2.0)], 0.005) == (1, 0)
+    assert order_and_overlaps([start("a", 0, 1.0), start("a", 1, 1.002)], 0.005) == (0, 1)
