@@ -5,6 +5,9 @@ the harness's own Kafka, Cassandra and broker (which it restarts at will):
 
 - ``CELERY_SCHEDULER_CHAOS_KAFKA``, ``CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT``,
   ``CELERY_SCHEDULER_CHAOS_BROKER`` (a Redis or RabbitMQ URL): where the services are;
+- ``CELERY_SCHEDULER_CHAOS_CLUSTER=1`` with ``CELERY_SCHEDULER_CHAOS_CASSANDRA_HOSTS``: three
+  Kafka brokers and three Cassandra nodes, replicated three ways, written at LOCAL_QUORUM
+  with lightweight transactions at LOCAL_SERIAL, as docs/production.md recommends;
 - ``CELERY_SCHEDULER_TEST_TOPIC``/``_KEYSPACE``/``_QUEUE``/``_EXECLOG``: as for
   ``tests.apps.dispatching``, so ``tests.integration.dispatch_fixtures.Scheduler`` drives it;
 - ``CELERY_SCHEDULER_CHAOS_MUTANT``: a deliberately broken dispatcher (one of :data:`MUTANTS`),
@@ -56,6 +59,8 @@ app.conf.update(
     scheduler_cassandra_keyspace=os.environ.get("CELERY_SCHEDULER_TEST_KEYSPACE", "celery_scheduler_chaos"),
     scheduler_cassandra_consistency="ONE",
     scheduler_cassandra_serial_consistency="SERIAL",
+    scheduler_cassandra_contact_points=tuple(
+        os.environ.get("CELERY_SCHEDULER_CHAOS_CASSANDRA_HOSTS", "127.0.0.1").split(",")),
     scheduler_cassandra_request_timeout=5.0,
     scheduler_partition_lease_seconds=float(os.environ.get("CELERY_SCHEDULER_TEST_PARTITION_LEASE", "6")),
     scheduler_retry_backoff=0.2,
@@ -69,6 +74,13 @@ app.conf.update(
     # on RabbitMQ, a message is taken off the queue only once its run ended (README: Brokers)
     task_acks_late=BROKER_URL.startswith("amqp"),
 )
+if os.environ.get("CELERY_SCHEDULER_CHAOS_CLUSTER") == "1":
+    app.conf.update(
+        scheduler_kafka_replication_factor=3,  # and min.insync.replicas 2 (init sets it)
+        scheduler_cassandra_replication={"class": "NetworkTopologyStrategy", "datacenter1": 3},
+        scheduler_cassandra_consistency="LOCAL_QUORUM",
+        scheduler_cassandra_serial_consistency="LOCAL_SERIAL",
+    )
 for variable, setting in (("CELERY_SCHEDULER_TEST_LEASE", "scheduler_lease_seconds"),
                           ("CELERY_SCHEDULER_TEST_START_LEASE", "scheduler_start_lease_seconds")):
     if os.environ.get(variable):

@@ -7,6 +7,10 @@
     scripts/chaos --quick --mutant commit-before-persist   # must report lost tasks (and so
                                                # on: each of tests.apps.chaos.MUTANTS breaks one)
     scripts/chaos --quick --broker rabbitmq    # Celery on RabbitMQ, with RabbitMQ restarts
+    scripts/chaos --quick --cluster            # three Kafka brokers, three Cassandra nodes,
+                                               # with node kills and stalls (~10 minutes)
+    scripts/chaos --long --cluster             # 115,000 tasks, 20 faults of 9 kinds; writes
+                                               # docs/reliability-cluster.md
 
 Exit status 0 when no guarantee was broken, 1 otherwise, 2 when the run could not be made.
 """
@@ -41,6 +45,7 @@ from tests.services import REPO
 QUICK = Options(tasks=1200, ordering_ids=60, faults_per_kind=1, gap=(2.0, 4.0), drain_seconds=90.0)
 # What the long run must reach to count as one: accepted tasks and faults of each kind.
 TARGET_TASKS, TARGET_FAULTS = 100_000, 30
+TARGET_CLUSTER_FAULTS = 20  # a cluster run's, of each of its nine kinds
 # 130,000 planned so that more than 100,000 are accepted: calls made while Kafka restarts
 # fail (about a fifth of them). Four workers, since a tenth of the tasks sleep up to 0.5 s.
 # The lanes span 70 minutes. Spread over 45, Cassandra restarted about once a minute and was
@@ -48,6 +53,11 @@ TARGET_TASKS, TARGET_FAULTS = 100_000, 30
 # restarts' CPU alone left too little to run the backlog down, whatever the code.
 LONG = Options(tasks=130_000, ordering_ids=2000, faults_per_kind=30, window=4200.0,
                drain_seconds=1200.0, workers=4)
+# The cluster's: six JVMs share the two cores with everything else, so fewer tasks; 5,000 of
+# them due 30-60 minutes after they were scheduled, read from far buckets across faults.
+QUICK_CLUSTER = replace(QUICK, cluster=True, far_tasks=60, far_delay=(60.0, 120.0),
+                        drain_seconds=150.0)
+LONG_CLUSTER = replace(LONG, cluster=True, tasks=115_000, faults_per_kind=20, far_tasks=5000)
 
 
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
@@ -65,6 +75,9 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                         help="how long to wait after the last due time for the last runs")
     parser.add_argument("--dispatchers", type=int, help="dispatcher processes (default 2)")
     parser.add_argument("--workers", type=int, help="Celery worker processes (default 2)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="three Kafka brokers and three Cassandra nodes (RF 3, LOCAL_QUORUM), "
+                             "with node kills and stalls")
     parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis",
                         help="the Celery broker the workers use, and restart (default redis)")
     parser.add_argument("--kinds", help="comma-separated fault kinds (default all of the broker's: "
@@ -78,16 +91,17 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                         help="no new run: verify and report the facts runs saved (repeat it: "
                              "the first is the main report, the others follow as checks)")
     args = parser.parse_args(argv)
-    options = QUICK if args.quick else LONG
+    options = (QUICK_CLUSTER if args.cluster else QUICK) if args.quick else (
+        LONG_CLUSTER if args.cluster else LONG)
     changes: dict[str, object] = {"seed": args.seed, "mutant": args.mutant, "broker": args.broker,
-                                  "kinds": fault_kinds(args.broker)}
+                                  "kinds": fault_kinds(args.broker, args.cluster)}
     for name in ("tasks", "ordering_ids", "faults_per_kind", "window", "drain_seconds",
                  "dispatchers", "workers"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.kinds:
         kinds = tuple(args.kinds.split(","))
-        known = fault_kinds(args.broker)
+        known = fault_kinds(args.broker, args.cluster)
         unknown = set(kinds) - set(known)
         if unknown:
             other = " (a restart of a service this broker's run does not use)" if (
@@ -95,7 +109,8 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
             parser.error(f"unknown fault kinds {sorted(unknown)}{other}; known: {', '.join(known)}")
         changes["kinds"] = kinds
     if args.long and args.report is None:  # the long run of each broker has its page
-        args.report = REPO / ("RELIABILITY.md" if args.broker == "redis"
+        args.report = REPO / ("docs/reliability-cluster.md" if args.cluster else
+                              "RELIABILITY.md" if args.broker == "redis"
                               else f"docs/reliability-{args.broker}.md")
     return replace(options, **changes), args  # type: ignore[arg-type]
 
@@ -129,15 +144,18 @@ def main(argv: list[str]) -> int:
 
 def command_of(options: Options) -> str:
     """The command that repeats a run with *options* (the report names it)."""
-    preset = LONG if options.ordering_ids == LONG.ordering_ids else QUICK
-    argv = ["--long" if preset is LONG else "--quick", "--seed", str(options.seed)]
+    long = options.ordering_ids == LONG.ordering_ids
+    preset = ((LONG_CLUSTER if long else QUICK_CLUSTER) if options.cluster
+              else (LONG if long else QUICK))
+    argv = ["--long" if long else "--quick", *(["--cluster"] if options.cluster else []),
+            "--seed", str(options.seed)]
     for name in ("tasks", "ordering_ids", "faults_per_kind", "window", "drain_seconds",
                  "dispatchers", "workers"):
         if getattr(options, name) != getattr(preset, name):
             argv += [f"--{name.replace('_', '-')}", f"{getattr(options, name):g}"]
     if options.broker != "redis":
         argv += ["--broker", options.broker]
-    if options.kinds != fault_kinds(options.broker):
+    if options.kinds != fault_kinds(options.broker, options.cluster):
         argv += ["--kinds", ",".join(options.kinds)]
     if options.mutant:
         argv += ["--mutant", options.mutant]
@@ -152,14 +170,16 @@ def report(facts: RunFacts, *checks: RunFacts, path: Path | None) -> int:
     kinds = Counter(f.kind for f in facts.faults)
     fewest = min(kinds.get(kind, 0) for kind in o.kinds)
     accepted = verdict.counts["accepted"]
-    if not o.mutant and o.window and (accepted < TARGET_TASKS or fewest < TARGET_FAULTS):
+    target_faults = TARGET_CLUSTER_FAULTS if o.cluster else TARGET_FAULTS
+    if not o.mutant and o.window and (accepted < TARGET_TASKS or fewest < target_faults):
         note = (f"**This run is smaller than the long run's target** (at least {TARGET_TASKS:,} "
-                f"accepted tasks and {TARGET_FAULTS} faults of each kind): {accepted:,} tasks were "
+                f"accepted tasks and {target_faults} faults of each kind): {accepted:,} tasks were "
                 f"accepted and the least frequent fault kind was injected {fewest} times.")
     parts = [render(facts, verdict, command_of(facts.options), note=note)]
     for check in checks:
         title = (f"Mutant check: {check.options.mutant}" if check.options.mutant
-                 else "Further run")
+                 else "Cluster run" if check.options.cluster
+                 else "Single-node run" if o.cluster else "Further run")
         parts.append(render(check, verify(check), command_of(check.options), title, rules=False))
     text = "\n".join(parts)
     print(text)

@@ -29,6 +29,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import threading
@@ -53,13 +54,29 @@ REDIS = f"redis://127.0.0.1:{PORTS['REDIS_PORT']}"
 # The Celery broker of each kind the workers can use, and the service behind it.
 BROKERS = {"redis": f"{REDIS}/1", "rabbitmq": f"amqp://guest:guest@127.0.0.1:{PORTS['RABBITMQ_PORT']}//"}
 
+# The cluster run's own services: three Kafka brokers (scripts/kafka-cluster) and three
+# Cassandra nodes on 127.0.0.2-4 (scripts/cassandra-cluster), on ports of their own.
+CLUSTER_PORTS = {"KAFKA_CLUSTER_PORT": "39092", "KAFKA_CLUSTER_CONTROLLER_PORT": "39192",
+                 "CASSANDRA_CLUSTER_PORT": "39042", "CASSANDRA_CLUSTER_STORAGE_PORT": "37000",
+                 "CASSANDRA_CLUSTER_JMX_PORT": "37199"}
+CLUSTER_NODES = 3
+CLUSTER_KAFKA = ",".join(f"127.0.0.1:{int(CLUSTER_PORTS['KAFKA_CLUSTER_PORT']) + n}"
+                         for n in range(CLUSTER_NODES))
+CLUSTER_CASSANDRA = tuple(f"127.0.0.{n + 2}" for n in range(CLUSTER_NODES))
+
 PROCESS_FAULTS = ("dispatcher-kill", "worker-kill", "dispatcher-pause")
 SERVICE_FAULTS = ("kafka-restart", "cassandra-restart", "redis-restart", "rabbitmq-restart")
+# Faults of a cluster run beside those: a broker or a node SIGKILLed (no flush) and started
+# again, and a broker or a node stopped (SIGSTOP) for NODE_STALL_SECONDS.
+CLUSTER_FAULTS = ("kafka-kill", "cassandra-kill", "node-stall")
+NODE_STALL_SECONDS = 30.0
 
 
-def fault_kinds(broker: str) -> tuple[str, ...]:
-    """The fault kinds of a run on *broker*: every process fault, and every service's restart."""
-    return (*PROCESS_FAULTS, "kafka-restart", "cassandra-restart", f"{broker}-restart")
+def fault_kinds(broker: str, cluster: bool = False) -> tuple[str, ...]:
+    """The fault kinds of a run on *broker*: every process fault, and every service's restart
+    (in a cluster, of one of its nodes), and in a cluster its node faults."""
+    return (*PROCESS_FAULTS, "kafka-restart", "cassandra-restart", f"{broker}-restart",
+            *(CLUSTER_FAULTS if cluster else ()))
 
 
 def services(broker: str) -> tuple[str, ...]:
@@ -71,7 +88,8 @@ FAULT_KINDS = fault_kinds("redis")
 # Rough seconds each fault takes on a small machine, to spread the workload over the plan.
 EXPECTED_SECONDS = {"dispatcher-kill": 15, "worker-kill": 10, "dispatcher-pause": 16,
                     "kafka-restart": 30, "cassandra-restart": 55, "redis-restart": 7,
-                    "rabbitmq-restart": 12}
+                    "rabbitmq-restart": 12, "kafka-kill": 30, "cassandra-kill": 60,
+                    "node-stall": 32}
 # In a plan spread over a window, the scheduler gets at least this long with the services up
 # between two restarts, so that a dense plan tests recovery again and again rather than
 # making one long outage of them.
@@ -110,17 +128,49 @@ class Services:
         self.log = log
         self.set = services(broker)
 
-    def run(self, command: str, *names: str) -> None:
-        names = names or self.set
+    def _script(self, script: str, *args: str, env: dict[str, str] | None = None) -> None:
         with self.log.open("a") as out:
-            out.write(f"--- {time.strftime('%H:%M:%S')} services {command} {' '.join(names)}\n")
+            out.write(f"--- {time.strftime('%H:%M:%S')} {script} {' '.join(args)}\n")
             out.flush()
-            subprocess.run([str(REPO / "scripts" / "services"), command, *names], env=self.env,
+            subprocess.run([str(REPO / "scripts" / script), *args], env=env or self.env,
                            stdout=out, stderr=subprocess.STDOUT, check=True, timeout=300)
+
+    def run(self, command: str, *names: str) -> None:
+        self._script("services", command, *(names or self.set))
 
     def restart(self, service: str) -> None:
         self.run("down", service)
         self.run("up", service)
+
+
+class ClusterServices(Services):
+    """Three Kafka brokers and three Cassandra nodes of the chaos run's own, and its broker.
+
+    A fault touches one node of a service at a time: a restart, a kill or a stall of one
+    Kafka broker or one Cassandra node leaves the other two, a quorum.
+    """
+
+    def __init__(self, state: Path, log: Path, broker: str = "redis") -> None:
+        super().__init__(state, log, broker)
+        self.env.update(CLUSTER_PORTS, KAFKA_CLUSTER_STATE=str(state / "kafka-cluster"),
+                        CASSANDRA_CLUSTER_STATE=str(state / "cassandra-cluster"))
+        self.set = (broker,)
+        self.clusters = {"kafka": "kafka-cluster", "cassandra": "cassandra-cluster"}
+
+    def run(self, command: str, *names: str) -> None:
+        names = names or (*self.set, *self.clusters)
+        for name in names:
+            if name not in self.clusters:
+                self._script("services", command, name)
+            elif command == "wipe":
+                self._script(self.clusters[name], "down")
+                shutil.rmtree(self.env[f"{name.upper()}_CLUSTER_STATE"], ignore_errors=True)
+            else:
+                self._script(self.clusters[name], command)
+
+    def node(self, service: str, command: str, node: int) -> None:
+        self._script(self.clusters[service], command, str(node))
+
 
 
 @contextlib.contextmanager
@@ -150,6 +200,11 @@ class Options:
     drain_seconds: float = 120.0
     kinds: tuple[str, ...] = FAULT_KINDS
     mutant: str | None = None
+    cluster: bool = False  # three Kafka brokers and three Cassandra nodes, and node faults
+    # tasks on ordering ids of their own, scheduled in the first third of the run and due
+    # far_delay seconds after (so that buckets far ahead are read while faults go on)
+    far_tasks: int = 0
+    far_delay: tuple[float, float] = (1800.0, 3600.0)
     retries: int = 5  # a schedule call that raised is made again, with the same key, this often
     dispatchers: int = 2
     workers: int = 2
@@ -170,6 +225,7 @@ class Task:
     calls: int = 0  # schedule calls made for it: more than one when one raised
     call_ms: int = 0  # when the last of them was made (its record's place in the log)
     cancel_accepted: bool | None = None
+    far: bool = False  # scheduled far ahead (Options.far_tasks)
     cancel_sent_ms: int = 0  # when the cancel call was made ...
     cancel_ms: int = 0  # ... and when it returned
     status: str | None = None  # final store status, read for cancelled keys
@@ -217,18 +273,34 @@ def plan_tasks(options: Options, rng: random.Random) -> list[Task]:
         low, high = options.delay
         delay = rng.uniform(max(low, 4.0) if cancel else low, high)
         tasks.append(Task(ordering_id, seq, duration, delay, rng.uniform(0.0, 0.3), cancel))
+    if options.far_tasks:
+        # far ahead, on ordering ids of their own (a far task holds back the later tasks of
+        # its ordering id): spread over the first third of the schedule calls
+        far_names = [f"f{i:05d}" for i in range(max(1, options.far_tasks // 10))]
+        far_seqs = dict.fromkeys(far_names, 0)
+        span = max(1, len(tasks) // 3)
+        for index in range(options.far_tasks):
+            ordering_id = rng.choice(far_names)
+            seq = far_seqs[ordering_id]
+            far_seqs[ordering_id] = seq + 1
+            task = Task(ordering_id, seq, 0.0, rng.uniform(*options.far_delay), 0.0,
+                        rng.random() < options.cancel_share, far=True)
+            tasks.insert(index * span // options.far_tasks + index, task)
     return tasks
 
 
 # Faults of one lane follow each other; lanes run side by side. Cassandra restarts take the
 # longest, so they have a lane of their own.
 LANES = (PROCESS_FAULTS, ("cassandra-restart",), ("kafka-restart", "redis-restart", "rabbitmq-restart"))
+# A cluster's: one node of each service down at a time (the lanes share a lock per service).
+CLUSTER_LANES = (PROCESS_FAULTS, ("cassandra-restart", "cassandra-kill"),
+                 ("kafka-restart", "kafka-kill", "redis-restart", "rabbitmq-restart"), ("node-stall",))
 
 
 def plan_faults(options: Options, rng: random.Random) -> list[list[tuple[str, float]]]:
     """Lanes of (kind, gap before it), each in a seeded random order."""
     lanes = []
-    for group in LANES:
+    for group in CLUSTER_LANES if options.cluster else LANES:
         kinds = [k for k in group if k in options.kinds] * options.faults_per_kind
         rng.shuffle(kinds)
         low, high = options.gap
@@ -237,7 +309,8 @@ def plan_faults(options: Options, rng: random.Random) -> list[list[tuple[str, fl
             spare = options.window - sum(EXPECTED_SECONDS[kind] for kind in kinds)
             mean = max(low, spare / len(kinds))
             low, high = mean / 2, mean * 3 / 2
-        floor = SERVICE_MIN_GAP if options.window and set(group) & set(SERVICE_FAULTS) else 0.0
+        floor = (SERVICE_MIN_GAP if options.window and set(group) & {*SERVICE_FAULTS, *CLUSTER_FAULTS}
+                 else 0.0)
         lanes.append([(kind, max(floor, rng.uniform(low, high))) for kind in kinds])
     return lanes
 
@@ -282,7 +355,8 @@ class Run:
         self.run_dir = run_dir
         self.rng = random.Random(options.seed)
         self.say = say or (lambda message: print(message, flush=True))
-        self.services = Services(state, run_dir / "services.log", options.broker)
+        self.services = (ClusterServices if options.cluster else Services)(
+            state, run_dir / "services.log", options.broker)
         name = f"chaos_{uuid.uuid4().hex[:10]}"
         self.env = {**os.environ, **PORTS,
                     "CELERY_SCHEDULER_TEST_TOPIC": name, "CELERY_SCHEDULER_TEST_KEYSPACE": name,
@@ -291,6 +365,10 @@ class Run:
                     "CELERY_SCHEDULER_CHAOS_KAFKA": KAFKA,
                     "CELERY_SCHEDULER_CHAOS_BROKER": BROKERS[options.broker],
                     "CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT": PORTS["CASSANDRA_PORT"]}
+        if options.cluster:
+            self.env.update(CELERY_SCHEDULER_CHAOS_CLUSTER="1", CELERY_SCHEDULER_CHAOS_KAFKA=CLUSTER_KAFKA,
+                            CELERY_SCHEDULER_CHAOS_CASSANDRA_HOSTS=",".join(CLUSTER_CASSANDRA),
+                            CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT=CLUSTER_PORTS["CASSANDRA_CLUSTER_PORT"])
         self.env.pop("CELERY_SCHEDULER_CHAOS_MUTANT", None)
         self.cluster = Scheduler(self.env, run_dir / "executions.jsonl", run_dir)
         self.dispatchers: list[subprocess.Popen[bytes]] = []
@@ -348,13 +426,8 @@ class Run:
 
     def _fault(self, kind: str) -> Fault:
         rng = self.rng_faults
-        if kind in SERVICE_FAULTS:
-            service = kind.split("-")[0]
-            with self._up.get(service) or contextlib.nullcontext():
-                fault = Fault(kind, service, time.time())
-                self.services.restart(service)
-                fault.restore = time.time()
-            return fault
+        if kind in SERVICE_FAULTS or kind in CLUSTER_FAULTS:
+            return self._service_fault(kind, rng)
         if kind == "dispatcher-pause":
             with self._up["kafka"], self._up["cassandra"]:
                 return self._pause(rng)
@@ -383,6 +456,35 @@ class Run:
         else:
             fault.detail["replacement_leased_after"] = round(time.time() - fault.inject, 2)
         return fault
+
+    def _service_fault(self, kind: str, rng: random.Random) -> Fault:
+        """A restart of a service (in a cluster: of one of its nodes), or a node's kill or stall."""
+        service, action = kind.split("-")
+        if kind == "node-stall":
+            service = rng.choice(["kafka", "cassandra"])
+        with self._up.get(service) or contextlib.nullcontext():
+            services = self.services
+            if not isinstance(services, ClusterServices) or service not in services.clusters:
+                fault = Fault(kind, service, time.time())
+                services.restart(service)
+                fault.restore = time.time()
+                return fault
+            node = rng.randint(1, CLUSTER_NODES)
+            fault = Fault(kind, f"{service} node {node}", time.time())
+            if action == "restart":
+                services.node(service, "down", node)
+            elif action == "kill":
+                services.node(service, "kill", node)
+                time.sleep(rng.uniform(5.0, 15.0))  # down a while, then started again
+            else:
+                services.node(service, "stop", node)
+                time.sleep(NODE_STALL_SECONDS)
+                services.node(service, "cont", node)
+                fault.restore = time.time()
+                return fault
+            services.node(service, "up", node)
+            fault.restore = time.time()
+            return fault
 
     def _pause(self, rng: random.Random) -> Fault:
         """SIGSTOP a dispatcher past the session timeout and its partition lease, then SIGCONT."""
@@ -424,9 +526,14 @@ class Run:
         from tests.apps import chaos
 
         settings = get_settings(chaos.app).replace(
-            kafka_bootstrap_servers=KAFKA, cassandra_port=int(PORTS["CASSANDRA_PORT"]),
+            kafka_bootstrap_servers=self.env["CELERY_SCHEDULER_CHAOS_KAFKA"],
+            cassandra_port=int(self.env["CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT"]),
             kafka_topic=self.env["CELERY_SCHEDULER_TEST_TOPIC"], kafka_options={"log_level": 0},
             cassandra_keyspace=self.env["CELERY_SCHEDULER_TEST_KEYSPACE"])
+        if self.options.cluster:
+            settings = settings.replace(cassandra_contact_points=CLUSTER_CASSANDRA,
+                                        cassandra_consistency="LOCAL_QUORUM",
+                                        cassandra_serial_consistency="LOCAL_SERIAL")
         client = SchedulerClient(settings)
         set_client(chaos.app, client)
         return client
@@ -544,7 +651,7 @@ class Run:
         from tests.apps import chaos
 
         s = get_settings(chaos.app)
-        return {
+        conditions = {
             "start lease": f"{s.start_lease_seconds:g} s",
             "run lease": f"{s.lease_seconds:g} s (workers beat every {s.lease_seconds / 10:g} s)",
             "partition lease": f"{s.partition_lease_seconds:g} s",
@@ -557,6 +664,21 @@ class Run:
                               "rabbitmq": "RabbitMQ, durable queues, publisher confirms"}[
                                   self.options.broker],
         }
+        if self.options.cluster:
+            conditions.update({
+                "Kafka": "3 brokers (KRaft, each a controller), topics at replication factor 3 "
+                         "and min.insync.replicas 2, producers acks=all with idempotence, log "
+                         "flushed by the OS (Kafka's default)",
+                "Cassandra": "3 nodes (127.0.0.2-4), NetworkTopologyStrategy datacenter1: 3, "
+                             "writes at LOCAL_QUORUM, lightweight transactions at LOCAL_SERIAL, "
+                             "commitlog_sync batch (a write is acknowledged once its replica "
+                             "synced it)",
+            })
+        if self.options.far_tasks:
+            low, high = self.options.far_delay
+            conditions["far-ahead tasks"] = (f"{self.options.far_tasks} scheduled in the first third of "
+                                             f"the run, due {low / 60:g}-{high / 60:g} min later")
+        return conditions
 
     # --- the run ------------------------------------------------------------------------
 

@@ -54,9 +54,16 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"{o.workers} Celery workers ({'threads' if o.broker == 'rabbitmq' else 'solo'} pool, one task "
         "at a time), 6 partitions, Kafka session timeout 6 s; a schedule call that raised is "
         f"made again with the same key, a second apart, up to {o.retries} times;",
-        f"- own Kafka, Cassandra and {broker} (the Celery broker) on the chaos ports; "
-        f"{o.faults_per_kind} fault(s) of each "
-        f"kind in a seeded random order on three lanes that run side by side, "
+        (f"- own Kafka cluster (3 brokers), Cassandra cluster (3 nodes) and {broker} (the Celery "
+         "broker) on ports of their own; besides the faults below, node faults: SIGKILL of one "
+         "broker or node (no flush, started again 5-15 s later) and SIGSTOP of one broker or "
+         "node for 30 s then SIGCONT; restarts are of one broker or node, and one node of a "
+         "service is down at a time; "
+         if o.cluster else
+         f"- own Kafka, Cassandra and {broker} (the Celery broker) on the chaos ports; ")
+        + f"{o.faults_per_kind} fault(s) of each "
+        f"kind in a seeded random order on {'four' if o.cluster else 'three'} lanes that run "
+        "side by side, "
         + (f"each lane spread over {o.window / 60:.0f} min" if o.window else
            f"{o.gap[0]:.0f}-{o.gap[1]:.0f} s between faults of a lane")
         + ": processes (SIGKILL + restart "

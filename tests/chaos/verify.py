@@ -234,6 +234,9 @@ def verify(facts: RunFacts) -> Verdict:
     verdict.lateness["overall"] = percentiles(late for _, late in due)
     verdict.lateness["during faults"] = percentiles(due[i][1] for i in sorted(during))
     verdict.lateness["quiet"] = percentiles(late for i, (_, late) in enumerate(due) if i not in during)
+    if any(t.far for t in facts.tasks):
+        verdict.lateness["scheduled far ahead"] = percentiles(
+            late for key, late in lateness.items() if tasks[key].far)
     for kind in facts.options.kinds:
         verdict.faults[kind] = sum(1 for f in facts.faults if f.kind == kind)
         if kind in per_kind:

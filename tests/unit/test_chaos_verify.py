@@ -136,3 +136,19 @@ def test_a_key_enqueued_again_after_a_later_key_is_not_held_to_its_order() -> No
     assert verdict.lateness["overall"]["max"] == pytest.approx(0.5, abs=0.001)  # from its call
     tasks[0].call_ms = int((T0 + 0.5) * 1000)  # enqueued first after all: then it must go first
     assert violations(verify(facts(tasks, executions))) == {"order_violations": 1}
+
+
+def test_the_report_says_what_the_run_ran_under() -> None:
+    from dataclasses import replace
+
+    from tests.chaos.report import render
+
+    run_facts = facts([task("a", 0, 10), task("f", 0, 40, far=True)],
+                      run("a", 0, 10.01, 10.1) + run("f", 0, 40.02, 40.1))
+    run_facts.options = replace(run_facts.options, cluster=True, far_tasks=1)
+    run_facts.conditions = {"run lease": "20 s", "Cassandra": "3 nodes, LOCAL_QUORUM"}
+    verdict = verify(run_facts)
+    text = render(run_facts, verdict, "scripts/chaos --quick --cluster")
+    assert "| run lease | 20 s |" in text and "3 nodes, LOCAL_QUORUM" in text
+    assert "Cassandra cluster (3 nodes)" in text
+    assert verdict.lateness["scheduled far ahead"]["n"] == 1
