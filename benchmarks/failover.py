@@ -281,8 +281,8 @@ def _dispatcher_kill(ctx: Context) -> Section:
         "partition.",
         "every task ... started = the longest any task that had not started at the kill waited "
         "past max(its due time, the kill): takeover, the tasks the killed dispatcher had marked "
-        "but not sent (released again once their start lease and the 2.5 s a worker's word "
-        "may take are over, 8 + 2.5 s after their due time, the same attempt), and working off "
+        "but not sent (released again once their start lease and the 3 s a worker's first "
+        "word may take are over, 8 + 3 s after their due time, the same attempt), and working off "
         "what fell due meanwhile. The target holds for the slowest run.",
         "order violations: first starts of an ordering id out of schedule order; overlapping: "
         f"a run that started less than {FAILOVER_BODY * 1000:g} ms (its body) after another run "
@@ -335,7 +335,7 @@ def _worker_kill(ctx: Context) -> Section:
         f"The long task: one task of {long_body:g} s, its worker SIGKILLed 5 s into it (beats "
         "sent every 2 s until then) and another started.",
         "celery_scheduler, at its defaults: a task that was held but never started is released "
-        "again once its start lease (8 s from its due time) and 2.5 s are over; one that had "
+        "again once its start lease (8 s from its due time) and 3 s are over; one that had "
         "started (a beat came) once no beat came for the run lease (20 s) and 2.5 s, as its next "
         "attempt after the first retry's backoff (0.5-1 s). The held messages stay "
         "unacknowledged in Redis, and are skipped as stale when Redis gives them back. Celery "

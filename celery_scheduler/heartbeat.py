@@ -19,7 +19,8 @@ for long leases:
   release it again. That happens only while the worker cannot reach Kafka.
 - A dispatcher releases a task again only once its outcome reader has read everything
   produced up to the time it judges by (``outcomes_read_until``): for a release of which no
-  beat was read, the end of its start lease plus the credit time (the task never started, or
+  beat was read, the end of its start lease plus the longest wait for a first beat and the
+  credit time, 3 s (the task never started, or
   finished without its outcome reaching Kafka: the new release has a new generation, so a
   late outcome of the old one is not taken for it); for one that beat, the last beat's time
   plus the run lease plus the credit time (its worker has stopped it by then, or is dead).
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 from celery_scheduler.clock import now_ms
 from celery_scheduler.wire import Beat, Release
 
-__all__ = ["CLOCK_MARGIN_MS", "MAX_CREDIT_MS", "Beats", "RunLease", "beat_every_ms", "credit_ms", "heard_ms",
+__all__ = ["CLOCK_MARGIN_MS", "MAX_CREDIT_MS", "MAX_START_AFTER_MS", "Beats", "RunLease", "beat_every_ms", "credit_ms", "heard_ms",
            "not_started_by_ms", "start_after_ms", "stopped_by_ms"]
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ logger = logging.getLogger(__name__)
 CLOCK_MARGIN_MS = 2_000
 # The longest a beat may take to be acknowledged and still count (ms).
 MAX_CREDIT_MS = 2_500
+# The longest a task runs before its first beat (ms).
+MAX_START_AFTER_MS = 500
 
 
 def beat_every_ms(run_lease_ms: int) -> int:
@@ -67,13 +70,18 @@ def credit_ms(run_lease_ms: int) -> int:
 
 def start_after_ms(run_lease_ms: int) -> int:
     """How long a task runs before its first beat: shorter tasks send only their outcome."""
-    return max(50, min(500, credit_ms(run_lease_ms) // 4))
+    return max(50, min(MAX_START_AFTER_MS, credit_ms(run_lease_ms) // 4))
 
 
 def not_started_by_ms(lease_until_ms: int) -> int:
-    """When a release of which no beat came may be taken never to have run past its start
-    (whatever its run lease: the credit time is never longer than :data:`MAX_CREDIT_MS`)."""
-    return lease_until_ms + MAX_CREDIT_MS
+    """When a release of which no beat came may be taken never to have run past its start.
+
+    A copy may start up to the clock margin after its start lease's end by the dispatcher's
+    clock (a worker's clock that runs that much behind), and is heard of within its first
+    beat's wait and credit time after it started, or stopped: whatever its run lease, no
+    longer than :data:`MAX_START_AFTER_MS` and :data:`MAX_CREDIT_MS`.
+    """
+    return lease_until_ms + MAX_START_AFTER_MS + MAX_CREDIT_MS
 
 
 def stopped_by_ms(heard: int, run_lease_ms: int) -> int:

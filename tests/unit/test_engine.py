@@ -254,7 +254,7 @@ def test_a_release_never_heard_of_is_sent_again_with_the_same_attempt_once_its_s
     h.step()
     first = h.releases[key]
     assert first.lease_until_ms == NOW + 8_000 and first.run_lease_ms == 20_000
-    for _ in range(20):  # the start lease, and the time a beat may take to count (2.5 s)
+    for _ in range(21):  # the start lease, and the longest a first beat may take (3 s)
         h.step(500)
     assert h.released == [(key, 1)]
     for _ in range(2):
@@ -536,7 +536,7 @@ def test_a_batch_the_broker_may_have_taken_stays_released_until_its_outcome_or_l
     h.report(first, 1, True)  # the broker had it after all
     h.step()
     assert batches[1] == [(later, 1)]
-    h.step(5600)  # the other's start lease ended, unheard of: the broker lost it
+    h.step(6100)  # the other's start lease and 3 s ended, unheard of: the broker lost it
     assert batches[2] == [(other, 1)]  # the same attempt, sent again
 
 
@@ -998,12 +998,12 @@ def test_a_lease_end_while_the_outcome_reader_is_behind_does_not_release_again(
     h.engine.outcomes_read_until = lambda partition: read_until[0]
     for _ in range(20):
         h.step(1000)
-    # its start lease (8 s) and the 2.5 s a beat may take to count end 10.5 s after it
-    read_until[0] = released_at + 9_500  # read up to a second before that
+    # its start lease (8 s) and the 3 s a first beat may take end 11 s after it
+    read_until[0] = released_at + 10_000  # read up to a second before that
     for _ in range(3):
         h.step(1000)
     assert h.released == [(key, 1)]
-    read_until[0] = released_at + 10_500  # read up to then: no beat, no outcome came
+    read_until[0] = released_at + 11_000  # read up to then: no beat, no outcome came
     for _ in range(3):
         h.step(1000)
     assert h.released == [(key, 1), (key, 1)]

@@ -24,7 +24,7 @@ RELEASE = Release(KEY, 3, 1, 7, lease_until_ms=1_893_456_008_000, not_before_ms=
 
 def test_the_rules_at_the_default_leases() -> None:
     assert (beat_every_ms(20_000), credit_ms(20_000), start_after_ms(20_000)) == (2_000, 2_500, 500)
-    assert not_started_by_ms(RELEASE.lease_until_ms) == RELEASE.lease_until_ms + MAX_CREDIT_MS
+    assert not_started_by_ms(RELEASE.lease_until_ms) == RELEASE.lease_until_ms + 500 + MAX_CREDIT_MS
     assert stopped_by_ms(1_000, 20_000) == 1_000 + 20_000 + 2_500
 
 
