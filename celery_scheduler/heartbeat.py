@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from celery_scheduler.clock import now_ms
 from celery_scheduler.wire import Beat, Release
 
-__all__ = ["CLOCK_MARGIN_MS", "MAX_CREDIT_MS", "MAX_START_AFTER_MS", "Beats", "RunLease", "beat_every_ms", "credit_ms", "heard_ms",
+__all__ = ["CLOCK_MARGIN_MS", "MAX_CREDIT_MS", "MAX_START_AFTER_MS", "Beats", "RunLease",
+           "beat_every_ms", "credit_ms", "heard_ms",
            "not_started_by_ms", "start_after_ms", "stopped_by_ms"]
 
 logger = logging.getLogger(__name__)
