@@ -75,6 +75,7 @@ from celery_scheduler.store import open_store  # noqa: E402
 from celery_scheduler.store.base import Operation, Put  # noqa: E402
 from celery_scheduler.tasklog.base import Ack, Position, TaskLog  # noqa: E402
 from celery_scheduler.tasklog.kafka import create_topic  # noqa: E402
+from celery_scheduler.tasklog.reader import KafkaTaskLogReader  # noqa: E402
 from celery_scheduler.wire import Outcome, outcome_topic  # noqa: E402
 
 PARTITIONS = 12
@@ -268,7 +269,8 @@ def _dispatcher_parts(app: Celery, name: str, publish: Callable[[Loaded, wire.Re
                                  "acks": "all", "enable.idempotence": True}),
                        dead_letter_topic(name))
     names = set(registered())
-    ingest = Ingest(consumer, store, engine, dead, lambda: PARTITIONS, allowed=names.__contains__)
+    ingest = Ingest(KafkaTaskLogReader(consumer), store, engine, dead, lambda: PARTITIONS,
+                    allowed=names.__contains__)
     return store, engine, consumer, ingest
 
 

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import LeaseUpkeep
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
@@ -68,6 +69,12 @@ logger = logging.getLogger(__name__)
 Publish = Callable[[Loaded, Release], None]
 # What outcomes_read_until says when outcomes reach the engine as they are reported.
 ALL_READ = 2**63 - 1
+# A task held until its partition's ingest has caught up is looked at again this soon (ms);
+# one held for longer than GATE_WARN_MS past its earliest marking is logged, at most every
+# GATE_WARN_EVERY_MS.
+GATE_RETRY_MS = 50
+GATE_WARN_MS = 5_000
+GATE_WARN_EVERY_MS = 30_000
 
 
 class Engine(LeaseUpkeep, Settling):
@@ -139,6 +146,12 @@ class Engine(LeaseUpkeep, Settling):
         # lease is taken to have ended without an outcome only once that time is past its end.
         # Outcomes handed over directly (as in memory) are all read at once.
         self.outcomes_read_until: Callable[[int], int] = lambda partition: ALL_READ
+        # What the ingest loop has shown it has applied, per partition (caught_up.py): a task
+        # is marked released only once every record acknowledged before its earliest marking
+        # time is applied, so that a cancel made before then wins. None: records are applied
+        # before the engine hears of them (as in memory).
+        self.caught_up: CaughtUp | None = None
+        self._gate_logged_ms = 0
         # Releases marked ahead of their due time are sent by a thread of their own (ontime.py).
         self._ahead_ms = int(self.settings.release_ahead_seconds * 1000)
         # Marking starts once the first task is this close to its due time, and takes every
@@ -405,6 +418,10 @@ class Engine(LeaseUpkeep, Settling):
                 self.timetable.defer(task.key, now + 200)  # lease not (yet) certain
                 del open_[task.key]
                 continue
+            if not self._ingested_before(task, now):
+                self.timetable.defer(task.key, now + GATE_RETRY_MS)
+                del open_[task.key]
+                continue
             ready.append(task)
         ready = self._unsettled(ready, open_)
         if not ready:
@@ -435,6 +452,21 @@ class Engine(LeaseUpkeep, Settling):
             self._succeeded_stored(finishing)
         if ready:
             self._send_marked(ready, open_, due, now)
+
+    def _ingested_before(self, task: Loaded, now: int) -> bool:
+        """Whether every record of *task*'s partition acknowledged before the task could
+        first be marked released (its scheduled time less the release-ahead) has been applied."""
+        if self.caught_up is None:
+            return True
+        since = task.key.scheduled_ms - self._ahead_ms
+        if self.caught_up.covers(task.partition, since, now):
+            return True
+        if now - since > GATE_WARN_MS and now - self._gate_logged_ms > GATE_WARN_EVERY_MS:
+            self._gate_logged_ms = now
+            logger.warning("holding %s (due %.1fs ago) until the ingest loop has read partition "
+                           "%d as far as Kafka holds: a cancel of it may still be unread",
+                           task.key, (now - task.due_ms) / 1000, task.partition)
+        return False
 
     def _send_marked(self, ready: list[Loaded], open_: dict[TaskKey, Loaded], due: dict[TaskKey, int],
                      now: int) -> None:

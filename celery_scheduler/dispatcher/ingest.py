@@ -22,7 +22,12 @@ At a light load a poll holds a few records of many partitions, and a key's statu
 with one request per (partition, status slot): about one read a record. While every record
 of a batch is due more than ``URGENT_SECONDS`` ahead, the loop keeps reading for up to
 ``linger_seconds`` (``scheduler_ingest_linger_seconds``), so that one batch writes what a
-second brings; a record due sooner ends the wait.
+second brings; a record due sooner ends the wait, and so does the engine waiting for a
+partition to be caught up (see caught_up.py).
+
+After each batch the loop shows the engine how far it has read in time: it asks the broker
+where the partitions the engine waits for end, and once everything below is applied, the
+engine may release their tasks (a cancel acknowledged before a task's due time wins).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.envelope import CancelEnvelope, Envelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
@@ -150,7 +156,8 @@ class Ingest:
                  dead_letters: DeadLetterSink, partitions: Callable[[], int], *,
                  allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
                  max_bytes: int | None = None, batch_size: int = 1000,
-                 linger_seconds: float = 0.0, clock: Clock | None = None) -> None:
+                 linger_seconds: float = 0.0, clock: Clock | None = None,
+                 caught_up: CaughtUp | None = None) -> None:
         self.consumer = consumer
         self.store = store
         self.engine = engine
@@ -168,16 +175,29 @@ class Ingest:
         # partition -> offset after the last record written (or dead-lettered) since the
         # partition was assigned: where a reader of its own may go on (see kept.py)
         self.written_to: dict[int, int] = {}
+        # What the engine's releases wait for (None: nothing waits, as in memory): the
+        # partitions read, by topic, and the offset below which all is applied, per partition
+        self.caught_up = caught_up
+        self.owned: dict[int, str] = {}
+        self.applied_to: dict[int, int] = {}
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """Kafka assigned *partitions* (called from the consumer's callback, on this thread)."""
         self._assigned.extend(partitions)
         for tp in partitions:
             self.written_to.pop(tp.partition, None)  # it goes on from the committed offset
+            self.applied_to.pop(tp.partition, None)
+            self.owned[tp.partition] = tp.topic
+        if self.caught_up is not None:
+            self.caught_up.forget(tp.partition for tp in partitions)
 
     def revoked(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self.paused.pop(tp.partition, None)
+            self.owned.pop(tp.partition, None)
+            self.applied_to.pop(tp.partition, None)
+        if self.caught_up is not None:
+            self.caught_up.forget(tp.partition for tp in partitions)
 
     def _resume_leased(self) -> None:
         if self._assigned:
@@ -203,6 +223,28 @@ class Ingest:
 
     def poll_once(self, timeout: float = 0.2) -> int:
         """Consume, persist and commit one batch; return how many records it held."""
+        count = self._poll(timeout)
+        self._show_caught_up()
+        return count
+
+    def _show_caught_up(self) -> None:
+        """Ask where the partitions the engine waits for end; tell it what is applied."""
+        if self.caught_up is None:
+            return
+        now = self.clock()  # before asking: a record acknowledged before now is below the end
+        for partition in self.caught_up.to_ask(self.owned, now):
+            try:
+                end = self.consumer.end_offset(TopicPartition(self.owned[partition], partition))
+            except TaskLogError as exc:
+                # its leader is away: the others are likely led by the same broker
+                logger.info("could not ask where partition %d ends (%s)", partition, exc)
+                self.caught_up.ask_failed(partition, now)
+                break
+            self.caught_up.asked(partition, now, end)
+        for partition, offset in self.applied_to.items():
+            self.caught_up.applied(partition, offset)
+
+    def _poll(self, timeout: float) -> int:
         self.engine.ingest_alive()
         self._resume_leased()
         decoded: dict[tuple[int, int], Envelope] = {}
@@ -215,6 +257,7 @@ class Ingest:
             return 0
         if not messages:
             return 0
+        ends: dict[int, int] = {}  # partitions read to their end, at that offset
         first: dict[int, Record] = {}
         last: dict[int, Record] = {}
         unleased: dict[int, Record] = {}
@@ -223,7 +266,9 @@ class Ingest:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    ends[message.partition() or 0] = message.offset() or 0
+                else:
                     logger.warning("Kafka reported %s", error)
                 continue
             record = Record.of(message)
@@ -260,6 +305,10 @@ class Ingest:
             self.dead_letters.flush()
             for record in last.values():
                 self.written_to[record.partition] = record.offset + 1
+                self.applied_to[record.partition] = record.offset + 1
+            for partition, offset in ends.items():
+                if partition not in unleased and partition in self.owned:
+                    self.applied_to[partition] = offset
             if last:
                 self.consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.offset + 1)
                                               for r in last.values()], asynchronous=True)
@@ -272,7 +321,7 @@ class Ingest:
                     self.consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
             time.sleep(1.0)
             return 0
-        return len(messages)
+        return len(messages) - sum(1 for m in messages if m.error() is not None)
 
     def _linger(self, messages: list[Message], timeout: float,
                 decoded: dict[tuple[int, int], Envelope]) -> list[Message]:
@@ -282,8 +331,11 @@ class Ingest:
         offset), for ``_check``: it still checks every record before it is written.
         """
         until = time.monotonic() + self.linger_seconds
+        started_ms = self.clock()
         earliest = self._earliest_due(messages, decoded)
         while len(messages) < self.batch_size:
+            if self.caught_up is not None and self.caught_up.wanted_since(started_ms):
+                break  # the engine waits for what was read to be applied
             left = min(until - time.monotonic(), (earliest - self.clock()) / 1000 - URGENT_SECONDS)
             if left <= 0:
                 break

@@ -90,6 +90,7 @@ class KeptReader:
                 # back may not have loaded yet (in a chaos run the answer was NOT_COORDINATOR,
                 # and the partitions were not read until the group formed again).
                 consumer.incremental_assign(new)
+                ingest.assigned(new)
         logger.info("reading kept partitions %s until the group assigns them again", sorted(wanted))
         self._partitions = wanted
 

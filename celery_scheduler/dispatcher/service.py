@@ -27,6 +27,7 @@ from celery_scheduler import wire
 from celery_scheduler.api import registered
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.confirms import Unconfirmed
+from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
@@ -217,15 +218,21 @@ class Dispatcher:
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1500,
             "on_commit": _log_commit_failure,
+            # a partition read to its end says so: its ingest has caught up (caught_up.py)
+            "enable.partition.eof": True,
         }
         self.reader = KafkaTaskLogReader(Consumer(self._consumer_config))
+        # the engine releases a partition's tasks once its ingest has caught up (caught_up.py)
+        caught_up = CaughtUp()
+        self.engine.caught_up = caught_up
         self.membership = Membership(self._partitions, time.monotonic())
         dead_letters = DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics)
 
         def ingest(reader: TaskLogReader, linger_seconds: float) -> Ingest:
             return Ingest(reader, self.store, self.engine, dead_letters, lambda: self._partitions,
                           allowed=names.__contains__, signer=s.signer,
-                          max_bytes=s.max_envelope_bytes, linger_seconds=linger_seconds)
+                          max_bytes=s.max_envelope_bytes, linger_seconds=linger_seconds,
+                          caught_up=caught_up)
 
         self.ingest = ingest(self.reader, s.ingest_linger_seconds)
         # kept partitions are read while the group forms again: each record is written at

@@ -268,3 +268,6 @@ class TaskLogReader(Protocol):
 
     def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...) -> None:
         """Record that everything before each offset is done (the group resumes there)."""
+
+    def end_offset(self, partition: TopicPartition) -> int:
+        """The offset after the last record of *partition* the broker holds, asked of it now."""

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable
 from typing import Literal
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.tasklog.base import Ack, Position, TaskLog
@@ -50,17 +50,21 @@ class MemoryTaskLogReader:
 
     It reads the partitions assigned to it (all of them unless told), from the group's
     committed offsets: readers that share *committed* are members of one group, and a
-    partition assigned to another member is read from where the group committed it. See
+    partition assigned to another member is read from where the group committed it. With
+    *partition_eof*, a partition read to its end gives an end-of-partition event once, as
+    Kafka's consumer does with ``enable.partition.eof``. See
     :class:`~celery_scheduler.tasklog.base.TaskLogReader`.
     """
 
     def __init__(self, log: MemoryTaskLog, topic: str, committed: list[int] | None = None,
-                 assigned: Iterable[int] | None = None) -> None:
+                 assigned: Iterable[int] | None = None, *, partition_eof: bool = False) -> None:
         self.log = log
         self.topic = topic
         self.committed = committed if committed is not None else [0] * log.partitions()
+        self.partition_eof = partition_eof
         self._positions: dict[int, int] = {}
         self._paused: set[int] = set()
+        self._at_end: set[int] = set()  # end-of-partition event given, nothing read since
         self.assign(range(log.partitions()) if assigned is None else assigned)
 
     def assign(self, partitions: Iterable[int]) -> None:
@@ -68,6 +72,7 @@ class MemoryTaskLogReader:
         for partition in partitions:
             self._positions[partition] = self.committed[partition]
             self._paused.discard(partition)
+            self._at_end.discard(partition)
 
     def revoke(self, partitions: Iterable[int]) -> None:
         for partition in partitions:
@@ -90,11 +95,18 @@ class MemoryTaskLogReader:
                                         key=key.encode("utf-8"), value=value,
                                         headers=list(header.items()) or None))
                 self._positions[partition] = offset + 1
+                self._at_end.discard(partition)
+            if self.partition_eof and partition not in self._at_end and len(messages) < num_messages:
+                self._at_end.add(partition)
+                messages.append(Message(topic=self.topic, partition=partition,
+                                        offset=self._positions[partition],
+                                        error=KafkaError(KafkaError._PARTITION_EOF)))
         return messages
 
     def seek(self, partition: TopicPartition) -> None:
         if partition.partition in self._positions:  # Kafka refuses it for another's partition
             self._positions[partition.partition] = partition.offset
+            self._at_end.discard(partition.partition)
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         self._paused.update(tp.partition for tp in partitions if tp.partition in self._positions)
@@ -105,6 +117,10 @@ class MemoryTaskLogReader:
     def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = True) -> None:
         for tp in offsets:
             self.committed[tp.partition] = max(self.committed[tp.partition], tp.offset)
+
+    def end_offset(self, partition: TopicPartition) -> int:
+        with self.log._lock:
+            return len(self.log._records[partition.partition])
 
     def lag(self) -> int:
         """Records of the assigned partitions not read yet (paused ones included)."""

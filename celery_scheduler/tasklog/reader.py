@@ -23,6 +23,9 @@ __all__ = ["KafkaTaskLogReader", "close_aside", "kafka_errors"]
 
 logger = logging.getLogger(__name__)
 
+# How long the ingest loop waits to hear where a partition ends (it is the loop's thread).
+END_OFFSET_TIMEOUT = 1.0
+
 # Codes that say the brokers could not be reached or answered too late: waiting may cure them.
 _UNAVAILABLE = frozenset({
     KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
@@ -77,6 +80,12 @@ class KafkaTaskLogReader:
     def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = True) -> None:
         with kafka_errors("commit offsets"):
             self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
+
+    def end_offset(self, partition: TopicPartition) -> int:
+        with kafka_errors(f"ask where partition {partition.partition} ends"):
+            _, high = self.consumer.get_watermark_offsets(partition, timeout=END_OFFSET_TIMEOUT,
+                                                          cached=False)
+            return int(high)
 
     def replace(self, consumer: Consumer) -> Consumer:
         """Read through *consumer* from now on; return the one it replaces (not closed)."""

@@ -1,0 +1,97 @@
+"""How far the ingest loop has read each partition, in time: what lets a cancel win.
+
+A cancel that Kafka acknowledged before a task was due must stop it. The engine releases
+from the store, the ingest loop writes cancels to it from Kafka: after a takeover (the new
+owner reads the partition again from its committed offset), a store outage (the batch is
+applied again) or a long linger, the engine could mark a task released while its cancel
+was still in Kafka, not yet read. So the engine marks a task released only once the ingest
+loop has shown that every record acknowledged before the task's earliest marking time
+(its due time less ``release_ahead_seconds``) has been applied.
+
+The ingest loop shows it so: at time *t* it asks the broker for the partition's end offset
+(a record acknowledged before *t* is below it); once every record below that offset is
+applied (or, for a cancel, held back by the claims, see claims.py), the partition is
+caught up to *t*. It asks for the partitions the engine is waiting for, and keeps asking
+for a while after, so that a busy partition's next tasks find it caught up already.
+
+The engine thread calls :meth:`CaughtUp.covers`; the ingest loops (the group's, and the
+one reading kept partitions) call the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+__all__ = ["CaughtUp"]
+
+# A partition the engine waited for is asked about for this long after (ms).
+KEEP_ASKING_MS = 5_000
+# Asked about at most this often (ms): each ask is one round trip to the partition's leader.
+ASK_EVERY_MS = 100
+
+
+class CaughtUp:
+    """Per partition, a time before which every record acknowledged has been applied."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[int, int] = {}  # partition -> caught up to (ms)
+        self._wanted: dict[int, int] = {}  # partition -> last asked for by the engine (ms)
+        # partition -> (asked at, end offset then): caught up to that time once applied to it
+        self._pending: dict[int, tuple[int, int]] = {}
+        self._asked: dict[int, int] = {}  # partition -> when its end was last asked for
+
+    def covers(self, partition: int, since_ms: int, now_ms: int) -> bool:
+        """Whether every record of *partition* acknowledged before *since_ms* is applied;
+        if not, the ingest loop is asked to find out (engine thread)."""
+        with self._lock:
+            if self._until.get(partition, -1) >= since_ms:
+                return True
+            self._wanted[partition] = now_ms
+            return False
+
+    def to_ask(self, owned: Iterable[int], now_ms: int) -> list[int]:
+        """Those of *owned* whose end offset the ingest loop should ask for now."""
+        with self._lock:
+            return [p for p in owned
+                    if now_ms - self._wanted.get(p, -KEEP_ASKING_MS) < KEEP_ASKING_MS
+                    and p not in self._pending
+                    and now_ms - self._asked.get(p, -ASK_EVERY_MS) >= ASK_EVERY_MS]
+
+    def asked(self, partition: int, at_ms: int, end_offset: int) -> None:
+        """The broker said at *at_ms* (taken before asking) that *partition* ends at *end_offset*."""
+        with self._lock:
+            self._asked[partition] = at_ms
+            self._pending[partition] = (at_ms, end_offset)
+
+    def ask_failed(self, partition: int, at_ms: int) -> None:
+        """Asking where *partition* ends failed at *at_ms*: ask again a little later."""
+        with self._lock:
+            self._asked[partition] = at_ms
+
+    def wanted_since(self, since_ms: int) -> bool:
+        """Whether the engine has waited for any partition since *since_ms*."""
+        with self._lock:
+            return any(at >= since_ms for at in self._wanted.values())
+
+    def applied(self, partition: int, offset: int) -> None:
+        """Every record of *partition* below *offset* is applied (or its cancel held back)."""
+        with self._lock:
+            pending = self._pending.get(partition)
+            if pending is not None and offset >= pending[1]:
+                del self._pending[partition]
+                self._until[partition] = max(self._until.get(partition, -1), pending[0])
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """*partitions* were given up or assigned afresh: what was shown of them no longer holds."""
+        with self._lock:
+            for partition in partitions:
+                self._until.pop(partition, None)
+                self._pending.pop(partition, None)
+                self._asked.pop(partition, None)
+
+    def until(self, partition: int) -> int | None:
+        """The time *partition* is caught up to, if any (for logs and tests)."""
+        with self._lock:
+            return self._until.get(partition)

@@ -1,0 +1,129 @@
+"""A cancel acknowledged before a task was due wins: the engine marks a task released only
+once its partition's ingest has applied everything acknowledged before then (caught_up.py).
+
+The chaos run found tasks that ran although their cancel had been in Kafka for seconds: a
+dispatcher that took the partition over released them from the store while it was still
+reading the partition's records from the committed offset.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import TopicPartition
+
+from celery_scheduler.dispatcher.caught_up import ASK_EVERY_MS, KEEP_ASKING_MS, CaughtUp
+from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
+from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.base import State
+from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
+from tests.unit.test_engine import Clock
+
+NOW = 1_700_000_000_000
+PARTITIONS = 4
+TOPIC = "t"
+
+
+def test_a_partition_is_caught_up_to_when_its_end_was_asked_once_that_end_is_applied() -> None:
+    caught_up = CaughtUp()
+    assert not caught_up.covers(1, NOW, NOW)
+    assert caught_up.to_ask([0, 1], NOW) == [1]  # only what the engine waits for
+    caught_up.asked(1, NOW + 10, 7)
+    assert caught_up.to_ask([0, 1], NOW + 10 + ASK_EVERY_MS) == []  # its answer is pending
+    caught_up.applied(1, 6)
+    assert not caught_up.covers(1, NOW, NOW + 20)
+    caught_up.applied(1, 7)
+    assert caught_up.covers(1, NOW + 10, NOW + 30)
+    assert not caught_up.covers(1, NOW + 11, NOW + 30)  # acknowledged after the ask: unknown
+    assert caught_up.to_ask([0, 1], NOW + 30 + ASK_EVERY_MS) == [1]  # asked again, a busy partition
+    assert caught_up.to_ask([0, 1], NOW + 30 + KEEP_ASKING_MS) == []  # long not waited for
+    caught_up.forget([1])
+    assert not caught_up.covers(1, NOW, NOW + 40)
+
+
+def test_a_failed_ask_is_made_again_a_little_later() -> None:
+    caught_up = CaughtUp()
+    caught_up.covers(2, NOW, NOW)
+    caught_up.ask_failed(2, NOW)
+    assert caught_up.to_ask([2], NOW + ASK_EVERY_MS - 1) == []
+    assert caught_up.to_ask([2], NOW + ASK_EVERY_MS) == [2]
+
+
+class Dispatcher:
+    """An engine and its ingest loop over a memory task log, as a dispatcher wires them."""
+
+    def __init__(self, log: MemoryTaskLog, store: MemoryScheduleStore, clock: Clock,
+                 name: str = "d1") -> None:
+        self.released: list[TaskKey] = []
+        self.engine = Engine(store, lambda task, release: self.released.append(task.key), name,
+                             clock=clock)
+        self.engine.caught_up = CaughtUp()
+        self.reader = MemoryTaskLogReader(log, TOPIC, partition_eof=True)
+        self.ingest = Ingest(self.reader, store, self.engine, MemoryDeadLetters(), lambda: PARTITIONS,
+                             clock=clock, caught_up=self.engine.caught_up)
+        self.ingest.assigned([TopicPartition(TOPIC, n) for n in range(PARTITIONS)])
+        self.engine.assign(range(PARTITIONS))
+        self.engine.step()  # takes the leases
+
+
+def _schedule(log: MemoryTaskLog, key: TaskKey) -> None:
+    log.publish_async(key.ordering_id, encode(ScheduleEnvelope(key, "t"))).result(1)
+
+
+def _cancel(log: MemoryTaskLog, key: TaskKey) -> None:
+    log.publish_async(key.ordering_id, encode(CancelEnvelope(key))).result(1)
+
+
+def _taken_over(*, gated: bool) -> tuple[Dispatcher, MemoryScheduleStore, TaskKey, Clock]:
+    """A task due in a second, written by a dispatcher that then died; its cancel acknowledged
+    before it was due, not yet read by the dispatcher that took the partition over; three of
+    that one's steps without its ingest loop."""
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    key = TaskKey("a", NOW + 1_000, "u")
+    _schedule(log, key)
+    first = Dispatcher(log, store, clock)
+    first.ingest.poll_once(0)
+    first.engine.revoke(range(PARTITIONS))  # it dies; its leases end
+    _cancel(log, key)
+    clock.ms = NOW + 2_000
+    taker = Dispatcher(log, store, clock, "d2")  # loads the task from the store
+    if not gated:
+        taker.engine.caught_up = None
+    for _ in range(3):
+        clock.ms += 100
+        taker.engine.step()
+    return taker, store, key, clock
+
+
+def test_a_task_due_waits_for_its_partition_to_be_read_as_far_as_kafka_holds() -> None:
+    taker, store, key, clock = _taken_over(gated=True)
+    assert taker.released == []  # the cancel may be in Kafka still
+    for _ in range(3):
+        taker.ingest.poll_once(0)
+        clock.ms += 100
+        taker.engine.step()
+    assert taker.released == []
+    status = store.status(key)
+    assert status is not None and status.state is State.CANCELLED
+
+
+def test_without_the_gate_the_task_is_released_before_its_cancel_is_read() -> None:
+    """The broken variant: the same takeover, the engine not waiting for its ingest."""
+    taker, _, key, _ = _taken_over(gated=False)
+    assert taker.released == [key]
+
+
+def test_a_task_is_released_once_its_partition_is_caught_up() -> None:
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    key = TaskKey("a", NOW + 1_000, "u")
+    _schedule(log, key)
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.poll_once(0)
+    clock.ms = NOW + 1_000
+    dispatcher.engine.step()
+    assert dispatcher.released == []  # nothing shown yet for a time this late
+    dispatcher.ingest.poll_once(0)  # asks where the partition ends: all of it is applied
+    clock.ms += 100
+    dispatcher.engine.step()
+    assert dispatcher.released == [key]
