@@ -297,7 +297,7 @@ def test_a_stale_copy_of_a_release_never_runs(scheduler: Scheduler, schedule) ->
                30, lambda: scheduler.log_of(worker)[-3000:])
     assert [s["seq"] for s in scheduler.starts()] == [0], "a stale copy ran the key again"
     log = scheduler.log_of(worker)
-    assert log.count("its lease has ended") == 1
+    assert log.count("its start lease has ended") == 1
     assert log.count("the key is succeeded at attempt 1") == 2
     assert handle.status().state is State.SUCCEEDED
 
