@@ -10,9 +10,9 @@ loop has shown that every record acknowledged before the task's earliest marking
 
 The ingest loop shows it so: at time *t* it asks the broker for the partition's end offset
 (a record acknowledged before *t* is below it); once every record below that offset is
-applied (or, for a cancel, held back by the claims, see claims.py), the partition is
-caught up to *t*. It asks for the partitions the engine is waiting for, and keeps asking
-for a while after, so that a busy partition's next tasks find it caught up already.
+applied, the partition is caught up to *t*. It asks for the partitions the engine is
+waiting for, and keeps asking for a while after, so that a busy partition's next tasks find
+it caught up already; while an answer waits to be applied, it reads without lingering.
 
 The engine thread calls :meth:`CaughtUp.covers`; the ingest loops (the group's, and the
 one reading kept partitions) call the rest.
@@ -20,6 +20,7 @@ one reading kept partitions) call the rest.
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterable
 
@@ -27,8 +28,10 @@ __all__ = ["CaughtUp"]
 
 # A partition the engine waited for is asked about for this long after (ms).
 KEEP_ASKING_MS = 5_000
-# Asked about at most this often (ms): each ask is one round trip to the partition's leader.
-ASK_EVERY_MS = 100
+# Asked about at most this often (ms): each ask is one round trip to the partitions' leaders.
+ASK_EVERY_MS = 50
+# Answers kept per partition until applied (the oldest go first).
+PENDING_KEPT = 8
 
 
 class CaughtUp:
@@ -38,8 +41,9 @@ class CaughtUp:
         self._lock = threading.Lock()
         self._until: dict[int, int] = {}  # partition -> caught up to (ms)
         self._wanted: dict[int, int] = {}  # partition -> last asked for by the engine (ms)
-        # partition -> (asked at, end offset then): caught up to that time once applied to it
-        self._pending: dict[int, tuple[int, int]] = {}
+        # partition -> answers (asked at, end offset then), oldest first: caught up to that
+        # time once applied up to that offset
+        self._pending: dict[int, collections.deque[tuple[int, int]]] = {}
         self._asked: dict[int, int] = {}  # partition -> when its end was last asked for
 
     def covers(self, partition: int, since_ms: int, now_ms: int) -> bool:
@@ -56,32 +60,34 @@ class CaughtUp:
         with self._lock:
             return [p for p in owned
                     if now_ms - self._wanted.get(p, -KEEP_ASKING_MS) < KEEP_ASKING_MS
-                    and p not in self._pending
                     and now_ms - self._asked.get(p, -ASK_EVERY_MS) >= ASK_EVERY_MS]
 
     def asked(self, partition: int, at_ms: int, end_offset: int) -> None:
         """The broker said at *at_ms* (taken before asking) that *partition* ends at *end_offset*."""
         with self._lock:
             self._asked[partition] = at_ms
-            self._pending[partition] = (at_ms, end_offset)
+            answers = self._pending.setdefault(partition, collections.deque(maxlen=PENDING_KEPT))
+            answers.append((at_ms, end_offset))
 
     def ask_failed(self, partition: int, at_ms: int) -> None:
         """Asking where *partition* ends failed at *at_ms*: ask again a little later."""
         with self._lock:
             self._asked[partition] = at_ms
 
-    def wanted_since(self, since_ms: int) -> bool:
-        """Whether the engine has waited for any partition since *since_ms*."""
+    def waiting(self) -> bool:
+        """Whether the engine waits for a partition whose end has been asked for."""
         with self._lock:
-            return any(at >= since_ms for at in self._wanted.values())
+            return bool(self._pending)
 
     def applied(self, partition: int, offset: int) -> None:
         """Every record of *partition* below *offset* is applied (or its cancel held back)."""
         with self._lock:
-            pending = self._pending.get(partition)
-            if pending is not None and offset >= pending[1]:
+            answers = self._pending.get(partition)
+            while answers and offset >= answers[0][1]:
+                at_ms, _ = answers.popleft()
+                self._until[partition] = max(self._until.get(partition, -1), at_ms)
+            if answers is not None and not answers:
                 del self._pending[partition]
-                self._until[partition] = max(self._until.get(partition, -1), pending[0])
 
     def forget(self, partitions: Iterable[int]) -> None:
         """*partitions* were given up or assigned afresh: what was shown of them no longer holds."""

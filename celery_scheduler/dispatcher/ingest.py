@@ -62,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 # A batch holding a record due within this long is written without lingering for more.
 URGENT_SECONDS = 2.0
+# How long a batch waits for records while the engine waits for its ingest to catch up.
+HURRIED_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -222,35 +224,44 @@ class Ingest:
                 self.paused[record.partition] = record.topic
 
     def poll_once(self, timeout: float = 0.2) -> int:
-        """Consume, persist and commit one batch; return how many records it held."""
-        count = self._poll(timeout)
-        self._show_caught_up()
+        """Consume, persist and commit one batch; return how many records it held.
+
+        While the engine waits for a partition to be caught up, the batch is asked for where
+        those partitions end first and waits for records only briefly (``HURRIED_SECONDS``).
+        """
+        hurried = self._ask_ends()
+        count = self._poll(min(timeout, HURRIED_SECONDS) if hurried else timeout, hurried)
+        if self.caught_up is not None:
+            for partition, offset in self.applied_to.items():
+                self.caught_up.applied(partition, offset)
         return count
 
-    def _show_caught_up(self) -> None:
-        """Ask where the partitions the engine waits for end; tell it what is applied."""
+    def _ask_ends(self) -> bool:
+        """Ask where the partitions the engine waits for end; whether it waits for any."""
         if self.caught_up is None:
-            return
+            return False
         now = self.clock()  # before asking: a record acknowledged before now is below the end
-        for partition in self.caught_up.to_ask(self.owned, now):
+        wanted = self.caught_up.to_ask(self.owned, now)
+        if wanted:
             try:
-                end = self.consumer.end_offset(TopicPartition(self.owned[partition], partition))
+                ends = self.consumer.end_offsets([TopicPartition(self.owned[p], p) for p in wanted])
             except TaskLogError as exc:
-                # its leader is away: the others are likely led by the same broker
-                logger.info("could not ask where partition %d ends (%s)", partition, exc)
-                self.caught_up.ask_failed(partition, now)
-                break
-            self.caught_up.asked(partition, now, end)
-        for partition, offset in self.applied_to.items():
-            self.caught_up.applied(partition, offset)
+                logger.info("could not ask where partitions %s end (%s)", wanted, exc)
+                ends = {}
+            for partition in wanted:
+                if partition in ends:
+                    self.caught_up.asked(partition, now, ends[partition])
+                else:  # its leader is away, say: asked again a little later
+                    self.caught_up.ask_failed(partition, now)
+        return self.caught_up.waiting()
 
-    def _poll(self, timeout: float) -> int:
+    def _poll(self, timeout: float, hurried: bool) -> int:
         self.engine.ingest_alive()
         self._resume_leased()
         decoded: dict[tuple[int, int], Envelope] = {}
         try:
             messages = self.consumer.consume(self.batch_size, timeout)
-            if messages and self.linger_seconds > 0:
+            if messages and self.linger_seconds > 0 and not hurried:
                 messages = self._linger(messages, timeout, decoded)
         except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
@@ -331,10 +342,9 @@ class Ingest:
         offset), for ``_check``: it still checks every record before it is written.
         """
         until = time.monotonic() + self.linger_seconds
-        started_ms = self.clock()
         earliest = self._earliest_due(messages, decoded)
         while len(messages) < self.batch_size:
-            if self.caught_up is not None and self.caught_up.wanted_since(started_ms):
+            if self.caught_up is not None and self.caught_up.waiting():
                 break  # the engine waits for what was read to be applied
             left = min(until - time.monotonic(), (earliest - self.clock()) / 1000 - URGENT_SECONDS)
             if left <= 0:

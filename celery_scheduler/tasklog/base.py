@@ -269,5 +269,6 @@ class TaskLogReader(Protocol):
     def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...) -> None:
         """Record that everything before each offset is done (the group resumes there)."""
 
-    def end_offset(self, partition: TopicPartition) -> int:
-        """The offset after the last record of *partition* the broker holds, asked of it now."""
+    def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
+        """Per partition, the offset after the last record the broker holds, asked of it now
+        (one request); a partition it did not answer for is left out."""

@@ -118,9 +118,9 @@ class MemoryTaskLogReader:
         for tp in offsets:
             self.committed[tp.partition] = max(self.committed[tp.partition], tp.offset)
 
-    def end_offset(self, partition: TopicPartition) -> int:
+    def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
         with self.log._lock:
-            return len(self.log._records[partition.partition])
+            return {tp.partition: len(self.log._records[tp.partition]) for tp in partitions}
 
     def lag(self) -> int:
         """Records of the assigned partitions not read yet (paused ones included)."""

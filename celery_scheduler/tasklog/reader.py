@@ -81,11 +81,12 @@ class KafkaTaskLogReader:
         with kafka_errors("commit offsets"):
             self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
 
-    def end_offset(self, partition: TopicPartition) -> int:
-        with kafka_errors(f"ask where partition {partition.partition} ends"):
-            _, high = self.consumer.get_watermark_offsets(partition, timeout=END_OFFSET_TIMEOUT,
-                                                          cached=False)
-            return int(high)
+    def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
+        # the latest offset of each (-1), in one request per leader
+        asked = [TopicPartition(tp.topic, tp.partition, -1) for tp in partitions]
+        with kafka_errors("ask where the partitions end"):
+            answer = self.consumer.offsets_for_times(asked, timeout=END_OFFSET_TIMEOUT)
+        return {tp.partition: tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
 
     def replace(self, consumer: Consumer) -> Consumer:
         """Read through *consumer* from now on; return the one it replaces (not closed)."""

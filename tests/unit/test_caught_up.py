@@ -30,16 +30,29 @@ def test_a_partition_is_caught_up_to_when_its_end_was_asked_once_that_end_is_app
     assert not caught_up.covers(1, NOW, NOW)
     assert caught_up.to_ask([0, 1], NOW) == [1]  # only what the engine waits for
     caught_up.asked(1, NOW + 10, 7)
-    assert caught_up.to_ask([0, 1], NOW + 10 + ASK_EVERY_MS) == []  # its answer is pending
+    assert caught_up.to_ask([0, 1], NOW + 10 + ASK_EVERY_MS - 1) == []
+    assert caught_up.waiting()  # an answer waits to be applied: the ingest loop hurries
     caught_up.applied(1, 6)
     assert not caught_up.covers(1, NOW, NOW + 20)
     caught_up.applied(1, 7)
     assert caught_up.covers(1, NOW + 10, NOW + 30)
     assert not caught_up.covers(1, NOW + 11, NOW + 30)  # acknowledged after the ask: unknown
+    assert not caught_up.waiting()
     assert caught_up.to_ask([0, 1], NOW + 30 + ASK_EVERY_MS) == [1]  # asked again, a busy partition
     assert caught_up.to_ask([0, 1], NOW + 30 + KEEP_ASKING_MS) == []  # long not waited for
     caught_up.forget([1])
     assert not caught_up.covers(1, NOW, NOW + 40)
+
+
+def test_later_answers_wait_behind_earlier_ones() -> None:
+    caught_up = CaughtUp()
+    caught_up.covers(1, NOW, NOW)
+    caught_up.asked(1, NOW + 10, 7)
+    caught_up.asked(1, NOW + 60, 9)
+    caught_up.applied(1, 8)
+    assert caught_up.until(1) == NOW + 10
+    caught_up.applied(1, 9)
+    assert caught_up.until(1) == NOW + 60
 
 
 def test_a_failed_ask_is_made_again_a_little_later() -> None:
