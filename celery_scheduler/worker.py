@@ -77,6 +77,12 @@ _hooks_connected = False
 # task a second run once its lease ended. During a real outage a new producer fails the
 # same way, and making one costs little.
 REPLACE_AFTER_SECONDS = 10.0
+# A producer that has reported nothing for this long (seconds), neither a delivery nor a
+# failure, while records wait for their reports, is stuck and replaced as well. After a
+# Kafka restart, chaos runs left producers holding every outcome for a minute, until their
+# delivery timeout, waiting for a partition leader they had not learnt of ("new leader not
+# found in cache"): the dispatcher, hearing nothing, sent each of those tasks again.
+STUCK_AFTER_SECONDS = 5.0
 # At most this many undelivered outcomes are kept to send again (the oldest go first); a
 # task whose outcome is lost runs again when its lease ends.
 UNDELIVERED_KEPT = 10_000
@@ -124,6 +130,10 @@ class OutcomeProducer:
         self._lock = threading.Lock()
         self._generation = 0  # of the producer in use; failures of replaced ones do not count
         self._failing_since: float | None = None  # first failed report since the last success
+        # Records of the producer in use not reported yet, and since when it has been
+        # waiting for a report with some of them out (None: none out).
+        self._unreported = 0
+        self._waiting_since: float | None = None
         self._fatal: Any = None
         # Outcomes that failed, with how often they were sent: sent again once a producer
         # delivers (this one, or the one that replaces it).
@@ -149,20 +159,42 @@ class OutcomeProducer:
         """Hand *beat* to the client; *answered* learns whether Kafka took it. A beat that
         failed is not sent again: the next one is due soon, and a late one would not count."""
         def delivered(error: Any, message: Any) -> None:
+            self._reported(generation)
             answered(error is None)
 
         with self._lock:
             self._replace_if_broken()
+            generation = self._generation
             try:
                 self._producer.produce(self.topic, beat.encode(), key=beat.key.ordering_id.encode("utf-8"),
                                        partition=beat.partition, on_delivery=delivered)
             except BufferError:
                 answered(False)
+                return
+            self._out()
 
     def poll(self) -> None:
-        """Serve the client's delivery reports."""
+        """Serve the client's delivery reports; replace the producer if it is stuck."""
         with self._lock:
             self._producer.poll(0)
+            if self._stuck():
+                self._replace_if_broken()
+
+    def _out(self) -> None:
+        """A record of the producer in use went out (the lock held)."""
+        if self._unreported == 0:
+            self._waiting_since = self._clock()
+        self._unreported += 1
+
+    def _reported(self, generation: int) -> None:
+        """The client reported a record of producer *generation* (in poll: the lock held)."""
+        if generation == self._generation and self._unreported > 0:
+            self._unreported -= 1
+            self._waiting_since = self._clock() if self._unreported else None
+
+    def _stuck(self) -> bool:
+        return (self._waiting_since is not None
+                and self._clock() - self._waiting_since > STUCK_AFTER_SECONDS)
 
     def _send_again_if_delivering(self) -> None:
         """Send the outcomes that failed once more (the lock held), once a record was
@@ -183,6 +215,7 @@ class OutcomeProducer:
             self._producer.poll(1.0)  # the client's queue is full: let it drain a moment
             self._producer.produce(self.topic, value, key=key, partition=partition,
                                    on_delivery=on_delivery)
+        self._out()
 
     def flush(self, timeout: float) -> int:
         with self._lock:
@@ -196,6 +229,7 @@ class OutcomeProducer:
 
     def _delivered(self, generation: int, record: tuple[bytes, bytes, int], sends: int,
                    error: Any, message: Any) -> None:
+        self._reported(generation)
         if error is None:
             if generation == self._generation:
                 self._failing_since = None
@@ -213,16 +247,21 @@ class OutcomeProducer:
     def _replace_if_broken(self) -> None:
         """Replace the producer (the lock held) if it is broken; the new one sends again what
         the old one did not deliver."""
+        self._producer.poll(0)  # reports waiting to be served are not a stuck producer
         if self._fatal is not None:
             reason = f"fatal error: {self._fatal.str()}"
         elif (self._failing_since is not None
               and self._clock() - self._failing_since > REPLACE_AFTER_SECONDS):
             reason = f"no outcome acknowledged for {self._clock() - self._failing_since:.0f}s"
+        elif self._stuck():
+            reason = (f"{self._unreported} record(s) without a report for "
+                      f"{self._clock() - (self._waiting_since or 0):.0f}s")
         else:
             return
         old, self._producer = self._producer, self._new_producer()
         self._generation += 1
-        self._failing_since = self._fatal = None
+        self._failing_since = self._fatal = self._waiting_since = None
+        self._unreported = 0
         self.replaced += 1
         try:
             old.purge()

@@ -24,6 +24,7 @@ class FakeProducer:
 
     def __init__(self, error: KafkaError | None = None) -> None:
         self.error = error
+        self.silent = False  # reports nothing, as a client waiting for a leader it does not know
         self.produced: list[bytes] = []
         self._unreported: list[Any] = []
         self.purged = False
@@ -33,13 +34,15 @@ class FakeProducer:
         self._unreported.append(on_delivery)
 
     def poll(self, timeout: float = 0) -> int:
+        if self.silent:
+            return 0
         reports, self._unreported = self._unreported, []
         for report in reports:
             report(self.error, None)
         return len(reports)
 
     def purge(self) -> None:
-        self.purged = True
+        self.purged, self.silent = True, False
         self.error = KafkaError(KafkaError._PURGE_QUEUE)
 
     def flush(self, timeout: float = 0) -> int:
@@ -111,6 +114,33 @@ def test_one_success_ends_a_run_of_failures(made: Made) -> None:
     producer.send(_outcome(2))  # delivered
     clock.now += worker.REPLACE_AFTER_SECONDS * 2
     producer.send(_outcome(3))
+    assert producer.replaced == 0 and len(made) == 1
+
+
+def test_a_producer_that_reports_nothing_while_records_wait_is_replaced(made: Made) -> None:
+    clock = Clock()
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
+    first = made[0]
+    first.silent = True
+    producer.send(_outcome(1))
+    clock.now += worker.STUCK_AFTER_SECONDS / 2
+    producer.send(_outcome(2))
+    producer.poll()
+    assert producer.replaced == 0  # waiting, but not for long yet
+    clock.now += worker.STUCK_AFTER_SECONDS
+    producer.poll()  # the beats' thread polls: no outcome needed to find it stuck
+    assert producer.replaced == 1 and first.purged and len(made) == 2
+    assert made[1].produced == [_outcome(n).encode() for n in (1, 2)]  # sent again
+
+
+def test_a_producer_idle_for_long_is_not_stuck(made: Made) -> None:
+    """Its last reports were only not served yet: nothing waits once they are."""
+    clock = Clock()
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
+    producer.send(_outcome(1))  # served at the next poll
+    clock.now += worker.STUCK_AFTER_SECONDS * 10
+    producer.send(_outcome(2))
+    producer.poll()
     assert producer.replaced == 0 and len(made) == 1
 
 
