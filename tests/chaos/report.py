@@ -86,7 +86,8 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"| schedule calls accepted | {c['accepted']} |",
         f"| keys whose first call raised (made again) / accepted on a later call / ran | "
         f"{c['retried']} / {c['retried_accepted']} / {c['retried_ran']} |",
-        f"| **... ran to their end twice** | **{c['retried_ran_twice']}** |",
+        f"| ... ran to their end twice (at least once) / **scheduled twice** | "
+        f"{c['retried_completed_twice']} / **{c['retried_ran_twice']}** |",
         f"| keys not accepted after every call (not counted as lost) | {c['not_accepted']} |",
         f"| **... of which ran anyway** | **{c['not_accepted_but_ran']}** |",
         f"| cancels accepted / cancels that raised | {c['cancels_accepted']} / {c['cancels_not_accepted']} |",

@@ -9,8 +9,11 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   anything else is lost too. A call that raised is made again with the same key (up to the
   run's retries); a key none of whose calls was accepted never counts as lost.
 - **not accepted but ran**: every call of a key raised, and yet it ran.
-- **retried and ran twice**: a key whose first call raised ran to its end twice or more (a
-  call made again must not schedule a second run).
+- **retried and scheduled twice**: a key whose first call raised ran to its end twice or
+  more, and two of those runs cannot be one schedule's releases: the later one is neither
+  the next attempt, nor another copy of the same release, nor a release sent again once
+  nothing had been heard of the one before for its start lease and the 3 s after it (a call
+  made again must not schedule a second run; at least once allows the rest).
 - **early**: a key's first start is more than 1 ms before its scheduled time (the key
   stores milliseconds).
 - **order violation**: within one ordering id, a key first started before an earlier key
@@ -38,6 +41,7 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -100,16 +104,43 @@ def _judge_cancel(verdict: Verdict, task: Task, runs: list[dict[str, Any]], star
         verdict.counts["cancel_not_judged"] += 1
 
 
+# A release of which nothing was heard is sent again (the same attempt) no sooner than this
+# long after its start lease ended (celery_scheduler.heartbeat.not_started_by_ms).
+NOT_STARTED_JUDGED_MS = 3_000
+
+
+def _scheduled_again(runs: list[dict[str, Any]]) -> str | None:
+    """Why two runs of a key that both ended cannot be one schedule's release sent again; None
+    if each is: the next attempt, a release sent again once nothing was heard of the one
+    before for its start lease and the judgement after it, or another copy of one release.
+
+    A call made again that scheduled the key a second time would release it afresh: at the
+    first attempt again, or as the same attempt before the release before it could be judged.
+    """
+    ordered = sorted(runs, key=lambda e: e["t"])
+    for before, after in itertools.pairwise(ordered):
+        if "a" not in before or "a" not in after:
+            continue  # runs without a release header say nothing
+        if after["a"] > before["a"] or after.get("l") == before.get("l"):
+            continue
+        if after["a"] < before["a"]:
+            return f"attempt {after['a']} ran after attempt {before['a']}"
+        if after.get("m", 0) < before.get("l", 0) + NOT_STARTED_JUDGED_MS:
+            return (f"attempt {after['a']} released again {(after['m'] - before['l']) / 1000:.3f}s "
+                    "after the start lease of the one before ended, before it could be judged")
+    return None
+
+
 def verify(facts: RunFacts) -> Verdict:
     verdict = Verdict()
     for name in (*Verdict.VIOLATIONS, "duplicates", "late_duplicates", "unknown_runs",
-                 "completed_twice"):
+                 "completed_twice", "retried_completed_twice"):
         verdict.counts[name] = 0
     tasks = {(t.ordering_id, t.seq): t for t in facts.tasks}
     starts: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     runs: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # o -> (start, end, seq)
     open_runs: dict[int, dict[str, Any]] = {}  # pid -> its running start (one task at a time per worker)
-    completed: dict[tuple[str, int], int] = defaultdict(int)  # runs that reached their end
+    completed: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)  # starts of runs that ended
     for event in sorted(facts.executions, key=lambda e: e["t"]):
         pid = event["pid"]
         if event["event"] == "start":
@@ -125,7 +156,7 @@ def verify(facts: RunFacts) -> Verdict:
             begun = open_runs.pop(pid, None)
             if begun is not None:
                 runs[begun["o"]].append((begun["t"], event["t"], begun["seq"]))
-                completed[(begun["o"], begun["seq"])] += 1
+                completed[(begun["o"], begun["seq"])].append(begun)
     for pid, begun in open_runs.items():
         end = facts.killed_workers.get(pid, facts.finished)
         runs[begun["o"]].append((begun["t"], end, begun["seq"]))
@@ -150,10 +181,13 @@ def verify(facts: RunFacts) -> Verdict:
         if not task.accepted and key in starts:
             verdict.flag("not_accepted_but_ran", f"{key}: {task.calls} call(s), the last raised "
                                                  f"{task.error}; started at {first_start[key]:.3f}")
-        if completed[key] > 1:
+        if len(completed[key]) > 1:
             if task.calls > 1:
-                verdict.flag("retried_ran_twice", f"{key}: {task.calls} calls, ran to its end "
-                                                  f"{completed[key]} times")
+                verdict.counts["retried_completed_twice"] += 1
+                unexplained = _scheduled_again(completed[key])
+                if unexplained:
+                    verdict.flag("retried_ran_twice", f"{key}: {task.calls} calls, ran to its end "
+                                                      f"{len(completed[key])} times; {unexplained}")
             else:
                 verdict.counts["completed_twice"] += 1
     verdict.counts["cancels_accepted"] = sum(1 for t in accepted if t.cancel_accepted)

@@ -108,16 +108,38 @@ def test_a_call_that_raised_every_time_must_not_run() -> None:
     assert violations(verify(facts([refused], run("a", 0, 10, 10.1)))) == {"not_accepted_but_ran": 1}
 
 
+def release(attempt: int, marked: float, start_lease_end: float) -> dict[str, int]:
+    """The release header fields a run logs (times in seconds after T0)."""
+    return {"a": attempt, "m": int((T0 + marked) * 1000), "l": int((T0 + start_lease_end) * 1000)}
+
+
 def test_a_retried_call_that_ran_twice() -> None:
     retried = task("a", 0, 10, calls=2)
-    once = verify(facts([retried], run("a", 0, 10, 10.1)))
+    first = run("a", 0, 10, 10.1, **release(1, 10, 18))
+    once = verify(facts([retried], first))
     assert violations(once) == {} and once.counts["retried_ran"] == 1
-    twice = verify(facts([retried], run("a", 0, 10, 10.1) + run("a", 0, 12, 12.1, pid=2)))
+    # released afresh while the first release could not yet be judged: scheduled twice
+    twice = verify(facts([retried], first + run("a", 0, 12, 12.1, pid=2, **release(1, 12, 20))))
     assert violations(twice) == {"retried_ran_twice": 1}
+    # back at the first attempt after the second: scheduled twice
+    restarted = verify(facts([retried], run("a", 0, 10, 10.1, **release(2, 10, 18))
+                             + run("a", 0, 30, 30.1, pid=2, **release(1, 30, 38))))
+    assert violations(restarted) == {"retried_ran_twice": 1}
     # a key never retried that ran twice is a duplicate (at least once), not a violation
-    plain = verify(facts([task("a", 0, 10)], run("a", 0, 10, 10.1) + run("a", 0, 12, 12.1, pid=2)))
+    plain = verify(facts([task("a", 0, 10)], first + run("a", 0, 12, 12.1, pid=2, **release(1, 12, 20))))
     assert violations(plain) == {} and plain.counts["completed_twice"] == 1
 
+
+@pytest.mark.parametrize("second", [
+    release(1, 21, 29),  # nothing heard of the first for its start lease and 3 s: sent again
+    release(2, 15, 23),  # the next attempt
+    release(1, 10, 18),  # another copy of the same release
+])
+def test_a_retried_call_that_ran_twice_by_at_least_once_is_not_scheduled_twice(
+        second: dict[str, int]) -> None:
+    runs = run("a", 0, 10, 10.1, **release(1, 10, 18)) + run("a", 0, 22, 22.1, pid=2, **second)
+    verdict = verify(facts([task("a", 0, 10, calls=2)], runs))
+    assert violations(verdict) == {} and verdict.counts["retried_completed_twice"] == 1
 
 def test_lateness_during_a_fault_and_its_recovery() -> None:
     fault = Fault("worker-kill", "pid 1", T0 + 20, T0 + 21)
