@@ -25,9 +25,10 @@ of a batch is due more than ``URGENT_SECONDS`` ahead, the loop keeps reading for
 second brings; a record due sooner ends the wait, and so does the engine waiting for a
 partition to be caught up (see caught_up.py).
 
-After each batch the loop shows the engine how far it has read in time: it asks the broker
-where the partitions the engine waits for end, and once everything below is applied, the
-engine may release their tasks (a cancel acknowledged before a task's due time wins).
+Before each batch the loop asks the broker where the partitions the engine waits for end,
+and after it tells the engine how far it has applied: once everything below an answer is,
+the engine may release those partitions' tasks up to the time it asked (a cancel
+acknowledged before a task's due time wins).
 """
 
 from __future__ import annotations
