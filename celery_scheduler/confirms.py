@@ -81,8 +81,19 @@ class Confirms:
 
     def later(self, tag: int) -> Unconfirmed:
         """The message of *tag* (just :meth:`published`), settled once RabbitMQ answers, by
-        :meth:`drain` or :meth:`wait`, instead of waited for."""
-        unconfirmed = self._later[tag] = Unconfirmed(time.monotonic())
+        :meth:`drain` or :meth:`wait`, instead of waited for.
+
+        RabbitMQ may have answered already: py-amqp's ``basic_publish`` reads what has come
+        in (it drains the connection without waiting), so the next message of a batch can
+        read this one's answer before this call, and that answer must settle it, or it
+        waits for an answer that came.
+        """
+        unconfirmed = Unconfirmed(time.monotonic())
+        taken = self._settled.pop(tag, None)
+        if taken is None:
+            self._later[tag] = unconfirmed
+        else:
+            unconfirmed.settle(None if taken else refused())
         return unconfirmed
 
     @property

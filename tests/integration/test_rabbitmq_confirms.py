@@ -196,11 +196,13 @@ def test_releases_confirmed_later_are_settled_as_rabbitmq_answers(rabbitmq_url: 
         # a second step goes out before the first one's confirms were read
         second = publisher.publish_many(_items(full.name, 2, 3), confirm_later=True)
         assert all(isinstance(r, Unconfirmed) for r in first + second)
-        assert publisher.unconfirmed == 5
+        # py-amqp reads answers at each publish: some may be settled already
+        assert publisher.unconfirmed <= 5
         assert _collected(publisher, first) == [None, None]
         results = _collected(publisher, second)
         assert results[0] is None  # the third message fills the queue; the rest are refused
-        assert all(isinstance(e, ReleaseNotSentError) and "refused" in str(e) for e in results[1:])
+        assert all(isinstance(e, ReleaseNotSentError) and "refused" in str(e)
+                   for e in results[1:]), results
         assert publisher.unconfirmed == 0
     finally:
         publisher.close()
