@@ -1,10 +1,11 @@
 """Readiness probes for the local services: exit 0 when the service really answers.
 
-Usage: python scripts/probe.py kafka|cassandra|redis|rabbitmq|postgres [host:port]
+Usage: python scripts/probe.py kafka|cassandra|cassandra-ring|redis|rabbitmq|postgres [host:port]
 
 Each probe does what a client would do first: a Kafka metadata request, a CQL query
 against ``system.local``, a Redis PING, an AMQP connection, a PostgreSQL query. It prints
-one line saying what answered.
+one line saying what answered. ``cassandra-ring`` takes host:port,... (the nodes of
+scripts/cassandra-cluster meant to run) and checks that the nodes see each other up.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import struct
 import sys
 
 DEFAULTS = {"kafka": "127.0.0.1:9092", "cassandra": "127.0.0.1:9042", "redis": "127.0.0.1:6379",
-            "rabbitmq": "127.0.0.1:5672", "postgres": "127.0.0.1:5432"}
+            "rabbitmq": "127.0.0.1:5672", "postgres": "127.0.0.1:5432",
+            "cassandra-ring": "127.0.0.2:29042,127.0.0.3:29042,127.0.0.4:29042"}
 
 
 def probe_kafka(address: str) -> str:
@@ -38,6 +40,52 @@ def probe_cassandra(address: str) -> str:
         session = cluster.connect()
         row = session.execute("SELECT release_version FROM system.local", timeout=5).one()
         return f"cassandra {address}: release {row.release_version}"
+    finally:
+        cluster.shutdown()
+
+
+def probe_cassandra_ring(addresses: str) -> str:
+    """Every node of *addresses* answers CQL and sees each of them NORMAL in gossip, at the
+    generation that node started with (so a restarted node is known as restarted, not as
+    the one that died); a node that knows of no other node reads at ALL, which needs every
+    replica to be up in its own view."""
+    import logging
+
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import Cluster
+    from cassandra.query import SimpleStatement
+
+    logging.getLogger("cassandra").setLevel(logging.CRITICAL)
+    wanted = [address.rsplit(":", 1)[0] for address in addresses.split(",")]
+    port = int(addresses.split(",")[0].rsplit(":", 1)[1])  # the same on every node's address
+    cluster = Cluster(wanted, port=port, connect_timeout=3, protocol_version=5)
+    try:
+        session = cluster.connect()
+        hosts = {host.address: host for host in cluster.metadata.all_hosts()}
+        views = {}
+        for node in wanted:
+            if node not in hosts:
+                raise RuntimeError(f"{node} is not in the ring")
+            rows = session.execute("SELECT address, generation, status_with_port"
+                                   " FROM system_views.gossip_info", timeout=5, host=hosts[node])
+            views[node] = {row.address: row for row in rows}
+        for node, view in views.items():
+            for other in wanted:
+                row = view.get(other)
+                if (row is None or not (row.status_with_port or "").startswith("NORMAL")
+                        or row.generation != views[other][other].generation):
+                    raise RuntimeError(f"{node} does not see {other} up yet "
+                                       f"({row.status_with_port if row is not None else 'unknown'})")
+        # ALL needs as many nodes as system_distributed has replicas (3): a smaller ring
+        # has too few, a node that knows of one not in *addresses* has it down
+        replication = session.execute("SELECT replication FROM system_schema.keyspaces"
+                                      " WHERE keyspace_name = 'system_distributed'").one().replication
+        everyone = SimpleStatement("SELECT keyspace_name FROM system_distributed.view_build_status"
+                                   " LIMIT 1", consistency_level=ConsistencyLevel.ALL)
+        for node, view in views.items():
+            if set(view) <= set(wanted) and len(view) >= int(replication["replication_factor"]):
+                session.execute(everyone, timeout=5, host=hosts[node])
+        return f"cassandra ring {addresses}: {len(wanted)} node(s), each seeing the others up"
     finally:
         cluster.shutdown()
 
@@ -103,7 +151,8 @@ def probe_postgres(address: str) -> str:
 
 
 PROBES = {"kafka": probe_kafka, "cassandra": probe_cassandra, "redis": probe_redis,
-          "rabbitmq": probe_rabbitmq, "postgres": probe_postgres}
+          "rabbitmq": probe_rabbitmq, "postgres": probe_postgres,
+          "cassandra-ring": probe_cassandra_ring}
 
 
 def main(argv: list[str]) -> int:
