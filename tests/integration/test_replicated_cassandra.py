@@ -1,0 +1,165 @@
+"""A node of a replicated Cassandra cluster is killed: the store goes on and loses nothing.
+
+The keyspace is the one ``scheduler init`` makes with ``scheduler_cassandra_replication`` at
+replication factor 3, and the store writes and reads at LOCAL_QUORUM and takes partition
+leases with lightweight transactions at LOCAL_SERIAL (the settings' defaults): an
+acknowledged write is on two of the three replicas, and any two of them answer. The nodes
+of scripts/cassandra-cluster sync their commit logs before they acknowledge, so a SIGKILLed
+node comes back with everything it acknowledged.
+
+The two tests share one history: what was acknowledged before the kill (the ``outage``
+fixture) and while the node was down (the first test) is what the second test reads back
+once the node is restarted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from celery_scheduler.config import Settings
+from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.errors import StoreUnavailableError
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.store import open_store
+from celery_scheduler.store.base import Cursor, Lease, ScheduleStore, State, bucket_of
+from celery_scheduler.store.cassandra import CassandraScheduleStore
+from tests.integration.cassandra_cluster import CassandraCluster, cassandra_cluster  # noqa: F401
+from tests.integration.raw_topic import wait_until
+
+pytestmark = pytest.mark.cassandra
+
+# The node killed: the seed and the first contact point, so the driver loses its control
+# connection as well.
+VICTIM = 1
+TASKS = 24  # scheduled before the kill, and as many again while the node is down
+PARTITIONS = 4  # Kafka partitions the tasks are spread over, and leased
+LEASE_MS = 60_000
+
+
+@dataclass
+class Outage:
+    settings: Settings
+    store: CassandraScheduleStore
+    at_ms: int  # when every task is due: far enough ahead to stay pending
+    acknowledged: dict[TaskKey, State]  # each acknowledged key and its latest state
+    leases: list[Lease]  # dispatcher-a's, kept renewed
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def envelope(n: int, at_ms: int) -> ScheduleEnvelope:
+    return ScheduleEnvelope(key=TaskKey(f"acct-{n % 6}", at_ms, f"step-{n}"),
+                            task="proj.remind", args=[n])
+
+
+def schedule(outage: Outage, first: int) -> None:
+    """Store TASKS tasks numbered from *first*, recording each one acknowledged."""
+    for n in range(first, first + TASKS):
+        task = envelope(n, outage.at_ms)
+        assert outage.store.put(n % PARTITIONS, task, now_ms()) is not None
+        outage.acknowledged[task.key] = State.PENDING
+
+
+def check_everything_reads_back(outage: Outage, store: ScheduleStore) -> None:
+    keys = list(outage.acknowledged)
+    states = {status.key: status.state for status in store.statuses(keys) if status is not None}
+    assert states == outage.acknowledged
+    bucket = bucket_of(outage.at_ms, outage.settings.bucket_seconds)
+    rows = {row.key for partition in range(PARTITIONS)
+            for row in store.read(partition, Cursor(bucket), 1000)}
+    assert rows == {key for key, state in outage.acknowledged.items() if state is State.PENDING}
+
+
+def at_all(settings: Settings) -> ScheduleStore:
+    """A store of the same keyspace that needs every replica for each request."""
+    return open_store(settings.replace(cassandra_consistency="ALL",
+                                       cassandra_serial_consistency="SERIAL"))
+
+
+@pytest.fixture(scope="module")
+def outage(cassandra_cluster: CassandraCluster) -> Iterator[Outage]:  # noqa: F811
+    """Tasks and leases in a keyspace made as `init` makes it at RF 3, then VICTIM SIGKILLed."""
+    settings = Settings.from_mapping({
+        "scheduler_cassandra_contact_points": cassandra_cluster.contact_points,
+        "scheduler_cassandra_port": cassandra_cluster.port,
+        "scheduler_cassandra_keyspace": f"t_{uuid.uuid4().hex[:12]}",
+        "scheduler_cassandra_replication": {"class": "SimpleStrategy", "replication_factor": 3},
+    })
+    assert (settings.cassandra_consistency, settings.cassandra_serial_consistency) == (
+        "LOCAL_QUORUM", "LOCAL_SERIAL")
+    store = open_store(settings)
+    assert isinstance(store, CassandraScheduleStore)
+    try:
+        store.create_schema(status_shards=settings.kafka_partitions)  # as `init` does
+        [row] = store._session.execute("SELECT replication FROM system_schema.keyspaces"
+                                       " WHERE keyspace_name = %s", (store.keyspace,))
+        assert row.replication["replication_factor"] == "3"
+        history = Outage(settings, store, now_ms() + 3_600_000, {}, [])
+        schedule(history, 0)
+        history.leases = list(store.acquire_leases(range(PARTITIONS), "dispatcher-a", LEASE_MS,
+                                                   now_ms()).values())
+        assert len(history.leases) == PARTITIONS
+        cassandra_cluster.kill(VICTIM)
+        # The driver sees the node's connections close at once; waiting for that keeps a
+        # request from being sent to a node already dead, which would fail it.
+        victim = next(host for host in store._cluster.metadata.all_hosts()
+                      if host.address == cassandra_cluster.address(VICTIM))
+        wait_until(lambda: not victim.is_up, 30, lambda: f"the driver still has {victim} up")
+        yield history
+    finally:
+        store.close()
+
+
+def test_with_a_node_killed_tasks_are_stored_and_read_and_partitions_leased(
+        outage: Outage) -> None:
+    store = outage.store
+    started = time.monotonic()
+    # when: more tasks are scheduled, and some of the first ones run
+    schedule(outage, TASKS)
+    for key in list(outage.acknowledged)[:6]:
+        task = store.task(key)
+        assert task is not None
+        store.mark_released(task, 1, now_ms() + LEASE_MS, now_ms())
+        store.finish(task, State.SUCCEEDED, None, now_ms())
+        outage.acknowledged[key] = State.SUCCEEDED
+    # then: every acknowledged key reads back at LOCAL_QUORUM, pending ones in the schedule
+    check_everything_reads_back(outage, store)
+    # and: leases are renewed and taken by lightweight transactions, and stay exclusive
+    renewed = store.renew_leases(outage.leases, LEASE_MS, now_ms())
+    assert None not in renewed
+    outage.leases = [lease for lease in renewed if lease is not None]
+    taken = store.acquire_leases(range(PARTITIONS, 2 * PARTITIONS), "dispatcher-b", LEASE_MS,
+                                 now_ms())
+    assert sorted(taken) == list(range(PARTITIONS, 2 * PARTITIONS))
+    assert store.acquire_leases(range(PARTITIONS), "dispatcher-b", LEASE_MS, now_ms()) == {}
+    store.release_lease(taken[PARTITIONS])
+    assert list(store.acquire_leases([PARTITIONS], "dispatcher-c", LEASE_MS, now_ms())) == [PARTITIONS]
+    took = time.monotonic() - started
+    # and: a read that needs every replica is refused: the node really is gone
+    with at_all(outage.settings) as everyone, pytest.raises(StoreUnavailableError):
+        everyone.statuses(list(outage.acknowledged)[:1])
+    print(f"{len(outage.acknowledged)} tasks and {2 * PARTITIONS + 1} leases with node {VICTIM} "
+          f"down in {took:.1f}s")
+
+
+def test_a_restarted_node_serves_all_that_was_acknowledged(
+        cassandra_cluster: CassandraCluster, outage: Outage) -> None:  # noqa: F811
+    # when: the killed node is started again (it replays its commit log)
+    started = time.monotonic()
+    cassandra_cluster.start(VICTIM)
+    restart = time.monotonic() - started
+    # then: reads that need every replica, the restarted node's too, work again and find
+    # everything acknowledged before and during its loss
+    with at_all(outage.settings) as everyone:
+        check_everything_reads_back(outage, everyone)
+    # and: the store that lived through the outage goes on, its leases with it
+    check_everything_reads_back(outage, outage.store)
+    assert None not in outage.store.renew_leases(outage.leases, LEASE_MS, now_ms())
+    print(f"node {VICTIM} restarted in {restart:.0f}s; {len(outage.acknowledged)} tasks read at ALL")
