@@ -37,7 +37,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from celery_scheduler.errors import TaskLogError
-from celery_scheduler.tasklog.reader import close_aside, kafka_errors
+from celery_scheduler.tasklog.reader import close_aside, end_offsets, kafka_errors
 from celery_scheduler.wire import Beat, Outcome, decode_report
 
 __all__ = ["OutcomeBatch", "OutcomeReader"]
@@ -263,10 +263,9 @@ class OutcomeReader:
     def _ends(self) -> dict[int, int] | None:
         """Each assigned partition's end offset, or None if Kafka does not say in time."""
         with self._lock:
-            asked = [TopicPartition(self.topic, number, -1) for number in sorted(self._assigned)]
+            asked = [TopicPartition(self.topic, number) for number in sorted(self._assigned)]
             try:
-                with kafka_errors("ask where the outcome partitions end"):
-                    answer = self._consumer.offsets_for_times(asked, timeout=ENDS_TIMEOUT)
+                ends = end_offsets(self._consumer, asked, ENDS_TIMEOUT)
             except TaskLogError as exc:
                 # asked again at every check while Kafka is away: said once, not 20 times a second
                 logger.log(logging.DEBUG if self._ends_unanswered else logging.INFO, "%s", exc)
@@ -275,7 +274,7 @@ class OutcomeReader:
         if self._ends_unanswered:
             logger.info("Kafka answers again where the outcome partitions end")
             self._ends_unanswered = False
-        return {tp.partition: tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
+        return ends
 
     def _replace_consumer(self, ends: dict[int, int] | None) -> None:
         """A new consumer, reading each partition from where this one got to."""

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
 
-__all__ = ["KafkaTaskLogReader", "close_aside", "kafka_errors"]
+__all__ = ["KafkaTaskLogReader", "close_aside", "end_offsets", "kafka_errors"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +82,7 @@ class KafkaTaskLogReader:
             self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
 
     def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
-        # the latest offset of each (-1), in one request per leader
-        asked = [TopicPartition(tp.topic, tp.partition, -1) for tp in partitions]
-        with kafka_errors("ask where the partitions end"):
-            answer = self.consumer.offsets_for_times(asked, timeout=END_OFFSET_TIMEOUT)
-        return {tp.partition: tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
+        return end_offsets(self.consumer, partitions, END_OFFSET_TIMEOUT)
 
     def replace(self, consumer: Consumer) -> Consumer:
         """Read through *consumer* from now on; return the one it replaces (not closed)."""
@@ -96,6 +92,17 @@ class KafkaTaskLogReader:
     def close(self) -> None:
         with kafka_errors("close the consumer"):
             self.consumer.close()
+
+
+def end_offsets(consumer: Consumer, partitions: list[TopicPartition],
+                timeout: float) -> dict[int, int]:
+    """Where each of *partitions* ends (the offset the next message will take), asked in one
+    request per leader; a partition Kafka gave no answer for is left out. Raises
+    ``TaskLogError`` when Kafka does not answer within *timeout* seconds."""
+    asked = [TopicPartition(tp.topic, tp.partition, -1) for tp in partitions]  # -1: the latest
+    with kafka_errors("ask where the partitions end"):
+        answer = consumer.offsets_for_times(asked, timeout=timeout)
+    return {tp.partition: tp.offset for tp in answer if tp.error is None and tp.offset >= 0}
 
 
 def close_aside(consumer: Consumer, what: str) -> None:
