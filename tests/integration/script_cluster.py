@@ -30,10 +30,23 @@ class ScriptCluster:
     state_variable: ClassVar[str]  # the script's environment variable for its state
     timeout: ClassVar[float]  # seconds a command of the script may take
 
+    def environment(self) -> dict[str, str]:
+        """What the script is told of this cluster."""
+        return {self.state_variable: str(self.state)}
+
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, self.state_variable: str(self.state)}
+        env = {**os.environ, **self.environment()}
         return subprocess.run([str(REPO / "scripts" / self.script), *args], env=env,
                               capture_output=True, text=True, timeout=self.timeout)
+
+    def stop(self, node: int) -> None:
+        """SIGSTOP *node*: a stalled node, its connections open and silent."""
+        result = self.run("stop", str(node))
+        assert result.returncode == 0, result.stderr
+
+    def cont(self, node: int) -> None:
+        result = self.run("cont", str(node))
+        assert result.returncode == 0, result.stderr
 
     def kill(self, node: int) -> None:
         """SIGKILL *node*: nothing flushed, as a crash."""
