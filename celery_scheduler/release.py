@@ -112,7 +112,8 @@ def _route(name: str, options: dict[str, Any]) -> tuple[Any, ...]:
 def publish(app: Any, envelope: ScheduleEnvelope, release: Release,
             now: dt.datetime | None = None, producer: Any = None,
             declared: set[tuple[Any, ...]] | None = None, push: RedisPush | None = None,
-            context: SendContext | None = None, templates: Templates | None = None) -> None:
+            context: SendContext | None = None, templates: Templates | None = None,
+            retry: bool | None = None) -> None:
     """Send *envelope*'s task to Celery for *release* (through *producer*, if given).
 
     With *declared* (the routes this producer's connection has declared already), a route
@@ -120,7 +121,7 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release,
     message, a fifth of the CPU of a release. With *push* (a Redis broker), a message it
     takes waits there for the step's pipeline instead of going through kombu, built from
     one of *templates* where it can be. *context* (read once for many messages) saves
-    reading the app's state again for each.
+    reading the app's state again for each. *retry* overrides ``task_publish_retry``.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
     if producer is not None and push is not None and templates is not None:
@@ -133,6 +134,8 @@ def publish(app: Any, envelope: ScheduleEnvelope, release: Release,
     args, kwargs, sent = _release_options(envelope, release, now)
     if args is not envelope.args or kwargs is not envelope.kwargs:
         push = None  # objects kombu's JSON tags (datetimes, ...): its encoder writes them
+    if retry is not None:
+        sent["retry"] = retry
     if declared is not None:
         route = _route(envelope.task, sent)
         if route in declared:
@@ -305,6 +308,7 @@ class Publisher:
         self._redis_push = redis_push  # False: every release goes through kombu's producer
         self._producer: Any = None
         self._confirms: Confirms | None = None  # set while the producer is our RabbitMQ one
+        self._connection: Any = None  # that producer's connection, ours to let go
         self._declared: set[tuple[Any, ...]] = set()  # routes declared on the producer's connection
         self._push: RedisPush | None = None  # set while the producer is on Redis
         # documents of releases pushed on the producer's connection, to build the next ones
@@ -442,8 +446,10 @@ class Publisher:
         context = SendContext.of(self.app)
         for envelope, release in items:
             try:
+                # never kombu's retry: it reconnects and revives the producer on a channel
+                # of its own, not in confirm mode, so the message's confirm would never come
                 publish(self.app, envelope, release, producer=producer,
-                        declared=self._declared, context=context)
+                        declared=self._declared, context=context, retry=False)
             except Exception as exc:
                 self.close()
                 rest = len(items) - len(tags) - 1
@@ -516,6 +522,7 @@ class Publisher:
         self._batches = None
         producer, self._producer = self._producer, None
         confirms, self._confirms = self._confirms, None
+        connection, self._connection = self._connection, None
         if producer is None:
             return
         if confirms is None:
@@ -524,8 +531,9 @@ class Publisher:
         confirms.abandon(ReleaseUncertainError(
             "the connection to RabbitMQ was let go before it confirmed the release"))
         # our own RabbitMQ connection: its socket is closed without AMQP's close handshake,
-        # which would wait for ever on a broker that stopped answering
-        producer.connection.collect()
+        # which would wait for ever on a broker that stopped answering. The connection
+        # opened, not the producer's: kombu drops that one when a publish fails to reconnect.
+        connection.collect()
 
     def _in_use(self) -> Any:
         if self._producer is None:
@@ -536,6 +544,7 @@ class Publisher:
                     channel = connection.channel()
                     if supports_confirms(channel):
                         self._confirms = Confirms(channel)
+                        self._connection = connection
                         self._producer = connection.Producer(channel)
                         return self._producer
                 except Exception:

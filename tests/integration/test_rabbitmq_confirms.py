@@ -8,10 +8,12 @@ through a proxy the test controls) is uncertain, and waits for its lease.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from celery import Celery
@@ -64,6 +66,22 @@ class Proxy:
     def close(self) -> None:
         self.listener.close()
         for sock in self.sockets:
+            sock.close()
+
+    def sever(self) -> None:
+        """Reset every connection and refuse new ones: a broker gone away."""
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() in progress
+        self.listener.close()
+        self.reset()
+
+    def reset(self) -> None:
+        """Reset every connection, and take new ones: a broker restarted at once."""
+        sockets, self.sockets = self.sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
 
@@ -226,3 +244,45 @@ def test_releases_confirmed_later_whose_confirm_never_comes_are_uncertain(
     publisher.close()
     assert all(isinstance(r, Unconfirmed) and isinstance(r.result, ReleaseUncertainError)
                for r in pending)
+
+
+def _cut_short(publisher: Publisher, cut: Callable[[], None], queue: Queue) -> list[object]:
+    """Publish a step of releases after *cut* broke the connection; each step's results,
+    checked: the publish that found it broken may have reached RabbitMQ, the ones after it
+    certainly did not, and those before it (written before the failure was seen) wait for
+    confirms that will not come."""
+    cut()
+    time.sleep(0.2)
+    results = publisher.publish_many(_items(queue.name, 1, 50), confirm_later=True)
+    failed = next(i for i, r in enumerate(results) if not isinstance(r, Unconfirmed))
+    assert isinstance(results[failed], ReleaseUncertainError), results
+    assert all(isinstance(e, ReleaseNotSentError) for e in results[failed + 1:]), results
+    return results[:failed]
+
+
+def test_releases_to_a_broker_that_went_away_are_reported_not_raised(
+        queue: Queue, proxied: tuple[Publisher, Proxy]) -> None:
+    publisher, proxy = proxied
+    assert publisher.publish_many(_items(queue.name, 0, 1), confirm_later=True)
+    # when: the broker goes away (its connections reset, new ones refused), as in a restart,
+    # and kombu's own reconnection fails meanwhile, dropping the producer's connection
+    before = _cut_short(publisher, proxy.sever, queue)
+    # then: each release is reported, none raised
+    assert all(isinstance(r, Unconfirmed) and isinstance(r.result, ReleaseUncertainError)
+               for r in before)
+    assert publisher.unconfirmed == 0
+
+
+def test_releases_after_a_reset_connection_go_out_on_a_new_channel_in_confirm_mode(
+        rabbitmq_url: str, queue: Queue, proxied: tuple[Publisher, Proxy]) -> None:
+    publisher, proxy = proxied
+    assert _collected(publisher, publisher.publish_many(_items(queue.name, 0, 1),
+                                                        confirm_later=True)) == [None]
+    # when: the connection is reset, and a new one would be taken at once
+    # then: the publish that found it reset is reported at once, not sent again by kombu
+    # on a channel of its own reconnection, which is not in confirm mode: there its
+    # confirm would never come, and the release would wait for its lease
+    _cut_short(publisher, proxy.reset, queue)
+    # and: the next step reconnects and is confirmed
+    again = publisher.publish_many(_items(queue.name, 51, 3), confirm_later=True)
+    assert _collected(publisher, again) == [None] * 3
