@@ -6,7 +6,7 @@
 
     celery -A proj scheduler serve --port 8000    # pages at /, the API at /api/v1, /docs
 
-Needs the ``web`` extra (``pip install 'celery-scheduler[web]'``: FastAPI and uvicorn). The
+Needs the ``web`` extra (``pip install 'celery-scheduler[web]'``: FastAPI, uvicorn, Jinja2). The
 OpenAPI document is at ``/openapi.json``; the pages read the token from the ``token`` query
 parameter once and keep it in a cookie.
 """

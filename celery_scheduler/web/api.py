@@ -32,6 +32,7 @@ from celery_scheduler.operations import (
     tasks_in_state,
 )
 from celery_scheduler.partitioner import partition_for
+from celery_scheduler.web.tokens import scope_of
 
 __all__ = ["ERRORS", "router"]
 
@@ -60,8 +61,8 @@ def client(request: Request) -> SchedulerClient:
 
 
 def _scope(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str:
-    tokens = client(request).settings.api_tokens
-    scope = tokens.get(credentials.credentials) if credentials is not None else None
+    scope = scope_of(client(request).settings.api_tokens,
+                     credentials.credentials if credentials is not None else None)
     if scope is None:
         raise HTTPException(401, "a bearer token of scheduler_api_tokens is needed",
                             headers={"WWW-Authenticate": "Bearer"})

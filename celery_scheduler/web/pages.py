@@ -1,24 +1,26 @@
 """The console's pages: partitions and what falls due next, an ordering id's timeline, the
 failed and blocked tasks, one task key, the dead letters.
 
-Plain server-rendered HTML (no scripts): a ``read`` token opens them, given once as
-``?token=...`` and kept in a cookie (same-site only). With a ``write`` token the failed and
-blocked page also has a cancel button per blocked task.
+Server-rendered from Jinja2 templates (``web/templates``, every value escaped; no scripts):
+a ``read`` token opens them, given once as ``?token=...`` and kept in a cookie (same-site
+only). With a ``write`` token the failed and blocked page also has retry buttons, and a
+cancel button per blocked task.
 """
 
 from __future__ import annotations
 
-import html
-from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
+import jinja2
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
 
 from celery_scheduler.envelope import CancelEnvelope
 from celery_scheduler.errors import NotRetryableError, SchedulerError
 from celery_scheduler.operations import (
-    DueSoon,
     describe_key,
     due_soon,
     ordering_id_tasks,
@@ -29,62 +31,48 @@ from celery_scheduler.operations import (
     waiting_note,
 )
 from celery_scheduler.web.api import client, task_key
+from celery_scheduler.web.tokens import scope_of
 
 __all__ = ["router"]
 
 COOKIE = "celery_scheduler_token"
 router = APIRouter(include_in_schema=False)
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
-nav a { margin-right: 1.5rem; }
-table { border-collapse: collapse; margin: 1rem 0; }
-th, td { border: 1px solid #ccc; padding: .3rem .7rem; text-align: left; }
-th { background: #f2f2f2; }
-.late { color: #b00020; font-weight: bold; }
-.bar { background: #4a7bd0; height: .8rem; }
-form input { margin-right: .5rem; }
-"""
+# Every value is escaped as it is written, whatever the template's name: an ordering id,
+# a uniqueness key, arguments and error text all come from whoever may schedule a task.
+# A name a template does not define fails the page instead of showing nothing.
+_templates = Jinja2Templates(env=jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+    autoescape=True, undefined=jinja2.StrictUndefined))
 
 
-def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
-    return HTMLResponse(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)} · "
-        f"celery_scheduler</title><style>{_STYLE}</style></head><body>"
-        "<nav><a href='/'>Partitions</a><a href='/ordering-ids'>Ordering ids</a>"
-        "<a href='/attention'>Failed and blocked</a>"
-        "<a href='/dead-letters'>Dead letters</a>"
-        "<a href='/docs'>API</a></nav>"
-        f"<h1>{html.escape(title)}</h1>{body}</body></html>", status_code=status)
+def _page(request: Request, template: str, title: str, status: int = 200,
+          **context: Any) -> Response:
+    return _templates.TemplateResponse(request, template, {"title": title, **context},
+                                       status_code=status)
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], css: Sequence[str] = ()) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    lines = []
-    for index, row in enumerate(rows):
-        style = f" class='{css[index]}'" if index < len(css) and css[index] else ""
-        cells = "".join(f"<td>{html.escape('' if cell is None else str(cell))}</td>" for cell in row)
-        lines.append(f"<tr{style}>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(lines)}</table>"
+def _message(request: Request, title: str, message: str, status: int) -> Response:
+    """A page saying *message* (text: escaped like every value)."""
+    return _page(request, "base.html", title, status, message=message)
 
 
-def _allowed(request: Request, token: str | None) -> tuple[bool, str | None]:
-    """Whether the request may read, and a token to keep in the cookie."""
-    tokens = client(request).settings.api_tokens
-    given = token or request.cookies.get(COOKIE)
-    return given is not None and given in tokens, token
+def _path(*parts: str) -> str:
+    """URL path segments of key parts, each quoted whole (``/`` included)."""
+    return "/".join(quote(part, safe="") for part in parts)
+
+
+def _scope(request: Request, token: str | None) -> str | None:
+    return scope_of(client(request).settings.api_tokens, token or request.cookies.get(COOKIE))
 
 
 def _may_write(request: Request, token: str | None = None) -> bool:
-    given = token or request.cookies.get(COOKIE)
-    return given is not None and client(request).settings.api_tokens.get(given) == "write"
+    return _scope(request, token) == "write"
 
 
 def _guard(request: Request, token: str | None) -> Response | None:
-    allowed, _ = _allowed(request, token)
-    if not allowed:
-        return _page("Sign in", "<p>Open this page with <code>?token=</code> and a token of "
-                                "<code>scheduler_api_tokens</code>.</p>", status=401)
+    if _scope(request, token) is None:
+        return _page(request, "sign_in.html", "Sign in", status=401)
     return None
 
 
@@ -109,41 +97,22 @@ def overview(request: Request, token: Token = None) -> Response:
         views = partitions(count, scheduler.store, now)
         coming = due_soon(count, scheduler.store, now)
     except SchedulerError as exc:
-        return _page("Partitions", f"<p>{html.escape(str(exc))}</p>", status=503)
+        return _message(request, "Partitions", str(exc), 503)
     rows = [(v.partition, v.owner or "-", v.epoch, "held" if v.leased else "free", v.pending,
              v.oldest or "-", f"{v.overdue_seconds:.0f}s" if v.overdue_seconds else "-")
             for v in views]
-    css = ["late" if v.overdue_seconds > 60 else "" for v in views]
-    body = (
-        f"<p>{sum(v.pending for v in views)} task(s) in the schedule; "
-        f"{sum(1 for v in views if v.leased)} of {len(views)} partitions leased.</p>"
-        + _table(["partition", "owner", "epoch", "lease", "pending", "oldest", "overdue"], rows, css)
-        + _histogram(coming)
-        + "<h2>Find a task</h2><form action='/find'>"
-        "<input name='ordering_id' placeholder='ordering id' required>"
-        "<input name='at' placeholder='2030-01-01T00:00:00Z' required>"
-        "<input name='unique' placeholder='uniqueness key' required><button>Show</button></form>")
-    return _kept(_page("Partitions", body), token)
-
-
-def _histogram(coming: DueSoon) -> str:
-    """What falls due next, a bar per bucket (plain HTML: a div as wide as its share)."""
-    most = max([rows for _, rows in coming.buckets] + [1])
-    rows = [(start, count, f"<div class='bar' style='width:{20 * count / most:.1f}rem'></div>")
-            for start, count in coming.buckets]
-    lines = "".join(f"<tr><td>{html.escape(start)}</td><td>{count}</td><td>{bar}</td></tr>"
-                    for start, count, bar in rows)
-    return (f"<h2>Due soon</h2><p>{coming.overdue} task(s) overdue; then per "
-            f"{coming.bucket_seconds} s:</p><table id='due-soon'><tr><th>from</th><th>tasks</th>"
-            f"<th></th></tr>{lines}</table>")
+    # what falls due next, a bar per bucket (a div as wide as its share)
+    most = max([tasks for _, tasks in coming.buckets] + [1])
+    bars = [(start, tasks, 20 * tasks / most) for start, tasks in coming.buckets]
+    return _kept(_page(request, "overview.html", "Partitions", rows=rows,
+                       css=["late" if v.overdue_seconds > 60 else "" for v in views],
+                       pending=sum(v.pending for v in views),
+                       leased=sum(1 for v in views if v.leased), coming=coming, bars=bars), token)
 
 
 @router.get("/find")
 def find(ordering_id: str, at: str, unique: str) -> Response:
-    from urllib.parse import quote
-
-    return RedirectResponse(f"/tasks/{quote(ordering_id, safe='')}/{quote(at, safe='')}/"
-                            f"{quote(unique, safe='')}", status_code=303)
+    return RedirectResponse(f"/tasks/{_path(ordering_id, at, unique)}", status_code=303)
 
 
 @router.get("/tasks/{ordering_id}/{at}/{unique}", response_class=HTMLResponse)
@@ -156,11 +125,11 @@ def task_page(ordering_id: str, at: str, unique: str, request: Request, token: T
         key = task_key(ordering_id, at, unique)
         described = describe_key(client(request).store, key)
     except SchedulerError as exc:
-        return _page("Task", f"<p>{html.escape(str(exc))}</p>", status=422)
+        return _message(request, "Task", str(exc), 422)
     if described is None:
-        return _page(str(key), "<p>Unknown: never stored, or its status expired.</p>", status=404)
+        return _message(request, str(key), "Unknown: never stored, or its status expired.", 404)
     rows = [(name, value) for name, value in described.items() if value is not None]
-    return _kept(_page(str(key), _table(["", ""], rows)), token)
+    return _kept(_page(request, "task.html", str(key), rows=rows), token)
 
 
 @router.get("/ordering-ids", response_class=HTMLResponse)
@@ -170,12 +139,8 @@ def ordering_id_search(request: Request, token: Token = None,
     if refused is not None:
         return refused
     if ordering_id:
-        from urllib.parse import quote
-
-        return RedirectResponse(f"/ordering-ids/{quote(ordering_id, safe='')}", status_code=303)
-    body = ("<form action='/ordering-ids'><input name='ordering_id' placeholder='ordering id' "
-            "required><button>Show its tasks</button></form>")
-    return _kept(_page("Ordering ids", body), token)
+        return RedirectResponse(f"/ordering-ids/{_path(ordering_id)}", status_code=303)
+    return _kept(_page(request, "ordering_ids.html", "Ordering ids"), token)
 
 
 @router.get("/ordering-ids/{ordering_id}", response_class=HTMLResponse)
@@ -184,28 +149,17 @@ def timeline(ordering_id: str, request: Request, token: Token = None) -> Respons
     refused = _guard(request, token)
     if refused is not None:
         return refused
-    from urllib.parse import quote
-
     scheduler = client(request)
     title = f"Ordering id {ordering_id}"
     try:
         tasks = ordering_id_tasks(scheduler.store, scheduler.task_log.partitions(), ordering_id)
     except SchedulerError as exc:
-        return _page(title, f"<p>{html.escape(str(exc))}</p>", status=422)
-    lines = []
-    for task in tasks:
-        link = f"/tasks/{quote(ordering_id, safe='')}/{quote(task['at'], safe='')}/" \
-               f"{quote(task['unique'], safe='')}"
-        cells = [task["at"], task["task"], task["state"], task["attempts"], waiting_note(task),
-                 task["last_error"] or ""]
-        lines.append(f"<tr><td><a href='{html.escape(link)}'>{html.escape(task['unique'])}</a></td>"
-                     + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in cells) + "</tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("uniqueness key", "at", "task", "state", "attempts",
-                                            "note", "last error"))
-    body = (f"<p>{len(tasks)} task(s) waiting, first to run at the top; finished tasks leave the "
-            "schedule (see each key's status).</p>"
-            f"<table id='timeline'><tr>{head}</tr>{''.join(lines)}</table>")
-    return _kept(_page(title, body), token)
+        return _message(request, title, str(exc), 422)
+    shown = [{"link": f"/tasks/{_path(ordering_id, task['at'], task['unique'])}",
+              "unique": task["unique"],
+              "cells": [task["at"], task["task"], task["state"], task["attempts"],
+                        waiting_note(task), task["last_error"] or ""]} for task in tasks]
+    return _kept(_page(request, "timeline.html", title, tasks=shown), token)
 
 
 @router.get("/attention", response_class=HTMLResponse)
@@ -214,50 +168,31 @@ def attention(request: Request, token: Token = None) -> Response:
     refused = _guard(request, token)
     if refused is not None:
         return refused
-    from urllib.parse import quote
-
     scheduler = client(request)
     try:
         failed = tasks_in_state(scheduler.store, scheduler.task_log.partitions(), "failed", 200)
     except SchedulerError as exc:
-        return _page("Failed and blocked", f"<p>{html.escape(str(exc))}</p>", status=503)
-    writer = _may_write(request, token)
-    lines = []
-    for task in failed:
-        path = "/".join(quote(task[name], safe="") for name in ("ordering_id", "at", "unique"))
-        blocked = task["note"].startswith("blocked")
-        button = ""
-        if writer:
-            button = (f"<form method='post' action='/tasks/{html.escape(path)}/retry'>"
-                      "<button>Retry</button></form>")
-            if blocked:
-                button += (f"<form method='post' action='/tasks/{html.escape(path)}/cancel'>"
-                           "<button>Cancel</button></form>")
-        cells = [task["at"], task["task"], task["attempts"], task["note"], task["last_error"] or ""]
-        lines.append(f"<tr><td><a href='/tasks/{html.escape(path)}'>{html.escape(task['ordering_id'])}"
-                     f" #{html.escape(task['unique'])}</a></td>"
-                     + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in cells)
-                     + f"<td>{button}</td></tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("task key", "at", "task", "attempts", "note",
-                                            "last error", ""))
-    body = (f"<p>{len(failed)} failed task(s) whose status is still kept; a blocked one holds "
-            "every later task of its ordering id until it is retried and succeeds, or is cancelled"
-            + ("" if writer else " (a write token shows the retry and cancel buttons)") + ".</p>"
-            f"<table id='failed'><tr>{head}</tr>{''.join(lines)}</table>")
-    return _kept(_page("Failed and blocked", body), token)
+        return _message(request, "Failed and blocked", str(exc), 503)
+    shown = [{"path": _path(task["ordering_id"], task["at"], task["unique"]),
+              "ordering_id": task["ordering_id"], "unique": task["unique"],
+              "blocked": task["note"].startswith("blocked"),
+              "cells": [task["at"], task["task"], task["attempts"], task["note"],
+                        task["last_error"] or ""]} for task in failed]
+    return _kept(_page(request, "attention.html", "Failed and blocked", failed=shown,
+                       writer=_may_write(request, token)), token)
 
 
 @router.post("/tasks/{ordering_id}/{at}/{unique}/cancel")
 def cancel_from_page(ordering_id: str, at: str, unique: str, request: Request) -> Response:
     """The cancel button: needs the write token in the cookie; back to the list after."""
     if not _may_write(request):
-        return _page("Cancel", "<p>Cancelling needs a write token of "
-                               "<code>scheduler_api_tokens</code>.</p>", status=403)
+        return _message(request, "Cancel", "Cancelling needs a write token of "
+                                           "scheduler_api_tokens.", 403)
     scheduler = client(request)
     try:
         scheduler.publish(CancelEnvelope(task_key(ordering_id, at, unique), scheduler.clock()))
     except SchedulerError as exc:
-        return _page("Cancel", f"<p>{html.escape(str(exc))}</p>", status=503)
+        return _message(request, "Cancel", str(exc), 503)
     return RedirectResponse("/attention", status_code=303)
 
 
@@ -265,14 +200,14 @@ def cancel_from_page(ordering_id: str, at: str, unique: str, request: Request) -
 def retry_from_page(ordering_id: str, at: str, unique: str, request: Request) -> Response:
     """The retry button: needs the write token in the cookie; back to the list after."""
     if not _may_write(request):
-        return _page("Retry", "<p>Retrying needs a write token of "
-                              "<code>scheduler_api_tokens</code>.</p>", status=403)
+        return _message(request, "Retry", "Retrying needs a write token of "
+                                          "scheduler_api_tokens.", 403)
     try:
         request_retry(client(request), task_key(ordering_id, at, unique))
     except NotRetryableError as exc:
-        return _page("Retry", f"<p>{html.escape(str(exc))}</p>", status=409)
+        return _message(request, "Retry", str(exc), 409)
     except SchedulerError as exc:
-        return _page("Retry", f"<p>{html.escape(str(exc))}</p>", status=503)
+        return _message(request, "Retry", str(exc), 503)
     return RedirectResponse("/attention", status_code=303)
 
 
@@ -285,10 +220,7 @@ def dead_letters_page(request: Request, token: Token = None,
     try:
         letters = list(read_dead_letters(client(request).settings, reason))[:500]
     except SchedulerError as exc:
-        return _page("Dead letters", f"<p>{html.escape(str(exc))}</p>", status=503)
+        return _message(request, "Dead letters", str(exc), 503)
     rows = [(letter.offset, letter.source, letter.task or "?", letter.as_json()["key"], letter.reason)
             for letter in letters]
-    body = (f"<p>{len(rows)} dead letter(s). Replay them after the fix with "
-            "<code>celery -A proj scheduler dead-letters replay</code>.</p>"
-            + _table(["offset", "source", "task", "key", "reason"], rows))
-    return _kept(_page("Dead letters", body), token)
+    return _kept(_page(request, "dead_letters.html", "Dead letters", rows=rows), token)

@@ -106,6 +106,18 @@ def autoretry(ordering_id: str, seq: int, failures: int) -> int:
     return fail_first(ordering_id, seq, failures)
 
 
+def hostile_unique(ordering_id: str, text: str, *args: object, **kwargs: object) -> str:
+    return f"u-{text}"
+
+
+@scheduled_task(ordering_id="ordering_id", uniqueness_key=hostile_unique,
+                max_attempts=1)
+@app.task(name="dispatching.fail_with")
+def fail_with(ordering_id: str, text: str) -> None:
+    """Fails at once, its error the text it was given (the console's escaping tests)."""
+    raise RuntimeError(text)
+
+
 @app.task(name="dispatching.eta_record", base=DurableEtaTask)
 def eta_record(name: str, seq: int, scheduled_for: float = 0.0) -> int:
     """A task written for plain Celery (``apply_async(countdown=...)``), in the drop-in eta mode."""

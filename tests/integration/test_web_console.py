@@ -4,11 +4,13 @@ the API fuzzed from its own OpenAPI document, and the pages opened in headless C
 from __future__ import annotations
 
 import datetime as dt
+import html.parser
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import schemathesis
@@ -62,6 +64,33 @@ def test_the_api_answers_every_generated_request_with_a_documented_status(
     assert any(200 <= status < 300 for status in answered)  # not only refusals
 
 
+def _console_server(scheduler: Scheduler, browser: str, tokens: str
+                    ) -> tuple[str, Callable[[str], str]]:
+    """The console served by uvicorn in a process of its own (with *tokens*, TOKEN=SCOPE,...),
+    and a function giving the DOM of one of its URLs as Chromium built it."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [scheduler.python, "-m", "uvicorn", "--factory", "tests.integration.console_app:make",
+         "--host", "127.0.0.1", "--port", str(port)],
+        cwd=scheduler.cwd, env={**scheduler.env, "CONSOLE_TOKENS": tokens},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scheduler.processes.append(server)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and server.poll() is None, "the console did not start"
+            time.sleep(0.2)
+
+    def dom(url: str) -> str:
+        return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                               "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+
+    return f"http://127.0.0.1:{port}", dom
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -82,26 +111,7 @@ def test_the_pages_show_partitions_a_task_a_timeline_and_refuse_without_a_token(
         assert time.monotonic() < deadline, "the dispatcher did not store the task"
         time.sleep(0.5)
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [scheduler.python, "-m", "uvicorn", "--factory", "tests.integration.console_app:make",
-         "--host", "127.0.0.1", "--port", str(port)],
-        cwd=scheduler.cwd, env={**scheduler.env, "CONSOLE_TOKENS": f"{READ_TOKEN}=read"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    scheduler.processes.append(server)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and server.poll() is None, "the console did not start"
-            time.sleep(0.2)
-
-    def dom(url: str) -> str:
-        return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
-                               "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    base, dom = _console_server(scheduler, browser, f"{READ_TOKEN}=read")
 
     assert "Open this page with" in dom(f"{base}/")  # no token: refused
     overview = dom(f"{base}/?token={READ_TOKEN}")
@@ -116,3 +126,78 @@ def test_the_pages_show_partitions_a_task_a_timeline_and_refuse_without_a_token(
                     "--window-size=1200,800", f"{base}/?token={READ_TOKEN}"],
                    capture_output=True, timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Text a producer may choose, made to run script or break markup if written unescaped (no
+# "/": a key part holding one is not reachable by the console's routes yet).
+HOSTILE_ID = "<svg onload=\"document.body.setAttribute('data-pwned','id')\">\"'&<b>"
+HOSTILE_TEXT = "<img src=x onerror=\"document.body.setAttribute('data-pwned','text')\">'<"
+
+
+class _Cells(html.parser.HTMLParser):
+    """The text of every heading, table cell and link of a page, as a reader sees it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+        self._open: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in ("h1", "td", "a"):
+            self._open = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("h1", "td", "a") and self._open is not None:
+            self.cells.append("".join(self._open))
+            self._open = None
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._open.append(data)
+
+
+def _cells(page: str) -> list[str]:
+    parser = _Cells()
+    parser.feed(page)
+    return parser.cells
+
+
+def test_the_pages_show_hostile_keys_arguments_and_errors_as_text(
+        scheduler: Scheduler, schedule: Any, console: Any) -> None:
+    browser = chromium()
+    scheduler.dispatcher()
+    scheduler.worker()
+    now = dt.datetime.now(UTC).replace(microsecond=0)
+    # one fails at once with the text as its error (blocking its ordering id), one waits
+    failing = schedule.fail_with.schedule_at(now + dt.timedelta(seconds=2), HOSTILE_ID, HOSTILE_TEXT)
+    waiting = schedule.fail_with.schedule_at(now + dt.timedelta(hours=1), HOSTILE_ID, HOSTILE_TEXT + "!")
+    deadline = time.monotonic() + 60
+    while (status := failing.status()) is None or status.state != "failed":
+        assert time.monotonic() < deadline, f"the task did not fail: {status}"
+        time.sleep(0.5)
+    assert status.last_error is not None and status.last_error.endswith(HOSTILE_TEXT)
+    base, dom = _console_server(scheduler, browser, f"{WRITE_TOKEN}=write")
+
+    def at(handle: Any) -> str:
+        key = handle.key
+        return "/".join(quote(part, safe="") for part in (
+            key.ordering_id, key.scheduled_at.isoformat(), key.uniqueness_key))
+
+    pages = {"failed task": f"/tasks/{at(failing)}", "waiting task": f"/tasks/{at(waiting)}",
+             "timeline": f"/ordering-ids/{quote(HOSTILE_ID, safe='')}", "attention": "/attention"}
+    for name, path in pages.items():
+        page = dom(f"{base}{path}?token={WRITE_TOKEN}")
+        assert "</nav>" in page, f"{name}: not the console's page: {page[:500]}"
+        # then: no script ran, and each value is one cell's whole text
+        assert "data-pwned=" not in page, f"{name}: the hostile text ran as script"
+        assert not any(tag in page for tag in ("<b>", "<img", "<svg")), \
+            f"{name}: the hostile text became markup"
+        cells = _cells(page)
+        # (a task's page shows its key as a mapping, the ordering id in it as a repr)
+        assert any(HOSTILE_ID in cell or repr(HOSTILE_ID) in cell for cell in cells), \
+            f"{name}: {cells}"
+    attention_cells = _cells(dom(f"{base}/attention?token={WRITE_TOKEN}"))
+    assert f"{HOSTILE_ID} #u-{HOSTILE_TEXT}" in attention_cells
+    assert any(cell.endswith(HOSTILE_TEXT) for cell in attention_cells)  # its last error
+    timeline_cells = _cells(dom(f"{base}{pages['timeline']}?token={WRITE_TOKEN}"))
+    assert f"u-{HOSTILE_TEXT}!" in timeline_cells  # the waiting one, linked by its own key

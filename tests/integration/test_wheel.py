@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytes
 # extra -> the modules it must make importable: its libraries, and our modules that need them
 EXTRAS = {
     "monitoring": ["prometheus_client", "flower", "celery_scheduler.metrics"],
-    "web": ["fastapi", "uvicorn", "celery_scheduler.web.api", "celery_scheduler.web.pages"],
+    "web": ["fastapi", "uvicorn", "jinja2", "celery_scheduler.web.api", "celery_scheduler.web.pages"],
 }
 
 APP = '''
@@ -114,6 +114,8 @@ def test_the_wheel_holds_the_package_its_data_and_its_metadata(dist: Path) -> No
         metadata = email.message_from_string(archive.read(f"{info}/METADATA").decode())
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert "celery_scheduler/py.typed" in names
+    assert {"celery_scheduler/web/templates/base.html",
+            "celery_scheduler/web/templates/attention.html"} <= names  # the console's pages
     assert "celery_scheduler/dispatcher/engine.py" in names and "celery_scheduler/store/schema.py" in names
     assert not any(name.startswith(("tests/", "examples/", "benchmarks/")) for name in names)
     assert f"{info}/licenses/LICENSE" in names

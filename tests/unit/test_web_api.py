@@ -146,7 +146,7 @@ def test_what_falls_due_next_per_bucket(web: tuple[TestClient, SchedulerRecorder
     assert sum(counts) == 4  # the one two hours ahead is past the ten buckets
     assert body["buckets"][0]["start"] == dt.datetime.fromtimestamp(minute / 1000, UTC).isoformat()
     page = http.get("/?token=read-token-0123456789")
-    assert "Due soon" in page.text and page.text.count("class='bar'") == 30
+    assert "Due soon" in page.text and page.text.count('class="bar"') == 30
 
 
 WRITE_TOKEN = "write-token-0123456789"
