@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CASSANDRA_CONNECTOR", "kafka_connector", "session"]
+__all__ = ["CASSANDRA_CONNECTOR", "kafka_connector", "local_shuffle_partitions", "session"]
 
 # The Cassandra connector of Spark 3.5 (Scala 2.12), for the jobs that read the schedule.
 CASSANDRA_CONNECTOR = "com.datastax.spark:spark-cassandra-connector_2.12:3.5.1"
@@ -26,6 +26,18 @@ def _ivy_cache() -> str:
     return str(Path(base) / "ivy")
 
 
+def local_shuffle_partitions(master: str | None) -> int:
+    """Shuffle partitions for a local master: two per core it runs on (``local[N]``, or all
+    of the machine's for ``local`` and ``local[*]``)."""
+    cores = os.cpu_count() or 1
+    inside = (master or "local[*]").partition("[")[2].rstrip("]").split(",")[0]
+    if inside.isdigit() and int(inside) > 0:
+        cores = int(inside)
+    elif master == "local":
+        cores = 1
+    return max(2, 2 * cores)
+
+
 def session(master: str | None = None, app_name: str = "celery_scheduler",
             config: dict[str, str] | None = None) -> Any:
     """A SparkSession (local on all cores unless *master* is given) with the connectors."""
@@ -42,6 +54,12 @@ def session(master: str | None = None, app_name: str = "celery_scheduler",
     if (master or "local").startswith("local"):
         # executors are this machine's: the same Python (a virtual environment's, say)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # Spark's 200 shuffle partitions are sized for a cluster: on one machine each stage
+        # of a few thousand rows ran 200 tasks. Two per core, and adaptive execution
+        # coalescing what is smaller still.
+        builder = (builder.config("spark.sql.shuffle.partitions", str(local_shuffle_partitions(master)))
+                   .config("spark.sql.adaptive.enabled", "true")
+                   .config("spark.sql.adaptive.coalescePartitions.enabled", "true"))
     for name, value in (config or {}).items():
         builder = builder.config(name, value)
     return builder.getOrCreate()
