@@ -52,10 +52,12 @@ def _status(exc: SchedulerError) -> int:
 def create_app(celery_app: Any) -> FastAPI:
     """The ASGI application serving *celery_app*'s scheduler (its settings and tasks)."""
     from celery_scheduler.web import api, pages
+    from celery_scheduler.web.paths import KeepSlashes
 
     web = FastAPI(title="celery_scheduler", version=__version__,
                   description="Schedule, cancel and look at scheduled Celery tasks.")
     web.state.client = get_client(celery_app)
+    web.add_middleware(KeepSlashes)  # a key part with "/" in it routes as one segment
     web.include_router(api.router)
     web.include_router(pages.router)
 

@@ -32,6 +32,7 @@ from celery_scheduler.operations import (
     tasks_in_state,
 )
 from celery_scheduler.partitioner import partition_for
+from celery_scheduler.web.paths import KeyPart, segments
 from celery_scheduler.web.tokens import scope_of
 
 __all__ = ["ERRORS", "router"]
@@ -83,9 +84,13 @@ def writer(request: Request,
 
 router = APIRouter(prefix="/api/v1", responses=ERRORS)
 
-OrderingId = Annotated[str, Path(min_length=1, max_length=512, description="the ordering id")]
+_ENCODED = ("; percent-encoded whole, '/' included, and sent with one more '~' in front when it "
+            "is '.' or '..' after any number of '~'")
+OrderingId = Annotated[KeyPart, Path(min_length=1, max_length=513,
+                                     description="the ordering id" + _ENCODED)]
 At = Annotated[str, Path(description="the scheduled time, ISO 8601 (UTC if no offset)")]
-Unique = Annotated[str, Path(min_length=1, max_length=512, description="the uniqueness key")]
+Unique = Annotated[KeyPart, Path(min_length=1, max_length=513,
+                                 description="the uniqueness key" + _ENCODED)]
 
 
 def task_key(ordering_id: str, at: str, unique: str) -> TaskKey:
@@ -119,6 +124,8 @@ class Scheduled(BaseModel):
     uniqueness_key: str
     task_id: str = Field(description="the Celery task id the task runs with")
     partition: int
+    path: str = Field(description="the task's path under /api/v1, its key parts encoded: "
+                                  "GET it for the status, DELETE it to cancel")
 
 
 @router.post("/tasks", status_code=201, response_model=Scheduled,
@@ -137,8 +144,10 @@ def schedule(call: ScheduleRequest, request: Request) -> Scheduled:
                            ordering_id=call.ordering_id, uniqueness_key=call.uniqueness_key,
                            **call.options)
     key = handle.key
-    return Scheduled(ordering_id=key.ordering_id, at=key.scheduled_at.isoformat(),
-                     uniqueness_key=key.uniqueness_key, task_id=handle.task_id,
+    at = key.scheduled_at.isoformat()
+    return Scheduled(ordering_id=key.ordering_id, at=at, uniqueness_key=key.uniqueness_key,
+                     task_id=handle.task_id,
+                     path="/tasks/" + segments(key.ordering_id, at, key.uniqueness_key),
                      partition=partition_for(key.ordering_id, client(request).task_log.partitions()))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote
 
 import jinja2
 from fastapi import APIRouter, Query, Request
@@ -31,6 +30,7 @@ from celery_scheduler.operations import (
     waiting_note,
 )
 from celery_scheduler.web.api import client, task_key
+from celery_scheduler.web.paths import KeyPart, segments
 from celery_scheduler.web.tokens import scope_of
 
 __all__ = ["router"]
@@ -55,11 +55,6 @@ def _page(request: Request, template: str, title: str, status: int = 200,
 def _message(request: Request, title: str, message: str, status: int) -> Response:
     """A page saying *message* (text: escaped like every value)."""
     return _page(request, "base.html", title, status, message=message)
-
-
-def _path(*parts: str) -> str:
-    """URL path segments of key parts, each quoted whole (``/`` included)."""
-    return "/".join(quote(part, safe="") for part in parts)
 
 
 def _scope(request: Request, token: str | None) -> str | None:
@@ -112,11 +107,11 @@ def overview(request: Request, token: Token = None) -> Response:
 
 @router.get("/find")
 def find(ordering_id: str, at: str, unique: str) -> Response:
-    return RedirectResponse(f"/tasks/{_path(ordering_id, at, unique)}", status_code=303)
+    return RedirectResponse(f"/tasks/{segments(ordering_id, at, unique)}", status_code=303)
 
 
 @router.get("/tasks/{ordering_id}/{at}/{unique}", response_class=HTMLResponse)
-def task_page(ordering_id: str, at: str, unique: str, request: Request, token: Token = None
+def task_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Request, token: Token = None
               ) -> Response:
     refused = _guard(request, token)
     if refused is not None:
@@ -139,12 +134,12 @@ def ordering_id_search(request: Request, token: Token = None,
     if refused is not None:
         return refused
     if ordering_id:
-        return RedirectResponse(f"/ordering-ids/{_path(ordering_id)}", status_code=303)
+        return RedirectResponse(f"/ordering-ids/{segments(ordering_id)}", status_code=303)
     return _kept(_page(request, "ordering_ids.html", "Ordering ids"), token)
 
 
 @router.get("/ordering-ids/{ordering_id}", response_class=HTMLResponse)
-def timeline(ordering_id: str, request: Request, token: Token = None) -> Response:
+def timeline(ordering_id: KeyPart, request: Request, token: Token = None) -> Response:
     """An ordering id's tasks still in the schedule, in the order they will run."""
     refused = _guard(request, token)
     if refused is not None:
@@ -155,7 +150,7 @@ def timeline(ordering_id: str, request: Request, token: Token = None) -> Respons
         tasks = ordering_id_tasks(scheduler.store, scheduler.task_log.partitions(), ordering_id)
     except SchedulerError as exc:
         return _message(request, title, str(exc), 422)
-    shown = [{"link": f"/tasks/{_path(ordering_id, task['at'], task['unique'])}",
+    shown = [{"link": f"/tasks/{segments(ordering_id, task['at'], task['unique'])}",
               "unique": task["unique"],
               "cells": [task["at"], task["task"], task["state"], task["attempts"],
                         waiting_note(task), task["last_error"] or ""]} for task in tasks]
@@ -173,7 +168,7 @@ def attention(request: Request, token: Token = None) -> Response:
         failed = tasks_in_state(scheduler.store, scheduler.task_log.partitions(), "failed", 200)
     except SchedulerError as exc:
         return _message(request, "Failed and blocked", str(exc), 503)
-    shown = [{"path": _path(task["ordering_id"], task["at"], task["unique"]),
+    shown = [{"path": segments(task["ordering_id"], task["at"], task["unique"]),
               "ordering_id": task["ordering_id"], "unique": task["unique"],
               "blocked": task["note"].startswith("blocked"),
               "cells": [task["at"], task["task"], task["attempts"], task["note"],
@@ -183,7 +178,7 @@ def attention(request: Request, token: Token = None) -> Response:
 
 
 @router.post("/tasks/{ordering_id}/{at}/{unique}/cancel")
-def cancel_from_page(ordering_id: str, at: str, unique: str, request: Request) -> Response:
+def cancel_from_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Request) -> Response:
     """The cancel button: needs the write token in the cookie; back to the list after."""
     if not _may_write(request):
         return _message(request, "Cancel", "Cancelling needs a write token of "
@@ -197,7 +192,7 @@ def cancel_from_page(ordering_id: str, at: str, unique: str, request: Request) -
 
 
 @router.post("/tasks/{ordering_id}/{at}/{unique}/retry")
-def retry_from_page(ordering_id: str, at: str, unique: str, request: Request) -> Response:
+def retry_from_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Request) -> Response:
     """The retry button: needs the write token in the cookie; back to the list after."""
     if not _may_write(request):
         return _message(request, "Retry", "Retrying needs a write token of "

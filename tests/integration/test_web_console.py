@@ -10,7 +10,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import schemathesis
@@ -19,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 
 from celery_scheduler.web import create_app
+from celery_scheduler.web.paths import segments
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.test_flower import chromium
 
@@ -128,9 +128,9 @@ def test_the_pages_show_partitions_a_task_a_timeline_and_refuse_without_a_token(
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-# Text a producer may choose, made to run script or break markup if written unescaped (no
-# "/": a key part holding one is not reachable by the console's routes yet).
-HOSTILE_ID = "<svg onload=\"document.body.setAttribute('data-pwned','id')\">\"'&<b>"
+# Text a producer may choose, made to run script or break markup if written unescaped, with
+# "/" in the ordering id (one segment of the console's paths all the same).
+HOSTILE_ID = "tenant/7</td><svg onload=\"document.body.setAttribute('data-pwned','id')\">\"'&<b>"
 HOSTILE_TEXT = "<img src=x onerror=\"document.body.setAttribute('data-pwned','text')\">'<"
 
 
@@ -180,11 +180,10 @@ def test_the_pages_show_hostile_keys_arguments_and_errors_as_text(
 
     def at(handle: Any) -> str:
         key = handle.key
-        return "/".join(quote(part, safe="") for part in (
-            key.ordering_id, key.scheduled_at.isoformat(), key.uniqueness_key))
+        return segments(key.ordering_id, key.scheduled_at.isoformat(), key.uniqueness_key)
 
     pages = {"failed task": f"/tasks/{at(failing)}", "waiting task": f"/tasks/{at(waiting)}",
-             "timeline": f"/ordering-ids/{quote(HOSTILE_ID, safe='')}", "attention": "/attention"}
+             "timeline": f"/ordering-ids/{segments(HOSTILE_ID)}", "attention": "/attention"}
     for name, path in pages.items():
         page = dom(f"{base}{path}?token={WRITE_TOKEN}")
         assert "</nav>" in page, f"{name}: not the console's page: {page[:500]}"
