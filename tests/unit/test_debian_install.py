@@ -253,7 +253,7 @@ def test_the_scripts_install_what_readme_names() -> None:
 
 def test_scripts_test_installs_before_starting_services_in_the_background() -> None:
     text = (ROOT / "scripts" / "test").read_text()
-    install = text.index("scripts/debian-install $(scripts/services packages) chromium")
+    install = text.index("scripts/debian-install $(scripts/services packages) chromium systemd")
     background = text.index("scripts/services up >")
     assert install < background
     assert re.search(r"scripts/services up [^\n]*&\n", text[background:])
