@@ -199,16 +199,19 @@ def dispatch(ctx: click.Context, group: str | None, check: bool, loglevel: str, 
         if not problems:
             click.echo("ok")
         sys.exit(1 if problems else 0)
+    from celery_scheduler.repeats import QuietRepeats
+
     known: dict[str, int] = {}  # the topic's partition count, once the dispatcher read it
+    handler = logging.StreamHandler()
     if log_format == "json":
         from celery_scheduler.logs import JsonFormatter
 
-        handler = logging.StreamHandler()
         handler.setFormatter(JsonFormatter(lambda: known.get("partitions")))
-        logging.basicConfig(level=loglevel.upper(), handlers=[handler])
     else:
-        logging.basicConfig(level=loglevel.upper(),
-                            format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
+        handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/%(name)s] %(message)s"))
+    # cassandra-driver's warnings repeated through an outage: once, and a count at its end
+    handler.addFilter(QuietRepeats())
+    logging.basicConfig(level=loglevel.upper(), handlers=[handler])
     try:
         from celery_scheduler.metrics import Metrics, serve
 

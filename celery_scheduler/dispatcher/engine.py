@@ -58,6 +58,7 @@ from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import ReleaseNotSentError, SchedulerError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
+from celery_scheduler.outages import Outages
 from celery_scheduler.release import publish_each
 from celery_scheduler.store.base import ScheduleStore, State, StoredTask
 from celery_scheduler.wire import Beat, Outcome, Release
@@ -128,6 +129,7 @@ class Engine(LeaseUpkeep, Settling):
         # threads (see write_fence), replaced whole.
         self._fences: dict[int, float] = {}
         self._renewals_failing = False
+        self._takes_failing = None
         self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
         self._ingest_stalled = False
         self._watch = Watch()
@@ -215,18 +217,26 @@ class Engine(LeaseUpkeep, Settling):
     # --- the engine thread ---------------------------------------------------------------
 
     def run(self) -> None:
+        # A store or broker outage (or a bug) must not stop releasing for good: log it, and
+        # try again; nothing in memory is lost by a failed step. Each kind of failure is
+        # logged when it starts (an outage says all in its message; anything else gets its
+        # traceback) and when a step works again, with how many failed in between.
+        outages: Outages[str] = Outages()
         while not self.stopped.is_set():
             try:
                 self.step()
             except Exception as exc:
-                # A store or broker outage (or a bug) must not stop releasing for good: log
-                # it, and try again; nothing in memory is lost by a failed step. An outage
-                # says all in its message; anything else gets its traceback.
-                logger.error("dispatcher step failed (%s); retrying in 1s", exc,
-                             exc_info=not isinstance(exc, StoreUnavailableError))
+                if outages.failed(type(exc).__name__, time.monotonic()):
+                    logger.error("dispatcher step failed (%s); retrying every 1s, and saying so "
+                                 "once it works again", exc,
+                                 exc_info=not isinstance(exc, StoreUnavailableError))
                 self._watch.failed += 1
                 self.stopped.wait(1.0)
                 self._watch.lap("failed")
+                continue
+            for ended in outages.all_recovered(time.monotonic()) if outages else ():
+                logger.warning("dispatcher steps work again (%s): %s", ended.key,
+                               ended.describe("they failed"))
         self._revoke(Revocation(list(self.partitions)))
 
     def step(self) -> None:

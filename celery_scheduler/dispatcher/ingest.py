@@ -173,6 +173,7 @@ class Ingest:
         self.linger_seconds = linger_seconds
         self.clock = clock or now_ms
         self.persisted_count = 0
+        self._failing_since: float | None = None  # batches fail to persist: said once
         self.paused: dict[int, str] = {}  # partition -> topic, paused until its lease is held
         self._assigned: list[TopicPartition] = []  # newly assigned: not paused by us
         # partition -> offset after the last record written (or dead-lettered) since the
@@ -326,13 +327,22 @@ class Ingest:
                                               for r in last.values()], asynchronous=True)
         except SchedulerError as exc:  # TaskLogError included
             # Nothing of this batch counts as done: read it again (the writes are idempotent).
-            logger.warning("could not persist a batch (%s); it will be applied again", exc)
+            # Tried again every second while an outage lasts: said once, and its end.
+            logger.log(logging.DEBUG if self._failing_since is not None else logging.WARNING,
+                       "could not persist a batch (%s); it will be applied again, every 1s "
+                       "until it is", exc)
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
             for record in first.values():
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
                 with contextlib.suppress(TaskLogError):
                     self.consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
             time.sleep(1.0)
             return 0
+        if self._failing_since is not None:
+            logger.warning("batches persist again, after %.1fs of failures",
+                           time.monotonic() - self._failing_since)
+            self._failing_since = None
         return len(messages) - sum(1 for m in messages if m.error() is not None)
 
     def _linger(self, messages: list[Message], timeout: float,

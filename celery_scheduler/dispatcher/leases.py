@@ -36,6 +36,7 @@ class LeaseUpkeep:
     _ingest_mono: float | None
     _ingest_stalled: bool
     _renewals_failing: bool  # the last renewal failed: said once, until one succeeds
+    _takes_failing: float | None  # since when taking leases fails: said once, and its end
 
     def may_persist(self, partition: int) -> bool:
         """Whether this process may write *partition*'s new tasks: it holds the lease.
@@ -141,10 +142,19 @@ class LeaseUpkeep:
         try:
             taken = self.store.acquire_leases(wanted, self.owner, ttl_ms, self.clock())
         except SchedulerError as exc:
-            # an outage says all in its message; anything else gets its traceback
-            logger.warning("could not take the leases of partitions %s (%s); trying again in "
-                           "0.5s", wanted, exc, exc_info=not isinstance(exc, StoreUnavailableError))
+            # tried again every 0.5 s while it lasts: said once (it was said every time, two
+            # lines a second through a Cassandra restart). An outage says all in its message;
+            # anything else gets its traceback.
+            logger.log(logging.DEBUG if self._takes_failing is not None else logging.WARNING,
+                       "could not take the leases of partitions %s (%s); trying again every "
+                       "0.5s", wanted, exc, exc_info=not isinstance(exc, StoreUnavailableError))
+            if self._takes_failing is None:
+                self._takes_failing = mono
             return
+        if self._takes_failing is not None:
+            logger.info("could take leases again, after %.1fs of failures",
+                        mono - self._takes_failing)
+            self._takes_failing = None
         for number in wanted:
             lease = taken.get(number)
             if lease is None:

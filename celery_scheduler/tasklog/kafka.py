@@ -32,14 +32,11 @@ from celery_scheduler.tasklog.base import (
     TaskLog,
 )
 from celery_scheduler.tasklog.bulk import ANY_PARTITION, BulkProducer
+from celery_scheduler.tasklog.kafka_log import KAFKA_LOG
 
 __all__ = ["KafkaTaskLog", "create_topic", "topic_partitions"]
 
 logger = logging.getLogger(__name__)
-# librdkafka's own messages (a refused connection, a broker going away, ...) of every Kafka
-# client of the package, producers, consumers and admin clients alike, so that an
-# application silences or routes them by this one name.
-librdkafka_logger = logging.getLogger("celery_scheduler.kafka")
 
 # How long the background thread blocks in each poll for delivery reports.
 POLL_INTERVAL = 0.05
@@ -57,12 +54,13 @@ RECONNECT_BACKOFF_MAX_MS = 1000
 def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The librdkafka settings every client of ours shares (security options included).
 
-    With ``logger`` set, librdkafka's messages go to Python logging instead of stderr, but
+    With ``logger`` set, librdkafka's messages go to Python logging instead of stderr (through
+    :data:`~celery_scheduler.tasklog.kafka_log.KAFKA_LOG`: a connection outage shown once), but
     confluent-kafka hands them over only when the client is polled: a client that is not
     polled otherwise (an admin client, a producer used for metadata) must call
     :func:`forward_logs` after its requests.
     """
-    return {"bootstrap.servers": bootstrap_servers, "logger": librdkafka_logger,
+    return {"bootstrap.servers": bootstrap_servers, "logger": KAFKA_LOG,
             "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS, **options}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -667,6 +668,46 @@ def test_renewals_failing_through_an_outage_are_said_once_and_their_end_too(
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("renewed")] == [
         "renewed the leases of partitions [0] again"]
     assert h.engine.partitions[0].lease is not None
+
+
+class _NoWait(threading.Event):
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.is_set()
+
+
+def test_failed_steps_of_an_outage_are_logged_once_and_so_is_their_end(
+        clock: Clock, store: MemoryScheduleStore, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(store, clock)
+    caplog.set_level("INFO", "celery_scheduler.dispatcher.engine")
+    outcomes: list[Exception | None] = [StoreUnavailableError("Cassandra is down")] * 30 + [None] * 3
+    outcomes += [RuntimeError("a bug")] * 5 + [None, StoreUnavailableError("down again")]
+
+    def step() -> None:
+        outcome = outcomes.pop(0)
+        if not outcomes:
+            h.engine.stopped.set()
+        if outcome is not None:
+            raise outcome
+
+    monkeypatch.setattr(h.engine, "step", step)
+    monkeypatch.setattr(h.engine, "stopped", _NoWait())
+    h.engine.run()
+    lines = [(r.levelname, r.getMessage(), bool(r.exc_info)) for r in caplog.records
+             if "step" in r.getMessage()]
+    assert lines == [
+        ("ERROR", "dispatcher step failed (Cassandra is down); retrying every 1s, and saying so "
+                  "once it works again", False),
+        ("WARNING", "dispatcher steps work again (StoreUnavailableError): they failed after "
+                    f"{lines[1][1].split('after ')[1].split('s;')[0]}s; 29 repeated failure(s) "
+                    "not shown", False),
+        ("ERROR", "dispatcher step failed (a bug); retrying every 1s, and saying so once it "
+                  "works again", True),  # not an outage: its traceback
+        ("WARNING", lines[3][1], False),
+        ("ERROR", "dispatcher step failed (down again); retrying every 1s, and saying so once "
+                  "it works again", False),
+    ]
+    assert "4 repeated failure(s)" in lines[3][1]
 
 
 def test_a_due_task_and_the_successes_of_the_step_are_written_in_one_round_trip(
