@@ -16,12 +16,13 @@ from typing import Any
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.envelope import Envelope, encode
+from celery_scheduler.errors import NotUnderTestError
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import BatchAck, TaskLog
 
-__all__ = ["SchedulerClient", "get_client", "set_client"]
+__all__ = ["SchedulerClient", "begin_testing", "end_testing", "get_client", "set_client"]
 
 _CLIENT_ATTRIBUTE = "_celery_scheduler_client"
 _client_lock = threading.Lock()
@@ -119,8 +120,45 @@ class SchedulerClient:
         self._task_log = self._store = None
 
 
+# The apps an active scheduler_testing block routes to memory (by id), and how many blocks
+# route each. While any is active, a call for another app is refused rather than sent to
+# the real Kafka its settings name: a @shared_task resolves Celery's current app when it is
+# called, which in a process with two apps need not be the one under test.
+_under_test: dict[int, tuple[Any, int]] = {}
+
+
+def begin_testing(app: Any) -> None:
+    """*app*'s calls go to memory from now on (the testing helper)."""
+    with _client_lock:
+        _, blocks = _under_test.get(id(app), (app, 0))
+        _under_test[id(app)] = (app, blocks + 1)
+
+
+def end_testing(app: Any) -> None:
+    with _client_lock:
+        _, blocks = _under_test.pop(id(app), (app, 1))
+        if blocks > 1:
+            _under_test[id(app)] = (app, blocks - 1)
+
+
+def _not_under_test(app: Any) -> NotUnderTestError:
+    tested = ", ".join(repr(getattr(a, "main", None) or a) for a, _ in _under_test.values())
+    return NotUnderTestError(
+        f"scheduler_testing routes the calls of Celery app {tested} to memory, but this call "
+        f"is for app {getattr(app, 'main', None) or app!r}, whose calls would go to the real "
+        "Kafka in its settings; refused. A @shared_task takes Celery's current app when it "
+        "is called: make the app under test current (app.set_current()), or wrap the test in "
+        "scheduler_testing() of every app it schedules through")
+
+
 def get_client(app: Any) -> SchedulerClient:
-    """Return the scheduler client of Celery *app*, creating it on first use."""
+    """Return the scheduler client of Celery *app*, creating it on first use.
+
+    While a ``scheduler_testing`` block is active in the process, raises
+    :class:`~celery_scheduler.errors.NotUnderTestError` for an app it does not route.
+    """
+    if _under_test and id(app) not in _under_test:
+        raise _not_under_test(app)
     client = getattr(app, _CLIENT_ATTRIBUTE, None)
     if client is None:
         with _client_lock:

@@ -4,6 +4,7 @@
 
     SchedulerError
     ├── ConfigurationError           a setting is missing, unknown or of the wrong type
+    │   └── NotUnderTestError        a schedule call of another app inside scheduler_testing
     ├── ScheduleError                a schedule/cancel call was given bad input
     │   ├── NotAScheduledTaskError   the task was not decorated with @scheduled_task
     │   ├── InvalidKeyError          ordering id or uniqueness key missing, empty, not a string
@@ -38,6 +39,7 @@ __all__ = [
     "NotAScheduledTaskError",
     "NotRetryableError",
     "NotSerializableError",
+    "NotUnderTestError",
     "ReleaseNotSentError",
     "ReleaseUncertainError",
     "ScheduleError",
@@ -58,6 +60,11 @@ class SchedulerError(Exception):
 
 class ConfigurationError(SchedulerError):
     """A ``scheduler_*`` setting is missing, unknown, or has the wrong type or value."""
+
+
+class NotUnderTestError(ConfigurationError):
+    """A call reached the scheduler of a Celery app that no active ``scheduler_testing``
+    routes to memory, while one is active: it would have gone to the real Kafka."""
 
 
 class ScheduleError(SchedulerError, ValueError):

@@ -39,7 +39,7 @@ from typing import Any
 
 from kombu.utils.json import loads as kombu_loads
 
-from celery_scheduler.client import SchedulerClient, set_client
+from celery_scheduler.client import SchedulerClient, begin_testing, end_testing, set_client
 from celery_scheduler.clock import FakeClock, now_ms
 from celery_scheduler.config import get_settings
 from celery_scheduler.dispatcher.engine import Engine
@@ -281,9 +281,11 @@ def scheduler_testing(app: Any, partitions: int = 12, start: dt.datetime | None 
     task_log = MemoryTaskLog(partitions)
     store = MemoryScheduleStore(settings.bucket_seconds)
     previous = set_client(app, SchedulerClient(settings, task_log=task_log, store=store, clock=clock))
+    begin_testing(app)  # and any other app's call is refused meanwhile
     try:
         yield SchedulerTesting(app, task_log, store, clock)
     finally:
+        end_testing(app)
         set_client(app, previous)
 
 
