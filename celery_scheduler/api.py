@@ -47,7 +47,7 @@ from celery_scheduler.errors import (
     NotAScheduledTaskError,
     ScheduleError,
 )
-from celery_scheduler.keys import TaskKey, check_key_part
+from celery_scheduler.keys import KeyInput, TaskKey, key_text, to_epoch_ms
 from celery_scheduler.store.base import TaskStatus
 from celery_scheduler.tasklog.base import Ack, Position
 from celery_scheduler.tasklog.kafka import STUCK_GRACE
@@ -97,7 +97,7 @@ def _resolver(spec: KeySpec | None, what: str, binder: Binder, task: str
     if spec is None:
         return None
     if isinstance(spec, constant):
-        value = check_key_part(spec.value, what)
+        value = key_text(spec.value, what)
         return lambda arguments: value
     if isinstance(spec, str):
         parameters = list(binder.signature.parameters)
@@ -133,6 +133,20 @@ def _source(spec: KeySpec) -> KeySource:
     return ("call", spec)
 
 
+def _checked_key(key: object) -> TaskKey:
+    if not isinstance(key, TaskKey):
+        raise InvalidKeyError(
+            f"expected a TaskKey, got {type(key).__name__} {key!r:.200}; keep handle.key, use "
+            "task.key_at(when, *args, **kwargs), or build one with "
+            "TaskKey(ordering_id, scheduled_ms, uniqueness_key)")
+    return key
+
+
+def _cancel(client: SchedulerClient, key: TaskKey) -> Position:
+    position: Position = client.publish(CancelEnvelope(key, client.clock()))
+    return position
+
+
 class ScheduleHandle:
     """What a schedule call returns: the task key, and status, cancel and retry for it."""
 
@@ -165,14 +179,18 @@ class ScheduleHandle:
         """Current status from the schedule store; None until a dispatcher has stored it."""
         return self._client.store.status(self.key)
 
-    def cancel(self) -> None:
+    def cancel(self) -> Position:
         """Ask for the task not to run; takes effect unless it was already released.
 
-        A dispatcher releases a task up to ``scheduler_release_ahead_seconds`` (0.5 s)
-        before its due time (the worker holds it until then): a cancel must reach it before
-        then.
+        Returns once Kafka acknowledged the cancel, with where it landed (raises
+        :class:`~celery_scheduler.errors.TaskLogUnavailableError` if it could not be had:
+        cancelling again is safe). A dispatcher releases a task up to
+        ``scheduler_release_ahead_seconds`` (0.5 s) before its due time (the worker holds it
+        until then): a cancel acknowledged before then wins, and :meth:`status` says
+        ``cancelled`` once a dispatcher read it; one acknowledged later may find the task
+        released, and then it runs.
         """
-        self._client.publish(CancelEnvelope(self.key, self._client.clock()))
+        return _cancel(self._client, self.key)
 
     def retry(self) -> None:
         """Run the task once more after it failed (see :meth:`ScheduledTask.retry`)."""
@@ -284,7 +302,7 @@ class ScheduledTask:
 
     def schedule(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
                  *, at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
-                 ordering_id: str | None = None, uniqueness_key: str | None = None,
+                 ordering_id: KeyInput | None = None, uniqueness_key: KeyInput | None = None,
                  retry: RetryPolicy | None = None, wait: bool = True, **options: Any
                  ) -> ScheduleHandle:
         """The ``apply_async``-style form, with explicit arguments, keys and Celery options.
@@ -323,7 +341,7 @@ class ScheduledTask:
 
     def build(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
               at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
-              ordering_id: str | None = None, uniqueness_key: str | None = None,
+              ordering_id: KeyInput | None = None, uniqueness_key: KeyInput | None = None,
               retry: RetryPolicy | None = None, options: Mapping[str, Any] | None = None,
               client: SchedulerClient | None = None) -> ScheduleEnvelope:
         """Validate a call and return its envelope without publishing it."""
@@ -332,8 +350,8 @@ class ScheduledTask:
                            options, client or get_client(app), app)
 
     def _build(self, args: Sequence[Any], kwargs: Mapping[str, Any], at: dt.datetime | None,
-               countdown: float | dt.timedelta | None, ordering_id: str | None,
-               uniqueness_key: str | None, retry: RetryPolicy | None,
+               countdown: float | dt.timedelta | None, ordering_id: KeyInput | None,
+               uniqueness_key: KeyInput | None, retry: RetryPolicy | None,
                options: Mapping[str, Any] | None, client: SchedulerClient, app: Any
                ) -> ScheduleEnvelope:
         settings = client.settings
@@ -348,8 +366,8 @@ class ScheduledTask:
             check_options(options) if options else {},
             retry or self._retry or settings.retry_policy, current)
 
-    def _checked(self, args: Sequence[Any], kwargs: Mapping[str, Any], ordering_id: str | None,
-                 uniqueness_key: str | None) -> tuple[str, str, list[Any], dict[str, Any]]:
+    def _checked(self, args: Sequence[Any], kwargs: Mapping[str, Any], ordering_id: KeyInput | None,
+                 uniqueness_key: KeyInput | None) -> tuple[str, str, list[Any], dict[str, Any]]:
         """A call's ordering id, uniqueness key and JSON arguments, or its ScheduleError."""
         if not isinstance(args, (list, tuple)):
             raise ScheduleError(f"args of task {self.name} must be a list or tuple, got "
@@ -370,11 +388,11 @@ class ScheduledTask:
                 f"task {self.name} was scheduled without an ordering id; pass ordering_id= "
                 "to @scheduled_task or to schedule()"
             )
-        ordering = check_key_part(ordering, "ordering id")
+        ordering = key_text(ordering, "ordering id")
         if uniqueness_key is not None:
-            unique = check_key_part(uniqueness_key, "uniqueness key")
+            unique = key_text(uniqueness_key, "uniqueness key")
         elif self._uniqueness_key is not None:
-            unique = check_key_part(self._uniqueness_key(arguments), "uniqueness key")
+            unique = key_text(self._uniqueness_key(arguments), "uniqueness key")
         else:
             # digest the bound form, so f(7, 100) and f(7, amount=100) are the same call
             bound = self._binder.bound(arguments)
@@ -413,10 +431,36 @@ class ScheduledTask:
             batch.wait(3 * client.settings.kafka_produce_timeout + STUCK_GRACE)
         return batch
 
-    def cancel(self, key: TaskKey) -> None:
-        """Cancel the pending task with *key* (from ``handle.key`` or a status listing)."""
-        client = self.client
-        client.publish(CancelEnvelope(key, client.clock()))
+    def key_at(self, when: dt.datetime, *args: Any, **kwargs: Any) -> TaskKey:
+        """The key ``schedule_at(when, *args, **kwargs)`` schedules, without scheduling it.
+
+        From the same time and arguments any process finds the same key (ordering id and
+        uniqueness key come from the decorator; *when* is rounded up to the millisecond,
+        and a naive one read in ``app.timezone``), so a view can reach a task another
+        request scheduled: ``task.status(task.key_at(due, customer_id, step="trial-ends"))``.
+        A task scheduled with ``schedule_in``/``countdown=`` has the time of the call in its
+        key: keep ``handle.key`` instead.
+        """
+        app = self._app()
+        scheduled_ms = to_epoch_ms(when, self._timezone(app))
+        ordering, unique, _, _ = self._checked(args, kwargs, None, None)
+        return TaskKey(ordering, scheduled_ms, unique)
+
+    def status(self, key: TaskKey) -> TaskStatus | None:
+        """What the schedule store knows of the task with *key*, from any process.
+
+        None until a dispatcher has stored it (a second or so after the schedule call, or
+        longer while no dispatcher runs): see :class:`~celery_scheduler.TaskStatus`.
+        """
+        return self.client.store.status(_checked_key(key))
+
+    def cancel(self, key: TaskKey) -> Position:
+        """Cancel the pending task with *key*, as :meth:`ScheduleHandle.cancel` does.
+
+        *key* is ``handle.key``, a :meth:`key_at`, a key from a status listing, or one built
+        from its parts: ``TaskKey(ordering_id, scheduled_ms, uniqueness_key)``.
+        """
+        return _cancel(self.client, _checked_key(key))
 
     def retry(self, key: TaskKey) -> None:
         """Run the failed task with *key* once more (see ``celery ... scheduler retry``).

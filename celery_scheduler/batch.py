@@ -27,7 +27,7 @@ from celery_scheduler.calls import check_options, check_retry, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
 from celery_scheduler.errors import ScheduleError, ScheduleTimeError
-from celery_scheduler.keys import MAX_KEY_LENGTH, TaskKey, check_key_part
+from celery_scheduler.keys import MAX_KEY_LENGTH, TaskKey, key_text
 from celery_scheduler.tasklog.base import BatchAck
 
 if TYPE_CHECKING:
@@ -189,10 +189,10 @@ def check_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerClie
                     if ordering is not None:
                         if not (type(ordering) is str and 0 < len(ordering) <= MAX_KEY_LENGTH
                                 and ordering.isascii() and "\x00" not in ordering):
-                            ordering = check_key_part(ordering, "ordering id")
+                            ordering = key_text(ordering, "ordering id")
                         if not (type(unique) is str and 0 < len(unique) <= MAX_KEY_LENGTH
                                 and unique.isascii() and "\x00" not in unique):
-                            unique = check_key_part(unique, "uniqueness key")
+                            unique = key_text(unique, "uniqueness key")
                         if size + MAX_CHAR_BYTES * (len(ordering) + len(unique)) <= room:
                             checked.append((ordering, scheduled_ms, unique, args, kwargs))
                         else:  # it may not fit: encoded now, to know

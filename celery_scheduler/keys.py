@@ -16,7 +16,11 @@ from dataclasses import dataclass
 
 from celery_scheduler.errors import InvalidKeyError, ScheduleTimeError
 
-__all__ = ["MAX_KEY_LENGTH", "MAX_MS", "TaskKey", "check_key_part", "from_epoch_ms", "to_epoch_ms"]
+__all__ = ["MAX_KEY_LENGTH", "MAX_MS", "KeyInput", "TaskKey", "check_key_part", "from_epoch_ms",
+           "key_text", "to_epoch_ms"]
+
+# What an application may give as an ordering id or uniqueness key (see key_text).
+KeyInput = str | int | uuid.UUID
 
 # Longest ordering id or uniqueness key, in characters; keys are Kafka record keys and
 # Cassandra clustering columns, so they should stay short.
@@ -54,8 +58,9 @@ def check_key_part(value: object, what: str) -> str:
         return value
     if not isinstance(value, str):
         raise InvalidKeyError(
-            f"{what} must be a string, got {type(value).__name__} {value!r}; "
-            f"convert it with str() in the decorator's {what.replace(' ', '_')} callable"
+            f"{what} must be a string (or, where an application gives it, an int or a UUID), "
+            f"got {type(value).__name__} {value!r}; convert it to text in the decorator's "
+            f"{what.replace(' ', '_')} callable"
         )
     if not value:
         raise InvalidKeyError(f"{what} must not be empty")
@@ -71,6 +76,28 @@ def check_key_part(value: object, what: str) -> str:
     if "\x00" in value:
         raise InvalidKeyError(f"{what} {value!r} contains a NUL character")
     return value
+
+
+def key_text(value: object, what: str) -> str:
+    """An ordering id or uniqueness key an application gave, as the text the key holds.
+
+    Text is taken as it is; an int (not a bool) becomes its decimal text and a UUID its
+    hyphenated lower-case form, so a database's primary key can be named in the decorator
+    as it is. The key holds text: ``42`` and ``"42"`` are the same key part, and the key read
+    back says ``"42"``. Anything else raises :class:`~celery_scheduler.errors.InvalidKeyError`
+    (see :func:`check_key_part`).
+
+    >>> key_text(42, "ordering id")
+    '42'
+    >>> key_text(uuid.UUID("12345678-1234-5678-1234-567812345678"), "uniqueness key")
+    '12345678-1234-5678-1234-567812345678'
+    """
+    if type(value) is not str:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = int.__repr__(value)  # an IntEnum member too: its number, not its name
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
+    return check_key_part(value, what)
 
 
 def to_epoch_ms(when: object, default_tz: dt.tzinfo) -> int:

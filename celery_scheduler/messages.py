@@ -34,7 +34,7 @@ from celery_scheduler.calls import call_digest, check_retry, scheduled_ms_of
 from celery_scheduler.client import get_client
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError, ScheduleError
-from celery_scheduler.keys import TaskKey, check_key_part
+from celery_scheduler.keys import KeyInput, TaskKey, key_text
 
 __all__ = ["MESSAGE_TASK", "DelayedMessage", "schedule_message"]
 
@@ -120,7 +120,7 @@ class DelayedMessage:
 def schedule_message(topic: str, value: bytes | str, *, key: bytes | str | None = None,
                      headers: Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]] | None = None,
                      at: dt.datetime | None = None, countdown: float | dt.timedelta | None = None,
-                     ordering_id: str, uniqueness_key: str | None = None,
+                     ordering_id: KeyInput, uniqueness_key: KeyInput | None = None,
                      retry: RetryPolicy | None = None, app: Any = None, wait: bool = True
                      ) -> ScheduleHandle:
     """Produce *value* to *topic* (with *key* and *headers*) at *at* or after *countdown*.
@@ -142,10 +142,10 @@ def schedule_message(topic: str, value: bytes | str, *, key: bytes | str | None 
     when = scheduled_ms_of(at, countdown, current, app.timezone, settings.grace_seconds)
     check_retry(retry)
     args = message.args()
-    unique = (check_key_part(uniqueness_key, "uniqueness key") if uniqueness_key is not None
+    unique = (key_text(uniqueness_key, "uniqueness key") if uniqueness_key is not None
               else call_digest(MESSAGE_TASK, args, {}))
     envelope = ScheduleEnvelope(
-        key=TaskKey(check_key_part(ordering_id, "ordering id"), when, unique), task=MESSAGE_TASK,
+        key=TaskKey(key_text(ordering_id, "ordering id"), when, unique), task=MESSAGE_TASK,
         args=args, kwargs={}, options={}, retry=retry or settings.retry_policy,
         enqueued_ms=current)
     return ScheduleHandle(client, envelope, client.publish(envelope, wait=wait), app=app)

@@ -164,7 +164,8 @@ def test_envelope_over_the_size_limit(recorder: SchedulerRecorder) -> None:
 
 @pytest.mark.parametrize(("ordering_id", "message"), [
     ("", "must not be empty"),
-    (42, "must be a string, got int 42"),
+    (4.2, "must be a string .*, got float 4.2"),
+    (True, "must be a string .*, got bool True"),
     ("x" * 600, "over the limit"),
     ("bad\ud800", "not valid Unicode"),
 ])

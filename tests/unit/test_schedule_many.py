@@ -185,7 +185,7 @@ def test_options_and_retry_apply_to_every_call(scheduler: SchedulerTesting) -> N
 
 @pytest.mark.parametrize(("bad", "error", "says"), [
     ((START + dt.timedelta(hours=1), ("c9", "k", "extra")), ScheduleError, "arguments do not match"),
-    ((START + dt.timedelta(hours=1), (42,)), InvalidKeyError, "ordering id must be a string"),
+    ((START + dt.timedelta(hours=1), (4.2,)), InvalidKeyError, "ordering id must be a string"),
     ((START + dt.timedelta(hours=1), ("c9",), {"kind": ""}), InvalidKeyError, "must not be empty"),
     ((START + dt.timedelta(hours=1), ("c9",), {"kind": math.nan}), NotSerializableError,
      "cannot be encoded"),
