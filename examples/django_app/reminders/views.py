@@ -47,7 +47,7 @@ def create_reminder(request: HttpRequest) -> JsonResponse | HttpResponseBadReque
 def reminder_status(request: HttpRequest, reminder_id: int) -> JsonResponse:
     """The reminder, with its task's state in the scheduler."""
     reminder = get_object_or_404(Reminder, pk=reminder_id)
-    status = send_reminder.client.store.status(reminder.task_key())
+    status = send_reminder.status(reminder.task_key())
     return JsonResponse({**_describe(reminder),
                          # unknown until a dispatcher has stored the task
                          "status": status.state.value if status else "unknown",

@@ -37,7 +37,7 @@ def reminder_status(reminder_id: int) -> dict[str, Any]:
     reminder = models.get(reminder_id)
     if reminder is None:
         abort(404)
-    status = send_reminder.client.store.status(models.task_key(reminder))
+    status = send_reminder.status(models.task_key(reminder))
     return {**models.describe(reminder),
             # unknown until a dispatcher has stored the task
             "status": status.state.value if status else "unknown",
