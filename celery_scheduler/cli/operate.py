@@ -222,6 +222,78 @@ def replay_dead_letters(ctx: click.Context, reason: str | None, yes: bool) -> No
 
 
 @scheduler.command()
+@click.option("--wait", "wait_seconds", type=click.FloatRange(min=0), default=0.0,
+              help="ask again every half second for up to this many seconds (default: once)")
+@click.pass_context
+def ready(ctx: click.Context, wait_seconds: float) -> None:
+    """Exit 0 once every partition of the topic is leased by a running dispatcher, else 1.
+
+    For scripts and CI that start dispatchers and must wait until they release tasks (a
+    schedule call made before is kept, and released once a dispatcher has its partition).
+    Exit 1 names the partitions nobody leased yet.
+    """
+    import time
+
+    from celery_scheduler.operations import partitions
+
+    client = get_client(_app(ctx))
+    started = time.monotonic()
+    while True:
+        try:
+            views = partitions(client.task_log.partitions(), client.store, now_ms())
+        except SchedulerError as exc:
+            if time.monotonic() - started >= wait_seconds:
+                _fail(exc)
+            time.sleep(0.5)
+            continue
+        missing = [v.partition for v in views if not v.leased]
+        waited = time.monotonic() - started
+        if not missing:
+            owners = len({v.owner for v in views})
+            click.echo(f"ready: {len(views)} of {len(views)} partitions leased by {owners} "
+                       f"dispatcher(s) (after {waited:.1f}s)")
+            return
+        if waited >= wait_seconds:
+            shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
+            click.echo(f"not ready: {len(views) - len(missing)} of {len(views)} partitions "
+                       f"leased after {waited:.1f}s; not leased: {shown}", err=True)
+            sys.exit(1)
+        time.sleep(0.5)
+
+
+@scheduler.command()
+@click.option("--group", default=None,
+              help="the dispatchers' consumer group, if dispatch ran with --group")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.pass_context
+def drop(ctx: click.Context, group: str | None, yes: bool) -> None:
+    """Delete this app's scheduler environment: topics, consumer groups and keyspace.
+
+    For test and CI environments. Every pending task, status and dead letter in them is gone
+    for good. Stop the dispatchers first (a group with members is not deleted). What does not
+    exist is skipped, so it can follow a set-up that failed half-way.
+    """
+    from celery_scheduler.teardown import drop as drop_environment
+    from celery_scheduler.teardown import environment
+
+    settings = get_settings(_app(ctx))
+    names = environment(settings, group)
+    listed = [*(f"kafka topic {t}" for t in names.topics),
+              *(f"consumer group {g}" for g in names.groups), f"cassandra keyspace {names.keyspace}"]
+    if not yes:
+        click.echo("this deletes, with everything in them:\n  " + "\n  ".join(listed))
+        click.confirm("drop them?", abort=True)
+    try:
+        dropped = drop_environment(settings, group)
+    except SchedulerError as exc:
+        _fail(exc)
+    for name in dropped.removed:
+        click.echo(f"dropped {name}")
+    for name in dropped.absent:
+        click.echo(f"{name}: not there")
+
+
+@scheduler.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.pass_context

@@ -196,6 +196,10 @@ class ScheduleStore(abc.ABC):
     def check_schema(self) -> None:
         """Raise :class:`SchemaMissingError` if the store lacks something this version writes."""
 
+    @abc.abstractmethod
+    def drop_schema(self) -> bool:
+        """Delete the keyspace with everything in it; False if there was none."""
+
     # --- the schedule call's side (dispatcher ingest) ----------------------------------------
 
     @abc.abstractmethod

@@ -118,6 +118,9 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
     def check_schema(self) -> None:
         self._cql.check_schema()
 
+    def drop_schema(self) -> bool:
+        return self._cql.drop_keyspace()
+
     def _plan_put(self, partition: int, envelope: ScheduleEnvelope, current: TaskStatus | None,
                   now_ms: int, data: bytes | None = None
                   ) -> tuple[Statements, StoredTask | None]:

@@ -208,6 +208,15 @@ class CqlSession:
             return move_old_statuses(self, self.status_layout())
         return 0
 
+    def drop_keyspace(self) -> bool:
+        """``DROP KEYSPACE``; False if it did not exist."""
+        with translate_errors("drop the keyspace"):
+            self._cluster.refresh_schema_metadata()
+            existed = self.keyspace in self._cluster.metadata.keyspaces
+            self.session.execute(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=60)
+            self._cluster.control_connection.wait_for_schema_agreement()
+        return existed
+
     def _has_table(self, table: str) -> bool:
         try:
             self._cluster.refresh_schema_metadata()

@@ -47,6 +47,14 @@ class MemoryScheduleStore(ScheduleStore):
     def create_schema(self, status_shards: int | None = None) -> int:
         return 0
 
+    def drop_schema(self) -> bool:
+        with self._lock:
+            held = bool(self._rows or self._status or self._leases)
+            for table in (self._rows, self._index, self._status, self._leases, self._remnants,
+                          self._kept):
+                table.clear()
+        return held
+
     def _set_row(self, task: StoredTask) -> None:
         self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task
         self._index.setdefault(task.partition, set()).add(task.bucket)
