@@ -3,10 +3,12 @@
 * ``index.md``, ``benchmarks.md``, ``reliability.md``, ``changelog.md`` and
   ``examples.md`` are the README, BENCHMARKS.md, RELIABILITY.md, CHANGELOG.md and the
   examples' READMEs, with their links pointed at the site's pages;
-* ``settings.md`` lists every field of ``celery_scheduler.config.Settings`` with its type and
-  default, and the meaning ``configuration.md`` gives it: a setting without one fails the
-  build;
-* ``cli.md`` is the ``--help`` of every ``celery ... scheduler`` command, from click.
+* ``docs/settings.md`` lists every field of ``celery_scheduler.config.Settings`` with its
+  type and default, and the meaning ``configuration.md`` gives it (a setting without one
+  fails the build), and ``docs/cli.md`` is the ``--help`` of every ``celery ... scheduler``
+  command, from click. Both are committed, to be read in the repository too: the build fails
+  when either differs from what the code makes now, and ``python scripts/docs_hooks.py``
+  writes them again.
 """
 
 from __future__ import annotations
@@ -98,7 +100,9 @@ def _cli_page() -> str:
              "their `--help`.\n", "![scheduler status](images/cli-status.png)\n"]
 
     def walk(command: click.Command, path: list[str]) -> None:
-        context = click.Context(command, info_name=" ".join(path))
+        # one width, whatever the terminal: the page is compared with the committed one
+        context = click.Context(command, info_name=" ".join(path), terminal_width=90,
+                                max_content_width=90)
         parts.append(f"## `{' '.join(path)}`\n\n```text\n{command.get_help(context)}\n```\n")
         if isinstance(command, click.Group):
             for name in sorted(command.commands):
@@ -123,11 +127,25 @@ def on_files(files: Files, config: Any) -> Files:
         if source == "CHANGELOG.md":
             text += "\n## License\n\n```text\n" + (REPO / "LICENSE").read_text() + "\n```\n"
         files.append(File.generated(config, page, content=text))
-    files.append(File.generated(config, "settings.md",
-                                content=_settings_page((REPO / "docs/configuration.md").read_text())))
-    files.append(File.generated(config, "cli.md", content=_cli_page()))
+    stale = [name for name, text in reference_pages().items()
+             if not (REPO / "docs" / name).exists() or (REPO / "docs" / name).read_text() != text]
+    if stale:
+        raise ValueError(f"docs/{' and docs/'.join(stale)} differ from what the code makes now: "
+                         "run python scripts/docs_hooks.py and commit them")
     files.append(File.generated(config, "examples.md", content=_examples_page()))
     return files
+
+
+def reference_pages() -> dict[str, str]:
+    """The pages made from the code, by their name under docs/."""
+    import celery_scheduler
+
+    where = Path(celery_scheduler.__file__).resolve().parent
+    if where != REPO / "celery_scheduler":
+        raise ValueError(f"celery_scheduler is imported from {where}, not from this checkout: "
+                         f"install this one (pip install -e {REPO}) to build its docs")
+    return {"settings.md": _settings_page((REPO / "docs/configuration.md").read_text()),
+            "cli.md": _cli_page()}
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
@@ -135,3 +153,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     if (REPO / "docs" / source).exists():  # a page of docs/: its links as from docs/
         return _relinked(markdown, "docs/" + source)
     return markdown
+
+
+if __name__ == "__main__":
+    for name, text in reference_pages().items():
+        (REPO / "docs" / name).write_text(text)
+        print(f"wrote docs/{name}")

@@ -23,3 +23,16 @@ def test_public_api() -> None:
     }
     for name in celery_scheduler.__all__:
         assert getattr(celery_scheduler, name) is not None
+
+
+def test_the_committed_reference_pages_are_what_the_code_makes() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "scripts" / "docs_hooks.py")
+    assert spec and spec.loader
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    pages = hooks.reference_pages()
+    assert set(pages) == {"settings.md", "cli.md"}
+    stale = [name for name, text in pages.items() if (REPO / "docs" / name).read_text() != text]
+    assert stale == [], "run python scripts/docs_hooks.py and commit docs/" + ", docs/".join(stale)
