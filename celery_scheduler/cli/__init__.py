@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,13 +29,8 @@ from celery_scheduler.client import get_client
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import get_settings
 from celery_scheduler.envelope import CancelEnvelope
-from celery_scheduler.errors import (
-    ConfigurationError,
-    SchedulerError,
-    TopicMissingError,
-)
+from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
-from celery_scheduler.store import open_store
 
 __all__ = ["scheduler"]
 
@@ -80,56 +74,10 @@ def scheduler(ctx: click.Context) -> None:
 @click.pass_context
 def init(ctx: click.Context, partitions: int | None, replication_factor: int | None) -> None:
     """Create the Kafka topic and the Cassandra keyspace and tables (idempotent)."""
-    from confluent_kafka.admin import AdminClient
+    from celery_scheduler.environment import create
 
-    from celery_scheduler.dispatcher.ingest import dead_letter_topic
-    from celery_scheduler.tasklog.kafka import client_config, create_topic, topic_partitions
-    from celery_scheduler.wire import outcome_topic
-
-    settings = get_settings(_app(ctx))
     try:
-        created = create_topic(
-            settings.kafka_bootstrap_servers, settings.kafka_options, settings.kafka_topic,
-            partitions or settings.kafka_partitions,
-            replication_factor or settings.kafka_replication_factor)
-        admin = AdminClient(client_config(settings.kafka_bootstrap_servers, settings.kafka_options))
-
-        def partitions_of(topic: str, created: bool) -> int:
-            # another broker than the one that saw the topic created may not know it yet
-            deadline = time.monotonic() + settings.kafka_produce_timeout
-            while True:
-                try:
-                    return topic_partitions(admin, topic, settings.kafka_produce_timeout)
-                except TopicMissingError:
-                    if not created or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-
-        count = partitions_of(settings.kafka_topic, created)
-        click.echo(f"kafka topic {settings.kafka_topic}: "
-                   f"{'created' if created else 'exists'}, {count} partitions")
-        dead = dead_letter_topic(settings.kafka_topic)
-        created = create_topic(settings.kafka_bootstrap_servers, settings.kafka_options, dead, 1,
-                               replication_factor or settings.kafka_replication_factor)
-        click.echo(f"kafka topic {dead}: {'created' if created else 'exists'}")
-        # one outcomes partition for each partition of the topic, numbered alike
-        outcomes = outcome_topic(settings.kafka_topic)
-        created = create_topic(settings.kafka_bootstrap_servers, settings.kafka_options, outcomes,
-                               count, replication_factor or settings.kafka_replication_factor)
-        outcome_count = partitions_of(outcomes, created)
-        if outcome_count != count:
-            raise ConfigurationError(
-                f"Kafka topic {outcomes!r} has {outcome_count} partitions but {settings.kafka_topic!r} "
-                f"has {count}: they must match; add partitions to {outcomes!r} (kafka-topics "
-                "--alter --partitions) to match")
-        click.echo(f"kafka topic {outcomes}: {'created' if created else 'exists'}, "
-                   f"{outcome_count} partitions")
-        with open_store(settings) as store:
-            moved = store.create_schema(status_shards=count)
-        if moved:
-            click.echo(f"cassandra keyspace {settings.cassandra_keyspace}: moved {moved} task "
-                       "statuses from task_status, as earlier versions kept them, to key_status")
-        click.echo(f"cassandra keyspace {settings.cassandra_keyspace}: schema ready")
+        create(get_settings(_app(ctx)), partitions, replication_factor, say=click.echo)
     except SchedulerError as exc:
         _fail(exc)
 

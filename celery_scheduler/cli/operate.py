@@ -273,8 +273,8 @@ def drop(ctx: click.Context, group: str | None, yes: bool) -> None:
     for good. Stop the dispatchers first (a group with members is not deleted). What does not
     exist is skipped, so it can follow a set-up that failed half-way.
     """
-    from celery_scheduler.teardown import drop as drop_environment
-    from celery_scheduler.teardown import environment
+    from celery_scheduler.environment import drop as drop_environment
+    from celery_scheduler.environment import environment
 
     settings = get_settings(_app(ctx))
     names = environment(settings, group)

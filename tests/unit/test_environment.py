@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from celery_scheduler.config import Settings
 from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.environment import environment
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.memory import MemoryScheduleStore
-from celery_scheduler.teardown import environment
 
 
 def test_the_environment_is_every_name_the_topic_makes() -> None:

@@ -1,23 +1,26 @@
-"""What ``celery -A proj scheduler drop`` removes: one environment's topics, groups, keyspace.
+"""One environment's scheduler: its topics, consumer groups and keyspace, made and dropped.
 
-For test and CI environments, which make a topic and keyspace of their own per run and
-must not leave them behind: the scheduler topic with its dead-letter and outcomes topics,
-the dispatchers' consumer groups (offsets), and the Cassandra keyspace. Everything in them
-is gone: pending tasks, statuses, dead letters. Dropping what does not exist is not an
-error, so a teardown can run after a set-up that failed half-way.
+:func:`create` is ``celery -A proj scheduler init``: the scheduler topic with its
+dead-letter and outcomes topics, and the Cassandra keyspace and tables (idempotent).
+:func:`drop` is ``celery -A proj scheduler drop``, for test and CI environments, which make a
+topic and keyspace of their own per run and must not leave them behind: those topics, the
+dispatchers' consumer groups (offsets) and the keyspace, with everything in them (pending
+tasks, statuses, dead letters). Dropping what does not exist is not an error, so a teardown
+can run after a set-up that failed half-way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery_scheduler.config import Settings
-from celery_scheduler.errors import TaskLogError
+from celery_scheduler.errors import ConfigurationError, TaskLogError, TopicMissingError
 from celery_scheduler.operations import DISPATCHER_GROUP_SUFFIX
 from celery_scheduler.wire import outcome_topic
 
-__all__ = ["Environment", "drop", "environment"]
+__all__ = ["Dropped", "Environment", "create", "drop", "environment"]
 
 DEAD_LETTER_SUFFIX = ".deadletter"  # as dispatcher.ingest.dead_letter_topic names it
 OUTCOME_GROUP_SUFFIX = ".outcomes"  # the outcome reader's group, after the dispatchers'
@@ -47,6 +50,62 @@ def environment(settings: Settings, group: str | None = None) -> Environment:
     group = group or topic + DISPATCHER_GROUP_SUFFIX
     return Environment((topic, topic + DEAD_LETTER_SUFFIX, outcome_topic(topic)),
                        (group, group + OUTCOME_GROUP_SUFFIX), settings.cassandra_keyspace)
+
+
+def create(settings: Settings, partitions: int | None = None,
+           replication_factor: int | None = None, say: Callable[[str], None] = print) -> None:
+    """Create the topics and the keyspace of *settings* where missing, saying each step.
+
+    *partitions* and *replication_factor* are those of new topics (default: the settings').
+    The outcomes topic must have as many partitions as the scheduler topic:
+    :class:`~celery_scheduler.errors.ConfigurationError` says how to fix one that has not.
+    """
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    from celery_scheduler.store import open_store
+    from celery_scheduler.tasklog.kafka import client_config, create_topic, topic_partitions
+
+    s = settings
+    names = environment(s)
+    replication = replication_factor or s.kafka_replication_factor
+    admin = AdminClient(client_config(s.kafka_bootstrap_servers, s.kafka_options))
+
+    def partitions_of(topic: str, created: bool) -> int:
+        # another broker than the one that saw the topic created may not know it yet
+        deadline = time.monotonic() + s.kafka_produce_timeout
+        while True:
+            try:
+                return topic_partitions(admin, topic, s.kafka_produce_timeout)
+            except TopicMissingError:
+                if not created or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    topic, dead, outcomes = names.topics
+    created = create_topic(s.kafka_bootstrap_servers, s.kafka_options, topic,
+                           partitions or s.kafka_partitions, replication)
+    count = partitions_of(topic, created)
+    say(f"kafka topic {topic}: {'created' if created else 'exists'}, {count} partitions")
+    created = create_topic(s.kafka_bootstrap_servers, s.kafka_options, dead, 1, replication)
+    say(f"kafka topic {dead}: {'created' if created else 'exists'}")
+    # one outcomes partition for each partition of the topic, numbered alike
+    created = create_topic(s.kafka_bootstrap_servers, s.kafka_options, outcomes, count,
+                           replication)
+    outcome_count = partitions_of(outcomes, created)
+    if outcome_count != count:
+        raise ConfigurationError(
+            f"Kafka topic {outcomes!r} has {outcome_count} partitions but {topic!r} has {count}: "
+            f"they must match; add partitions to {outcomes!r} (kafka-topics --alter "
+            "--partitions) to match")
+    say(f"kafka topic {outcomes}: {'created' if created else 'exists'}, {outcome_count} partitions")
+    with open_store(s) as store:
+        moved = store.create_schema(status_shards=count)
+    if moved:
+        say(f"cassandra keyspace {names.keyspace}: moved {moved} task statuses from "
+            "task_status, as earlier versions kept them, to key_status")
+    say(f"cassandra keyspace {names.keyspace}: schema ready")
 
 
 def drop(settings: Settings, group: str | None = None, timeout: float = 30.0) -> Dropped:

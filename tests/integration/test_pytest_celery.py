@@ -1,0 +1,69 @@
+"""The package's ``celery_scheduler_dispatcher`` fixture beside Celery's own pytest fixtures
+(``celery.contrib.pytest``): a real dispatcher in a thread releases to the app's broker, and
+the embedded ``celery_worker`` runs each task and reports its outcome, in one process, on
+real Kafka, Cassandra and Redis. It is how a user's own integration tests can look."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from celery_scheduler import State, scheduled_task
+from celery_scheduler.config import get_settings
+from celery_scheduler.environment import drop
+
+pytest_plugins = ["celery.contrib.pytest"]
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+
+
+@pytest.fixture
+def celery_config(unique_name: str, broker_url: str, kafka_bootstrap: str,
+                  cassandra_contact: str) -> Mapping[str, Any]:
+    """Celery's fixture for the test app's settings: the scheduler's are Celery settings."""
+    host, port = cassandra_contact.rsplit(":", 1)
+    return {"broker_url": broker_url, "task_default_queue": unique_name,
+            "scheduler_kafka_bootstrap_servers": kafka_bootstrap,
+            "scheduler_kafka_topic": unique_name, "scheduler_kafka_partitions": 3,
+            "scheduler_cassandra_contact_points": [host], "scheduler_cassandra_port": int(port),
+            "scheduler_cassandra_keyspace": unique_name}
+
+
+@pytest.fixture
+def remind(celery_app: Any) -> Iterator[tuple[Any, list[tuple[str, int]]]]:
+    """The app's scheduled task, defined before the dispatcher starts, and what it ran; the
+    test's topics and keyspace are dropped after it (and after the dispatcher stopped)."""
+    ran: list[tuple[str, int]] = []
+
+    @scheduled_task(ordering_id="customer")
+    @celery_app.task(name="pytest_celery.remind")
+    def remind(customer: str, step: int) -> int:
+        ran.append((customer, step))
+        return step
+
+    yield remind, ran
+    drop(get_settings(celery_app))
+
+
+def test_a_real_dispatcher_releases_to_celerys_embedded_worker_in_order(
+        remind: tuple[Any, list[tuple[str, int]]], celery_worker: Any,
+        celery_scheduler_dispatcher: Any) -> None:
+    task, runs = remind
+    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=2)
+    handles = [task.schedule_at(due + dt.timedelta(milliseconds=10 * step), customer, step)
+               for step in range(5) for customer in ("ada", "bob")]
+
+    deadline = time.monotonic() + 60
+    while len(runs) < len(handles) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sorted(runs) == sorted((c, s) for s in range(5) for c in ("ada", "bob"))
+    for customer in ("ada", "bob"):  # in order per ordering id
+        assert [step for who, step in runs if who == customer] == list(range(5))
+    # the worker's outcomes reached the dispatcher, which stored them
+    while time.monotonic() < deadline and any(
+            (h.status() is None or h.status().state is not State.SUCCEEDED) for h in handles):
+        time.sleep(0.2)
+    assert {h.status().state for h in handles} == {State.SUCCEEDED}
