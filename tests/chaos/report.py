@@ -127,6 +127,17 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         "|---|---|---|---|---|",
     ]
     lines += [_row(kind, verdict.recovery[kind]) for kind in o.kinds if kind in verdict.recovery]
+    if verdict.recovery_alone:
+        lines += ["", "The same over the faults whose window overlapped no other fault's (lanes "
+                      "run side by side, so a key may be hit by two faults at once):", "",
+                  "| fault | faults alone | p50 | p99 | max |", "|---|---|---|---|---|"]
+        lines += [_row(kind, verdict.recovery_alone[kind]) for kind in o.kinds
+                  if kind in verdict.recovery_alone]
+    if verdict.worst_recoveries:
+        lines += ["", "The slowest recoveries, with the faults their windows overlapped:", ""]
+        lines += [f"- {seconds:.1f} s, {kind}" + (f", with {', '.join(others)}" if others
+                                                 else ", alone")
+                  for seconds, kind, others in verdict.worst_recoveries]
     rejoin = [f.detail["replacement_leased_after"] for f in facts.faults
               if "replacement_leased_after" in f.detail]
     if rejoin:

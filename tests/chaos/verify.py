@@ -60,6 +60,10 @@ class Verdict:
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     lateness: dict[str, dict[str, float]] = field(default_factory=dict)
     recovery: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the same over the faults whose window overlapped no other fault's
+    recovery_alone: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the slowest recoveries: (seconds, kind, the kinds of the faults its window overlapped)
+    worst_recoveries: list[tuple[float, str, list[str]]] = field(default_factory=list)
     faults: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -258,13 +262,21 @@ def verify(facts: RunFacts) -> Verdict:
     during: set[int] = set()
     per_kind: dict[str, list[float]] = defaultdict(list)
     recoveries: dict[str, list[float]] = defaultdict(list)
-    for begin, end, kind in windows:
+    alone: dict[str, list[float]] = defaultdict(list)
+    worst: list[tuple[float, str, list[str]]] = []
+    for index, (begin, end, kind) in enumerate(windows):
         low, high = bisect.bisect_left(due_times, begin), bisect.bisect_right(due_times, end)
         during.update(range(low, high))
         values = [late for _, late in due[low:high]]
         per_kind[kind] += values
         if values:
             recoveries[kind].append(max(values))
+            overlapped = [other for number, (b, e, other) in enumerate(windows)
+                          if number != index and b < end and e > begin]
+            if not overlapped:
+                alone[kind].append(max(values))
+            worst.append((max(values), kind, overlapped))
+    verdict.worst_recoveries = sorted(worst, reverse=True)[:5]
     verdict.lateness["overall"] = percentiles(late for _, late in due)
     verdict.lateness["during faults"] = percentiles(due[i][1] for i in sorted(during))
     verdict.lateness["quiet"] = percentiles(late for i, (_, late) in enumerate(due) if i not in during)
@@ -277,6 +289,7 @@ def verify(facts: RunFacts) -> Verdict:
             verdict.lateness[f"during {kind}"] = percentiles(per_kind[kind])
         if recoveries.get(kind):
             verdict.recovery[kind] = percentiles(recoveries[kind])
+            verdict.recovery_alone[kind] = percentiles(alone.get(kind, []))
     pauses = [f for f in facts.faults if f.kind == "dispatcher-pause"]
     verdict.counts["pauses_with_takeover"] = sum(
         1 for f in pauses if f.detail.get("partitions_taken_over", 0) > 0)

@@ -174,3 +174,28 @@ def test_the_report_says_what_the_run_ran_under() -> None:
     assert "| run lease | 20 s |" in text and "3 nodes, LOCAL_QUORUM" in text
     assert "Cassandra cluster (3 nodes)" in text
     assert verdict.lateness["scheduled far ahead"]["n"] == 1
+
+
+def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
+    from dataclasses import replace
+
+    from tests.chaos.report import render
+
+    faults = [Fault("worker-kill", "pid 1", T0 + 20, T0 + 21),  # window 20-26, alone
+              Fault("kafka-restart", "kafka", T0 + 50, T0 + 60),  # 50-65, with the pause
+              Fault("dispatcher-pause", "pid 2", T0 + 62, T0 + 77)]  # 62-82
+    run_facts = facts([task("a", 0, 20.5), task("b", 0, 55), task("c", 0, 64)],
+                      run("a", 0, 23.5, 23.6) + run("b", 0, 85, 85.1) + run("c", 0, 70, 70.1),
+                      faults=faults)
+    run_facts.options = replace(run_facts.options, kinds=("worker-kill", "kafka-restart",
+                                                          "dispatcher-pause"))
+    verdict = verify(run_facts)
+    assert verdict.recovery["kafka-restart"]["max"] == pytest.approx(30.0, abs=0.001)
+    assert verdict.recovery_alone["worker-kill"]["max"] == pytest.approx(3.0, abs=0.001)
+    assert verdict.recovery_alone["kafka-restart"] == {"n": 0}  # it overlapped the pause
+    assert verdict.worst_recoveries[0] == (pytest.approx(30.0, abs=0.001), "kafka-restart",
+                                           ["dispatcher-pause"])
+    text = render(run_facts, verdict, "scripts/chaos --quick")
+    assert "| kafka-restart | 0 | | | |" in text  # among the faults alone
+    assert "- 30.0 s, kafka-restart, with dispatcher-pause" in text
+    assert "- 3.0 s, worker-kill, alone" in text
