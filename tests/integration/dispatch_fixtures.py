@@ -38,9 +38,11 @@ class Scheduler:
     python: str = sys.executable
     cwd: Path = REPO
 
-    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, timeout: float = 120, answer: str = "") -> subprocess.CompletedProcess[str]:
+        """Run a scheduler command; a question it asks reads *answer* (never the terminal)."""
         return subprocess.run([self.python, "-m", "celery", "-A", APP, "scheduler", *args],
-                              cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
+                              cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, input=answer)
 
     def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None
                ) -> subprocess.Popen[bytes]:

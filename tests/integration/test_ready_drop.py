@@ -30,9 +30,10 @@ def test_ready_exits_0_only_once_every_partition_is_leased(scheduler: Scheduler)
 def test_drop_needs_yes_refuses_while_dispatchers_run_and_then_removes_everything(
         scheduler: Scheduler) -> None:
     topic = scheduler.env["CELERY_SCHEDULER_TEST_TOPIC"]
-    asked = scheduler.cli("drop", timeout=60)  # no --yes, no terminal: nothing is dropped
+    asked = scheduler.cli("drop", timeout=60, answer="n\n")  # no --yes: it asks, and is told no
     assert asked.returncode != 0
     assert f"kafka topic {topic}.outcomes" in asked.stdout and "Aborted" in asked.stderr
+    assert topic in AdminClient({"bootstrap.servers": KAFKA}).list_topics(timeout=10).topics
 
     dispatcher = scheduler.dispatcher()
     busy = scheduler.cli("drop", "--yes", timeout=120)
