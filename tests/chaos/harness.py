@@ -740,7 +740,7 @@ class Run:
                          f"{len(self.faults)} faults done")
             time.sleep(0.5)
         produced_until = time.time()
-        drained = self._drain()
+        drained = self._drain(client.store)
         self.say("== reading the status of cancelled keys and of keys that did not run")
         self.executions.read()
         statuses = [t for t in self.tasks if t.accepted and (
@@ -760,18 +760,35 @@ class Run:
                         produced_until, time.time(), drained, str(self.run_dir),
                         self.conditions(), self._release_ahead_ms())
 
-    def _waiting(self) -> list[Task]:
-        return [t for t in self.tasks if t.accepted and not t.cancel_accepted
-                and (t.ordering_id, t.seq) not in self.executions.started]
+    def _waiting(self, store: Any) -> list[Task]:
+        """Accepted tasks that have not started and must: not those whose cancel was
+        accepted, nor those whose cancel raised and yet reached the store (it may or may not
+        have reached Kafka: the store says which)."""
+        from celery_scheduler.errors import SchedulerError
+        from celery_scheduler.keys import TaskKey
 
-    def _drain(self) -> bool:
+        waiting = []
+        for t in self.tasks:
+            if not t.accepted or t.cancel_accepted or (t.ordering_id, t.seq) in self.executions.started:
+                continue
+            if t.cancel and t.cancel_accepted is False:
+                try:
+                    status = store.status(TaskKey(t.ordering_id, t.at_ms, f"seq-{t.seq}"))
+                except SchedulerError:
+                    status = None
+                if status is not None and status.state.value == "cancelled":
+                    continue
+            waiting.append(t)
+        return waiting
+
+    def _drain(self, store: Any) -> bool:
         last_due = max((t.at_ms for t in self.tasks if t.accepted), default=0) / 1000
         deadline = max(time.time(), last_due) + self.options.drain_seconds
         self.say(f"== draining (up to {deadline - time.time():.0f}s)")
         while time.time() < deadline:
             self._supervise()
             self.executions.read()
-            if not self._waiting() and time.time() > last_due + 2:
+            if not self._waiting(store) and time.time() > last_due + 2:
                 time.sleep(3)  # late duplicates and cancelled runs would show up now
                 self.executions.read()
                 return True
