@@ -22,7 +22,6 @@ from celery_scheduler.wire import outcome_topic
 
 __all__ = ["Dropped", "Environment", "create", "drop", "environment"]
 
-DEAD_LETTER_SUFFIX = ".deadletter"  # as dispatcher.ingest.dead_letter_topic names it
 OUTCOME_GROUP_SUFFIX = ".outcomes"  # the outcome reader's group, after the dispatchers'
 
 
@@ -46,9 +45,11 @@ class Dropped:
 def environment(settings: Settings, group: str | None = None) -> Environment:
     """The topics, consumer groups and keyspace of *settings* (dispatchers in *group*, by
     default ``<topic>.dispatchers`` as ``scheduler dispatch`` uses)."""
+    from celery_scheduler.dispatcher.ingest import dead_letter_topic
+
     topic = settings.kafka_topic
     group = group or topic + DISPATCHER_GROUP_SUFFIX
-    return Environment((topic, topic + DEAD_LETTER_SUFFIX, outcome_topic(topic)),
+    return Environment((topic, dead_letter_topic(topic), outcome_topic(topic)),
                        (group, group + OUTCOME_GROUP_SUFFIX), settings.cassandra_keyspace)
 
 
