@@ -54,11 +54,16 @@ def test_a_lease_holder_that_reads_nothing_never_runs_a_later_task_first(
                       if partition_for(o, settings.kafka_partitions) == partition)
         now = datetime.now(UTC)
         at_ms = int((now + timedelta(seconds=6)).timestamp() * 1000)
-        store.put(partition, ScheduleEnvelope(key=TaskKey(anchor, at_ms, "seq-0"),
-                                              task="dispatching.record", args=[anchor, 0]),
-                  at_ms - 6000)
+        stored = store.put(partition, ScheduleEnvelope(key=TaskKey(anchor, at_ms, "seq-0"),
+                                                       task="dispatching.record", args=[anchor, 0]),
+                           at_ms - 6000)
+        assert stored is not None
+        # the holder wrote it while it still read Kafka: its ingest told the engine, which
+        # loads the row now rather than at its next safety fill (up to ten seconds away, as
+        # long as this wait: the holder would load the anchor then, or release it first)
+        stale.persisted(stored)
         wait_until(lambda: stale.timetable.count(partition) == 1, 10,
-                   lambda: "the holder did not load the anchor task")
+                   lambda: f"the holder did not load the anchor task (released {released})")
 
         reader = scheduler.dispatcher(wait=False)
         scheduler.wait_for_log(reader, "assigned partitions [0, 1, 2, 3, 4, 5]")
