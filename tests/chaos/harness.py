@@ -224,6 +224,9 @@ class Task:
     error: str | None = None
     calls: int = 0  # schedule calls made for it: more than one when one raised
     call_ms: int = 0  # when the last of them was made (its record's place in the log)
+    # when the first was made: a call that raised may still have been written, from then on
+    # (0 in runs recorded before it was kept: then at_ms - delay, no earlier than the call)
+    first_call_ms: int = 0
     cancel_accepted: bool | None = None
     far: bool = False  # scheduled far ahead (Options.far_tasks)
     cancel_sent_ms: int = 0  # when the cancel call was made ...
@@ -544,6 +547,8 @@ class Run:
 
         task.calls += 1
         task.call_ms = int(time.time() * 1000)
+        if task.calls == 1:
+            task.first_call_ms = task.call_ms
         return chaos.record.schedule(
             (task.ordering_id, task.seq), {"duration": task.duration, "scheduled_for": task.at_ms / 1000},
             at=dt.datetime.fromtimestamp(task.at_ms / 1000, dt.timezone.utc), wait=False)

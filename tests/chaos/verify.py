@@ -17,9 +17,10 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
 - **early**: a key's first start is more than 1 ms before its scheduled time (the key
   stores milliseconds).
 - **order violation**: within one ordering id, a key first started before an earlier key
-  (by seq: scheduled times rise with seq) whose accepted call was made before its own. A
-  call made again after a later key's call enqueued it after that key: the two are not
-  compared.
+  (by seq: scheduled times rise with seq) whose accepted call was made before the later
+  key's first call. A call that raised may still have been written to the log, so a call
+  made again after a later key's first call may have enqueued it after that key: the two
+  are not compared.
 - **overlap**: two runs of one ordering id (any runs, duplicates included) overlap in time.
   A run with no ``end`` ended when its worker was SIGKILLed; a run with no end in a live
   worker counts as still running at the end of the run.
@@ -89,6 +90,13 @@ def percentiles(values: Iterable[float]) -> dict[str, float]:
         return round(ordered[min(len(ordered) - 1, int(share * len(ordered)))], 3)
 
     return {"n": len(ordered), "p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1], 3)}
+
+
+def first_call_ms(task: Task) -> int:
+    """When *task*'s first schedule call was made (see Task.first_call_ms)."""
+    if task.first_call_ms or task.calls <= 1:
+        return task.first_call_ms or task.call_ms
+    return min(task.call_ms, task.at_ms - int(task.delay * 1000))
 
 
 def _judge_cancel(verdict: Verdict, task: Task, runs: list[dict[str, Any]], started: float,
@@ -230,11 +238,12 @@ def verify(facts: RunFacts) -> Verdict:
     for ordering_id, seqs in by_ordering_id.items():
         seqs.sort()
         called = [tasks[(ordering_id, seq)].call_ms for seq, _ in seqs]
+        first_called = [first_call_ms(tasks[(ordering_id, seq)]) for seq, _ in seqs]
         for index, (seq_b, start_b) in enumerate(seqs):
             # the earlier keys enqueued before this one, the latest-starting of them
             before = [(start_a, seq_a) for (seq_a, start_a), call_a in zip(seqs[:index], called[:index],
                                                                           strict=True)
-                      if call_a <= called[index]]
+                      if call_a <= first_called[index]]
             if before and max(before)[0] > start_b:
                 start_a, seq_a = max(before)
                 verdict.flag("order_violations",

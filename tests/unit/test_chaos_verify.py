@@ -160,6 +160,17 @@ def test_a_key_enqueued_again_after_a_later_key_is_not_held_to_its_order() -> No
     assert violations(verify(facts(tasks, executions))) == {"order_violations": 1}
 
 
+def test_a_key_made_again_after_a_later_keys_first_call_raised_is_not_held_to_its_order() -> None:
+    """The later key's first call raised, yet may have been written: before the earlier
+    key's call made again (the cluster run's o00087, seq 10 before seq 9)."""
+    tasks = [task("a", 0, 10, calls=2, call_ms=int((T0 + 5) * 1000), first_call_ms=int((T0 + 1) * 1000)),
+             task("a", 1, 11, calls=2, call_ms=int((T0 + 6) * 1000), first_call_ms=int((T0 + 2) * 1000))]
+    executions = run("a", 1, 11.0, 11.1) + run("a", 0, 12.0, 12.1)
+    assert violations(verify(facts(tasks, executions))) == {}
+    tasks[1].first_call_ms = int((T0 + 5.5) * 1000)  # first made after seq 0's accepted call
+    assert violations(verify(facts(tasks, executions))) == {"order_violations": 1}
+
+
 def test_the_report_says_what_the_run_ran_under() -> None:
     from dataclasses import replace
 
