@@ -255,7 +255,7 @@ def delete_queue(url: str, name: str) -> None:
     from benchmarks import app
 
     with app.app.connection_for_write(url) as connection, contextlib.suppress(Exception):
-        connection.default_channel.queue_delete(name)
+        connection.default_channel.queue_delete(name)  # type: ignore[attr-defined]
 
 
 def committed_and_end(topic: str, group: str, partitions: int) -> tuple[int, int]:

@@ -41,7 +41,8 @@ def queue_keys() -> list[str]:
     queue = app.conf.task_default_queue
     with app.connection_for_read() as connection:
         channel = connection.default_channel
-        return [channel._q_for_pri(queue, priority) for priority in channel.priority_steps]
+        return [channel._q_for_pri(queue, priority)  # type: ignore[attr-defined]  # kombu Redis
+            for priority in channel.priority_steps]  # type: ignore[attr-defined]
 
 
 def handle(documents: list[bytes], producer: OutcomeProducer) -> None:

@@ -32,6 +32,7 @@ __all__ = ["main"]
 
 QUEUE = "bench-publish-cost"
 ARGS = ["customer-42", 1234, 1_800_000_000.0]  # bench.plain's (ordering_id, seq, at)
+CELERY_ARGS = tuple(ARGS)  # apply_async takes a tuple
 
 
 def _items(count: int) -> list[tuple[ScheduleEnvelope, Release]]:
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu = _cpu_per_call([step(chunk) for chunk in steps], batch)
                 print(f"{name}, {batch} a step: {cpu * 1e6:,.0f} us CPU each", flush=True)
         count = options.count
-        sent = _cpu_per_call([lambda: plain.apply_async(ARGS, queue=QUEUE)] * count, 1)
+        sent = _cpu_per_call([lambda: plain.apply_async(CELERY_ARGS, queue=QUEUE)] * count, 1)
         print(f"Celery apply_async, one at a time: {sent * 1e6:,.0f} us CPU each", flush=True)
         message = client.lindex(QUEUE, 0)
         assert message is not None

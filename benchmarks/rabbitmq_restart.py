@@ -71,7 +71,7 @@ def measure(pool: str, seconds: float, interval: float, duration: float, restart
                     restarted_at = time.time()
                 try:
                     with app.connection_for_write() as connection:  # a fresh one: sent at once
-                        probe.apply_async((time.time(), duration), connection=connection)
+                        probe.apply_async((time.time(), duration), connection=connection)  # type: ignore[call-arg]
                 except Exception:
                     failed += 1
                 time.sleep(interval)

@@ -150,7 +150,7 @@ def _compile(signature: inspect.Signature, function_name: str, body: str | None 
 
 def kombu_dumps(value: Any, **options: Any) -> str:
     """kombu's JSON encoding (typed wrapper)."""
-    text: str = _kombu_dumps(value, **options)  # type: ignore[no-untyped-call]
+    text: str = _kombu_dumps(value, **options)
     return text
 
 

@@ -29,10 +29,16 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Task, uuid
 from celery.result import AsyncResult
+
+if TYPE_CHECKING:  # generic in the stubs only
+    _AsyncResult = AsyncResult[Any]
+    _Task = Task[Any, Any]
+else:
+    _AsyncResult, _Task = AsyncResult, Task
 
 from celery_scheduler.api import ScheduledTask, ScheduleHandle, as_scheduled, scheduled_task
 from celery_scheduler.client import get_client
@@ -52,7 +58,7 @@ _IGNORED = frozenset({"retry", "retry_policy", "serializer", "compression", "del
                       "ignore_result", "task_type", "result_cls"})
 
 
-class ScheduledResult(AsyncResult):  # type: ignore[misc]
+class ScheduledResult(_AsyncResult):
     """The ``AsyncResult`` of a task the scheduler holds: ``revoke()`` also cancels it there."""
 
     def __init__(self, id: str, *args: Any, handle: ScheduleHandle, **kwargs: Any) -> None:
@@ -72,7 +78,7 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
         return self.handle.status()
 
 
-class DurableEtaTask(Task):  # type: ignore[misc]
+class DurableEtaTask(_Task):
     """A Celery task whose delayed calls go through the durable scheduler."""
 
     @classmethod

@@ -134,7 +134,7 @@ def schedule_message(topic: str, value: bytes | str, *, key: bytes | str | None 
     if app is None:
         from celery import current_app
 
-        app = current_app._get_current_object()
+        app = current_app._get_current_object()  # type: ignore[attr-defined]  # the proxy's
     client = get_client(app)
     settings = client.settings
     message = DelayedMessage.make(topic, value, key, headers)

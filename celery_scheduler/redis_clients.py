@@ -71,7 +71,7 @@ def install(**_: Any) -> bool:
     except ImportError:  # no redis client: nothing of this process is on Redis
         return False
     with _lock:
-        original: Callable[..., Any] = transport.Channel._create_client
+        original: Callable[..., Any] = transport.Channel._create_client  # type: ignore[attr-defined]
         if getattr(original, _MARK, False):
             return True
 
@@ -82,5 +82,5 @@ def install(**_: Any) -> bool:
             return _shared(self, functools.partial(original, self))
 
         setattr(create, _MARK, True)
-        transport.Channel._create_client = create  # type: ignore[method-assign]
+        transport.Channel._create_client = create  # type: ignore[attr-defined]
     return True

@@ -45,7 +45,7 @@ def install(**_: Any) -> bool:
     except ImportError:  # no redis client: the worker cannot be on Redis
         return False
     with _lock:
-        original: Callable[..., Any] = transport.Channel._connparams
+        original: Callable[..., Any] = transport.Channel._connparams  # type: ignore[attr-defined]
         if getattr(original, _MARK, False):
             return True
 
@@ -58,5 +58,5 @@ def install(**_: Any) -> bool:
             return original(self, *args, **kwargs)
 
         setattr(connparams, _MARK, True)
-        transport.Channel._connparams = connparams  # type: ignore[method-assign]
+        transport.Channel._connparams = connparams  # type: ignore[attr-defined]
     return True

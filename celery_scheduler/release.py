@@ -72,7 +72,7 @@ def _arguments(envelope: ScheduleEnvelope) -> tuple[list[Any], dict[str, Any]]:
     # them whatever serializer the app uses. Most arguments hold none: skip the round trip.
     if not _tagged(envelope.args) and not _tagged(envelope.kwargs):
         return envelope.args, envelope.kwargs
-    args, kwargs = _kombu_loads(json.dumps([envelope.args, envelope.kwargs]))  # type: ignore[no-untyped-call]
+    args, kwargs = _kombu_loads(json.dumps([envelope.args, envelope.kwargs]))
     return args, kwargs
 
 
@@ -250,7 +250,7 @@ class SendContext(NamedTuple):
 @functools.lru_cache(maxsize=4)
 def _origin(pid: int) -> str:
     """The message's ``origin`` (Celery's name for this process), made once per process."""
-    return anon_nodename()  # type: ignore[no-any-return]
+    return anon_nodename()
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ def _refuse(value: Any) -> Any:
 
 
 def _kombu_json(value: Any) -> bytes:
-    text: str = kombu_json.dumps(value)  # type: ignore[no-untyped-call]
+    text: str = kombu_json.dumps(value)
     return text.encode("utf-8")
 
 
@@ -144,7 +144,7 @@ class RedisPush:
         self._default_delivery_mode = conf.task_default_delivery_mode
         self._compressed = bool(conf.task_compression)
         self._pending: list[tuple[str, bytes]] = []
-        self._published: list[Callable[[], None]] = []
+        self._published: list[Callable[[], object]] = []
         self._held: tuple[Any, Any] | None = None  # the pool and connection pushes go on
 
     @classmethod
@@ -196,7 +196,7 @@ class RedisPush:
         if options.get("headers"):
             headers.update(options["headers"])
         properties.update((key, value) for key, value in options.items() if key not in _CELERY_NAMED)
-        delivery_mode = maybe_delivery_mode(  # type: ignore[no-untyped-call]
+        delivery_mode: int = maybe_delivery_mode(  # type: ignore[assignment]  # never None: a default is given
             options.get("delivery_mode") or queue.exchange.delivery_mode or self._default_delivery_mode)
         return Document(name, headers, properties, body, encoded_body(body), queue.name, options,
                         delivery_mode)

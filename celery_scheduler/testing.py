@@ -264,7 +264,7 @@ SchedulerRecorder = SchedulerTesting
 
 def _apply(app: Any, envelope: ScheduleEnvelope, **options: Any) -> Any:
     """Run *envelope*'s task in this process, with its arguments decoded as a worker would."""
-    args, kwargs = kombu_loads(json.dumps([envelope.args, envelope.kwargs]))  # type: ignore[no-untyped-call]
+    args, kwargs = kombu_loads(json.dumps([envelope.args, envelope.kwargs]))
     task = app.tasks[envelope.task]
     return task.apply(args, kwargs, task_id=envelope.task_id, throw=False, **options)
 
