@@ -24,7 +24,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from celery.local import PromiseProxy, Proxy
 
@@ -52,6 +52,18 @@ from celery_scheduler.store.base import TaskStatus
 from celery_scheduler.tasklog.base import Ack, Position
 from celery_scheduler.tasklog.kafka import STUCK_GRACE
 
+P = ParamSpec("P")
+R = TypeVar("R", covariant=True)
+
+
+class CeleryTask(Protocol[P, R]):
+    """What ``@scheduled_task`` takes, as a type checker sees it: a Celery task, whose
+    ``run`` has the decorated function's signature where the task's type says so (with
+    celery-types: ``@shared_task`` and ``@app.task(bind=True)``; a plain ``@app.task`` is
+    typed loosely there), and any arguments otherwise."""
+
+    def run(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
 __all__ = ["KeySpec", "ScheduleHandle", "ScheduledTask", "as_scheduled", "constant", "flush",
            "registered", "scheduled_task"]
 
@@ -70,16 +82,16 @@ KeySpec = str | Callable[..., Any] | constant
 MAX_ENCODERS = 8
 
 # Scheduled task names, for the dispatcher's allowlist and the worker-side hooks.
-_REGISTRY: dict[str, ScheduledTask] = {}
+_REGISTRY: dict[str, ScheduledTask[..., Any]] = {}
 
 
-def _registered_task(name: str, module: str) -> ScheduledTask:
+def _registered_task(name: str, module: str) -> ScheduledTask[..., Any]:
     if name not in _REGISTRY:
         importlib.import_module(module)
     return _REGISTRY[name]
 
 
-def registered(app: Any = None) -> Mapping[str, ScheduledTask]:
+def registered(app: Any = None) -> Mapping[str, ScheduledTask[..., Any]]:
     """Return the scheduled tasks defined in this process, by Celery task name.
 
     With *app*, only those of that Celery app (in its task registry): what a dispatcher
@@ -214,13 +226,18 @@ class ScheduleHandle:
         return f"<ScheduleHandle {self.envelope.task} {self.key}>"
 
 
-class ScheduledTask:
-    """A Celery task that can also be scheduled; every other attribute is the task's own."""
+class ScheduledTask(Generic[P, R]):
+    """A Celery task that can also be scheduled; every other attribute is the task's own.
 
-    def __init__(self, task: Any, *, ordering_id: KeySpec | None, uniqueness_key: KeySpec | None,
+    Generic in the task's parameters and result, as Celery's ``Task`` is in celery-types:
+    with those stubs installed, a type checker holds ``schedule_at``, ``schedule_in`` and
+    ``key_at`` to the task's own signature.
+    """
+
+    def __init__(self, task: CeleryTask[P, R], *, ordering_id: KeySpec | None, uniqueness_key: KeySpec | None,
                  retry: RetryPolicy | None) -> None:
-        self.task = task
-        self.name: str = task.name
+        self.task: Any = cast(Any, task)  # Celery's task (or its proxy), untyped within
+        self.name: str = self.task.name
         if not isinstance(self.name, str) or not self.name or len(self.name) > MAX_TASK_NAME:
             raise NotAScheduledTaskError(
                 f"task name {self.name!r:.80} cannot be scheduled: it must be a non-empty string "
@@ -267,8 +284,9 @@ class ScheduledTask:
 
     # --- Celery behaviour is unchanged ---------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.task(*args, **kwargs)
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.task(*args, **kwargs)
+        return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.task, name)
@@ -286,7 +304,7 @@ class ScheduledTask:
     def client(self) -> SchedulerClient:
         return get_client(self._app())
 
-    def schedule_at(self, when: dt.datetime, *args: Any, **kwargs: Any) -> ScheduleHandle:
+    def schedule_at(self, when: dt.datetime, *args: P.args, **kwargs: P.kwargs) -> ScheduleHandle:
         """Run ``task(*args, **kwargs)`` at *when*; returns once Kafka acknowledged the call.
 
         >>> send_reminder.schedule_at(datetime(2030, 1, 1, tzinfo=timezone.utc),  # doctest: +SKIP
@@ -295,7 +313,7 @@ class ScheduledTask:
         """
         return self.schedule(args, kwargs, at=when)
 
-    def schedule_in(self, delay: float | dt.timedelta, *args: Any, **kwargs: Any
+    def schedule_in(self, delay: float | dt.timedelta, *args: P.args, **kwargs: P.kwargs
                     ) -> ScheduleHandle:
         """Run ``task(*args, **kwargs)`` after *delay* (seconds or a timedelta)."""
         return self.schedule(args, kwargs, countdown=delay)
@@ -431,7 +449,7 @@ class ScheduledTask:
             batch.wait(3 * client.settings.kafka_produce_timeout + STUCK_GRACE)
         return batch
 
-    def key_at(self, when: dt.datetime, *args: Any, **kwargs: Any) -> TaskKey:
+    def key_at(self, when: dt.datetime, *args: P.args, **kwargs: P.kwargs) -> TaskKey:
         """The key ``schedule_at(when, *args, **kwargs)`` schedules, without scheduling it.
 
         From the same time and arguments any process finds the same key (ordering id and
@@ -473,6 +491,20 @@ class ScheduledTask:
         request_retry(self.client, key)
 
 
+@overload
+def scheduled_task(task: CeleryTask[P, R], *, ordering_id: KeySpec | None = None,
+                   uniqueness_key: KeySpec | None = None, max_attempts: int | None = None,
+                   retry_backoff: float | None = None, retry_backoff_max: float | None = None
+                   ) -> ScheduledTask[P, R]: ...
+
+
+@overload
+def scheduled_task(task: None = None, *, ordering_id: KeySpec | None = None,
+                   uniqueness_key: KeySpec | None = None, max_attempts: int | None = None,
+                   retry_backoff: float | None = None, retry_backoff_max: float | None = None
+                   ) -> Callable[[CeleryTask[P, R]], ScheduledTask[P, R]]: ...
+
+
 def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
                    uniqueness_key: KeySpec | None = None, max_attempts: int | None = None,
                    retry_backoff: float | None = None, retry_backoff_max: float | None = None
@@ -489,7 +521,7 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
     ... def charge(customer_id: str, cents: int) -> None: ...
     """
 
-    def decorate(celery_task: Any) -> ScheduledTask:
+    def decorate(celery_task: Any) -> ScheduledTask[Any, Any]:
         if isinstance(celery_task, ScheduledTask):
             raise NotAScheduledTaskError(f"{celery_task!r} is already a scheduled task")
         if not (hasattr(celery_task, "name") and hasattr(celery_task, "run")
@@ -518,7 +550,7 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
 
         install_worker_hooks()  # workers that import this task report its outcomes
         guard_stale_releases(celery_task)  # and run only the current release of a key
-        wrapped = ScheduledTask(celery_task, ordering_id=ordering_id,
+        wrapped: ScheduledTask[Any, Any] = ScheduledTask(celery_task, ordering_id=ordering_id,
                                 uniqueness_key=uniqueness_key, retry=retry)
         _REGISTRY[wrapped.name] = wrapped
         return wrapped
@@ -526,7 +558,7 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
     return decorate(task) if task is not None else decorate
 
 
-def as_scheduled(task: Any) -> ScheduledTask:
+def as_scheduled(task: Any) -> ScheduledTask[..., Any]:
     """Return *task* as a ScheduledTask, or raise NotAScheduledTaskError."""
     if isinstance(task, ScheduledTask):
         return task

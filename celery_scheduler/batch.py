@@ -134,7 +134,7 @@ def _at_call(error: ScheduleError, index: int, call: Any) -> ScheduleError:
     return type(error)(f"call {index} of the batch ({call!r:.120}): {error}")
 
 
-def check_calls(task: ScheduledTask, calls: Iterable[Any], client: SchedulerClient,
+def check_calls(task: ScheduledTask[..., Any], calls: Iterable[Any], client: SchedulerClient,
                 timezone: Any, retry: RetryPolicy | None, options: Mapping[str, Any]
                 ) -> CheckedCalls:
     """Check every call as ``schedule`` would, or raise its error naming its index."""

@@ -53,7 +53,7 @@ class BulkResult:
 class _Plan:
     """What each executor needs to turn a row into a record (it is pickled to them)."""
 
-    task: ScheduledTask
+    task: ScheduledTask[..., Any]
     settings: Settings
     partitions: int
     at: str
