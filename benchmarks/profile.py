@@ -65,7 +65,7 @@ from celery_scheduler.client import SchedulerClient, set_client  # noqa: E402
 from celery_scheduler.clock import now_ms  # noqa: E402
 from celery_scheduler.config import get_settings  # noqa: E402
 from celery_scheduler.dispatcher.engine import Engine  # noqa: E402
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic  # noqa: E402
+from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest  # noqa: E402
 from celery_scheduler.dispatcher.service import engine_settings  # noqa: E402
 from celery_scheduler.dispatcher.state import PublishMany  # noqa: E402
 from celery_scheduler.dispatcher.timetable import Loaded  # noqa: E402
@@ -76,6 +76,7 @@ from celery_scheduler.store.base import Operation, Put  # noqa: E402
 from celery_scheduler.tasklog.base import Ack, Position, TaskLog  # noqa: E402
 from celery_scheduler.tasklog.kafka import create_topic  # noqa: E402
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader  # noqa: E402
+from celery_scheduler.tasklog.topics import dead_letter_topic  # noqa: E402
 from celery_scheduler.wire import Outcome, outcome_topic  # noqa: E402
 
 PARTITIONS = 12

@@ -28,6 +28,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from celery.local import PromiseProxy, Proxy
 
+from celery_scheduler import registry
 from celery_scheduler.arguments import Binder, KeySource
 from celery_scheduler.batch import Call, ScheduledBatch, check_calls
 from celery_scheduler.calls import call_digest, check_options, check_retry, scheduled_ms_of
@@ -35,7 +36,6 @@ from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.config import Settings
 from celery_scheduler.envelope import (
     MAX_TASK_NAME,
-    CancelEnvelope,
     RetryPolicy,
     ScheduleEncoder,
     ScheduleEnvelope,
@@ -47,9 +47,11 @@ from celery_scheduler.errors import (
     NotAScheduledTaskError,
     ScheduleError,
 )
+from celery_scheduler.handles import ScheduleHandle, checked_key
+from celery_scheduler.handles import cancel as cancel_key
 from celery_scheduler.keys import KeyInput, TaskKey, key_text, to_epoch_ms
 from celery_scheduler.store.base import TaskStatus
-from celery_scheduler.tasklog.base import Ack, Position
+from celery_scheduler.tasklog.base import Position
 from celery_scheduler.tasklog.kafka import STUCK_GRACE
 
 P = ParamSpec("P")
@@ -81,14 +83,13 @@ KeySpec = str | Callable[..., Any] | constant
 # Encoders a scheduled task keeps, one per retry policy its calls use (most use one).
 MAX_ENCODERS = 8
 
-# Scheduled task names, for the dispatcher's allowlist and the worker-side hooks.
-_REGISTRY: dict[str, ScheduledTask[..., Any]] = {}
-
-
 def _registered_task(name: str, module: str) -> ScheduledTask[..., Any]:
-    if name not in _REGISTRY:
+    if registry.get(name) is None:
         importlib.import_module(module)
-    return _REGISTRY[name]
+    task: ScheduledTask[..., Any] = registry.get(name)
+    if task is None:
+        raise NotAScheduledTaskError(f"importing {module} defined no scheduled task {name}")
+    return task
 
 
 def registered(app: Any = None) -> Mapping[str, ScheduledTask[..., Any]]:
@@ -97,10 +98,7 @@ def registered(app: Any = None) -> Mapping[str, ScheduledTask[..., Any]]:
     With *app*, only those of that Celery app (in its task registry): what a dispatcher
     running *app* may release.
     """
-    if app is None:
-        return dict(_REGISTRY)
-    tasks = app.tasks
-    return {name: task for name, task in _REGISTRY.items() if name in tasks}
+    return registry.tasks(app)
 
 
 def _resolver(spec: KeySpec | None, what: str, binder: Binder, task: str
@@ -143,87 +141,6 @@ def _source(spec: KeySpec) -> KeySource:
     if isinstance(spec, str):
         return ("name", spec)
     return ("call", spec)
-
-
-def _checked_key(key: object) -> TaskKey:
-    if not isinstance(key, TaskKey):
-        raise InvalidKeyError(
-            f"expected a TaskKey, got {type(key).__name__} {key!r:.200}; keep handle.key, use "
-            "task.key_at(when, *args, **kwargs), or build one with "
-            "TaskKey(ordering_id, scheduled_ms, uniqueness_key)")
-    return key
-
-
-def _cancel(client: SchedulerClient, key: TaskKey) -> Position:
-    position: Position = client.publish(CancelEnvelope(key, client.clock()))
-    return position
-
-
-class ScheduleHandle:
-    """What a schedule call returns: the task key, and status, cancel and retry for it."""
-
-    def __init__(self, client: SchedulerClient, envelope: ScheduleEnvelope,
-                 result: Position | Ack, app: Any = None) -> None:
-        self._client = client
-        self.envelope = envelope
-        self._result = result
-        self._app = app  # the task's Celery app, for result(); None: Celery's current app
-
-    @property
-    def key(self) -> TaskKey:
-        return self.envelope.key
-
-    @property
-    def task_id(self) -> str:
-        """The Celery task id the task will run with (shows in Flower and result backends)."""
-        return self.envelope.task_id
-
-    def wait(self, timeout: float | None = None) -> Position:
-        """Block until Kafka acknowledged the record (immediate for synchronous calls)."""
-        if isinstance(self._result, Ack):
-            return self._result.result(timeout)
-        return self._result
-
-    def done(self) -> bool:
-        return not isinstance(self._result, Ack) or self._result.done()
-
-    def status(self) -> TaskStatus | None:
-        """Current status from the schedule store; None until a dispatcher has stored it."""
-        return self._client.store.status(self.key)
-
-    def cancel(self) -> Position:
-        """Ask for the task not to run; takes effect unless it was already released.
-
-        Returns once Kafka acknowledged the cancel, with where it landed (raises
-        :class:`~celery_scheduler.errors.TaskLogUnavailableError` if it could not be had:
-        cancelling again is safe). A dispatcher releases a task up to
-        ``scheduler_release_ahead_seconds`` (0.5 s) before its due time (the worker holds it
-        until then): a cancel acknowledged before then wins, and :meth:`status` says
-        ``cancelled`` once a dispatcher read it; one acknowledged later may find the task
-        released, and then it runs.
-        """
-        return _cancel(self._client, self.key)
-
-    def retry(self) -> None:
-        """Run the task once more after it failed (see :meth:`ScheduledTask.retry`)."""
-        from celery_scheduler.operations import request_retry
-
-        request_retry(self._client, self.key)
-
-    def result(self) -> Any:
-        """The Celery ``AsyncResult`` of the task's run, for apps with a result backend.
-
-        The task id is derived from the task key, so this works in any process that knows
-        the key, before or after the task was released: ``handle.result().get(timeout=60)``
-        waits for the return value, ``.state`` is ``PENDING`` until a worker starts it. A
-        run the scheduler retries keeps the same id, so the result is the last attempt's.
-        """
-        from celery.result import AsyncResult
-
-        return AsyncResult(self.task_id, app=self._app)
-
-    def __repr__(self) -> str:
-        return f"<ScheduleHandle {self.envelope.task} {self.key}>"
 
 
 class ScheduledTask(Generic[P, R]):
@@ -470,7 +387,7 @@ class ScheduledTask(Generic[P, R]):
         None until a dispatcher has stored it (a second or so after the schedule call, or
         longer while no dispatcher runs): see :class:`~celery_scheduler.TaskStatus`.
         """
-        return self.client.store.status(_checked_key(key))
+        return self.client.store.status(checked_key(key))
 
     def cancel(self, key: TaskKey) -> Position:
         """Cancel the pending task with *key*, as :meth:`ScheduleHandle.cancel` does.
@@ -478,7 +395,7 @@ class ScheduledTask(Generic[P, R]):
         *key* is ``handle.key``, a :meth:`key_at`, a key from a status listing, or one built
         from its parts: ``TaskKey(ordering_id, scheduled_ms, uniqueness_key)``.
         """
-        return _cancel(self.client, _checked_key(key))
+        return cancel_key(self.client, checked_key(key))
 
     def retry(self, key: TaskKey) -> None:
         """Run the failed task with *key* once more (see ``celery ... scheduler retry``).
@@ -552,7 +469,7 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
         guard_stale_releases(celery_task)  # and run only the current release of a key
         wrapped: ScheduledTask[Any, Any] = ScheduledTask(celery_task, ordering_id=ordering_id,
                                 uniqueness_key=uniqueness_key, retry=retry)
-        _REGISTRY[wrapped.name] = wrapped
+        registry.add(wrapped.name, wrapped)
         return wrapped
 
     return decorate(task) if task is not None else decorate
@@ -563,8 +480,9 @@ def as_scheduled(task: Any) -> ScheduledTask[..., Any]:
     if isinstance(task, ScheduledTask):
         return task
     name = getattr(task, "name", None)
-    if isinstance(name, str) and name in _REGISTRY:
-        return _REGISTRY[name]
+    found: ScheduledTask[..., Any] | None = registry.get(name) if isinstance(name, str) else None
+    if found is not None:
+        return found
     raise NotAScheduledTaskError(
         f"{task!r} is not a scheduled task; decorate it with @scheduled_task(ordering_id=...)"
     )

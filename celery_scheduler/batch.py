@@ -18,20 +18,17 @@ acknowledgements come back as one.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from celery_scheduler.arguments import MAX_CHAR_BYTES, plain_kwargs_size, plain_size
 from celery_scheduler.calls import check_options, check_retry, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
 from celery_scheduler.errors import ScheduleError, ScheduleTimeError
-from celery_scheduler.keys import MAX_KEY_LENGTH, TaskKey, key_text
+from celery_scheduler.keys import MAX_KEY_LENGTH, KeyInput, TaskKey, key_text
 from celery_scheduler.tasklog.base import BatchAck
-
-if TYPE_CHECKING:
-    from celery_scheduler.api import ScheduledTask
 
 __all__ = ["Call", "CheckedCalls", "ScheduledBatch", "check_calls"]
 
@@ -134,7 +131,19 @@ def _at_call(error: ScheduleError, index: int, call: Any) -> ScheduleError:
     return type(error)(f"call {index} of the batch ({call!r:.120}): {error}")
 
 
-def check_calls(task: ScheduledTask[..., Any], calls: Iterable[Any], client: SchedulerClient,
+class CheckedTask(Protocol):
+    """What :func:`check_calls` reads of a scheduled task (``api.ScheduledTask``)."""
+
+    name: str
+    _retry: RetryPolicy | None
+    # both keys of a call from its arguments, when the decorator gives both
+    _keys_of: Callable[..., tuple[Any, Any]] | None
+
+    def _checked(self, args: Sequence[Any], kwargs: Mapping[str, Any], ordering_id: KeyInput | None,
+                 uniqueness_key: KeyInput | None) -> tuple[str, str, list[Any], dict[str, Any]]: ...
+
+
+def check_calls(task: CheckedTask, calls: Iterable[Any], client: SchedulerClient,
                 timezone: Any, retry: RetryPolicy | None, options: Mapping[str, Any]
                 ) -> CheckedCalls:
     """Check every call as ``schedule`` would, or raise its error naming its index."""

@@ -17,13 +17,14 @@ from typing import Any
 
 from celery_scheduler.config import Settings
 from celery_scheduler.errors import ConfigurationError, TaskLogError, TopicMissingError
-from celery_scheduler.operations import DISPATCHER_GROUP_SUFFIX
-from celery_scheduler.wire import outcome_topic
+from celery_scheduler.tasklog.topics import (
+    dead_letter_topic,
+    dispatcher_group,
+    outcome_group,
+    outcome_topic,
+)
 
 __all__ = ["Dropped", "Environment", "create", "drop", "environment"]
-
-OUTCOME_GROUP_SUFFIX = ".outcomes"  # the outcome reader's group, after the dispatchers'
-
 
 @dataclass(frozen=True)
 class Environment:
@@ -45,12 +46,10 @@ class Dropped:
 def environment(settings: Settings, group: str | None = None) -> Environment:
     """The topics, consumer groups and keyspace of *settings* (dispatchers in *group*, by
     default ``<topic>.dispatchers`` as ``scheduler dispatch`` uses)."""
-    from celery_scheduler.dispatcher.ingest import dead_letter_topic
-
     topic = settings.kafka_topic
-    group = group or topic + DISPATCHER_GROUP_SUFFIX
+    group = group or dispatcher_group(topic)
     return Environment((topic, dead_letter_topic(topic), outcome_topic(topic)),
-                       (group, group + OUTCOME_GROUP_SUFFIX), settings.cassandra_keyspace)
+                       (group, outcome_group(group)), settings.cassandra_keyspace)
 
 
 def create(settings: Settings, partitions: int | None = None,

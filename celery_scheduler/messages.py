@@ -29,11 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery_scheduler.api import ScheduleHandle
 from celery_scheduler.calls import call_digest, check_retry, scheduled_ms_of
 from celery_scheduler.client import get_client
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError, ScheduleError
+from celery_scheduler.handles import ScheduleHandle
 from celery_scheduler.keys import KeyInput, TaskKey, key_text
 
 __all__ = ["MESSAGE_TASK", "DelayedMessage", "schedule_message"]

@@ -21,13 +21,12 @@ from celery_scheduler.errors import EnvelopeDecodeError, NotRetryableError, Task
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cursor, ScheduleStore, State, StoredTask, bucket_of
+from celery_scheduler.tasklog.topics import dead_letter_topic, dispatcher_group
 
 __all__ = ["LISTED_STATES", "DeadLetter", "DueSoon", "PartitionView", "describe_key", "due_soon",
            "ordering_id_tasks", "partitions", "read_dead_letters", "replay", "request_retry",
            "retry_problem", "tasks_in_state", "waiting_note"]
 
-# Group the dispatchers of a topic commit their offsets under.
-DISPATCHER_GROUP_SUFFIX = ".dispatchers"
 # How much of an argument list an operator sees.
 SHOWN_CHARACTERS = 300
 
@@ -101,7 +100,7 @@ def consumer_lag(settings: Settings, timeout: float = 10.0) -> dict[int, int | N
     from celery_scheduler.tasklog.reader import kafka_errors
 
     consumer = Consumer({**client_config(settings.kafka_bootstrap_servers, settings.kafka_options),
-                         "group.id": settings.kafka_topic + DISPATCHER_GROUP_SUFFIX,
+                         "group.id": dispatcher_group(settings.kafka_topic),
                          "enable.auto.commit": False})
     try:
         count = topic_partitions(consumer, settings.kafka_topic, timeout)  # type: ignore[arg-type]
@@ -301,7 +300,6 @@ def read_dead_letters(settings: Settings, reason: str | None = None,
     """The dead letters from the oldest kept to the newest, those whose reason holds *reason*."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from celery_scheduler.dispatcher.ingest import dead_letter_topic
     from celery_scheduler.tasklog.kafka import client_config, topic_partitions
     from celery_scheduler.tasklog.reader import kafka_errors
 

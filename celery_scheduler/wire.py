@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.tasklog.topics import outcome_topic
 
 __all__ = ["HEADER", "Beat", "Outcome", "Release", "decode_report", "outcome_topic", "parse_header"]
 
@@ -143,8 +144,3 @@ def decode_report(data: str | bytes) -> Outcome | Beat | None:
                        int(d.get("b") or 0), int(d.get("f") or 0), int(d.get("g") or 0))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def outcome_topic(topic: str) -> str:
-    """Where workers report outcomes: one partition for each partition of *topic*."""
-    return f"{topic}.outcomes"

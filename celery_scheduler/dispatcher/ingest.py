@@ -56,8 +56,7 @@ from celery_scheduler.store.base import Cancel, Operation, Put, Retry, ScheduleS
 from celery_scheduler.tasklog.base import TaskLogReader
 from celery_scheduler.tasklog.reader import kafka_errors
 
-__all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record",
-           "dead_letter_topic"]
+__all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +91,6 @@ class Record:
     @property
     def source(self) -> str:
         return f"{self.topic}/{self.partition}/{self.offset}"
-
-
-def dead_letter_topic(topic: str) -> str:
-    """Where records a dispatcher cannot use are kept, with the reason."""
-    return f"{topic}.deadletter"
 
 
 class DeadLetterSink(Protocol):

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.dispatcher.state import Partition
+from celery_scheduler.dispatcher.timetable import Timetable
 
 __all__ = ["BEHIND_SWITCH_INTERVAL", "ON_TIME_SWITCH_INTERVAL", "Switching", "Watch", "Window"]
 
 logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines are the engine's
+
+
+class Watched(Protocol):
+    """What :class:`Watch` reads of the engine it reports on."""
+
+    released_count: int
+
+    @property
+    def timetable(self) -> Timetable: ...
+
+    @property
+    def partitions(self) -> Mapping[int, Partition]: ...
 
 
 class Watch:
@@ -35,7 +47,7 @@ class Watch:
         self.spent[phase] = self.spent.get(phase, 0.0) + now - self.mark
         self.mark = now
 
-    def step_done(self, engine: Engine) -> None:
+    def step_done(self, engine: Watched) -> None:
         self.steps += 1
         now = time.monotonic()
         if now - self.started < self.every:

@@ -22,15 +22,14 @@ from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
+from celery_scheduler import registry, wire
 from celery_scheduler import release as releasing
-from celery_scheduler import wire
-from celery_scheduler.api import registered
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, dead_letter_topic
+from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.outcomes import OutcomeReader
@@ -51,7 +50,12 @@ from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import TaskLogReader
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_aside
-from celery_scheduler.wire import outcome_topic
+from celery_scheduler.tasklog.topics import (
+    dead_letter_topic,
+    dispatcher_group,
+    outcome_group,
+    outcome_topic,
+)
 
 __all__ = ["Dispatcher", "check", "engine_settings", "open_checked_store", "when_available"]
 
@@ -80,8 +84,6 @@ FINISH_LINGER_SECONDS = 0.6
 # takes 5-10 ms; at 100 tasks/s the lateness p99 stayed where it was (4.8-6.0 ms against
 # 4.7-6.3 ms in alternated runs of ``python -m benchmarks.statements``).
 GC_THRESHOLDS = (20_000, 20, 20)
-# Consumer group of all dispatchers of one scheduler topic.
-DEFAULT_GROUP_SUFFIX = ".dispatchers"
 
 
 def engine_settings(settings: Settings) -> EngineSettings:
@@ -156,7 +158,7 @@ class Dispatcher:
                  settings: Settings | None = None, metrics: Metrics | None = None) -> None:
         self.app = app
         app.tasks  # noqa: B018 - finalizes the app: DurableEtaTask tasks register when bound
-        names = set(registered(app))  # the app's own: another app's tasks are not released
+        names = registry.names(app)  # the app's own: another app's tasks are not released
         if not names:
             logger.warning(
                 "no @scheduled_task is registered in this process: only delayed Kafka messages "
@@ -167,7 +169,7 @@ class Dispatcher:
             logger.info("releasing scheduled tasks: %s", ", ".join(sorted(names)))
         self.settings = settings or get_settings(app)
         s = self.settings
-        self.group_id = group_id or f"{s.kafka_topic}{DEFAULT_GROUP_SUFFIX}"
+        self.group_id = group_id or dispatcher_group(s.kafka_topic)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stopping = threading.Event()
         deadline = time.monotonic() + s.startup_timeout
@@ -201,7 +203,7 @@ class Dispatcher:
                 f"{s.kafka_topic!r} has {self._partitions}: workers report a task's outcome to the "
                 "partition of the same number; run `celery -A <your app> scheduler init` to see "
                 "how to make them match")
-        self.outcomes = OutcomeReader(base, outcome_topic(s.kafka_topic), f"{self.group_id}.outcomes",
+        self.outcomes = OutcomeReader(base, outcome_topic(s.kafka_topic), outcome_group(self.group_id),
                                       self.engine.outcomes, self.engine.durable_outcome_offsets)
         self.engine.outcomes_read_until = self.outcomes.read_until
         self._consumer_config = {

@@ -205,7 +205,7 @@ class CqlSession:
                 " VALUES (0, %s, %s) IF NOT EXISTS", (status_shards, DEFAULT_SLOT_SECONDS),
                 execution_profile=LWT_PROFILE, timeout=60)
         if self._has_table(OLD_STATUS_TABLE):
-            return move_old_statuses(self, self.status_layout())
+            return move_old_statuses(self.session, self.keyspace, self.status_layout())
         return 0
 
     def drop_keyspace(self) -> bool:

@@ -10,7 +10,7 @@ meanwhile (a dispatcher refuses to start while the old table is there).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cassandra.concurrent import execute_concurrent_with_args
 
@@ -19,9 +19,6 @@ from celery_scheduler.store.cql import to_ms, translate_errors
 from celery_scheduler.store.schema import OLD_STATUS_TABLE, STATUS_COLUMNS
 from celery_scheduler.store.status_layout import StatusLayout
 
-if TYPE_CHECKING:
-    from celery_scheduler.store.cqlsession import CqlSession
-
 __all__ = ["move_old_statuses"]
 
 logger = logging.getLogger(__name__)
@@ -29,9 +26,9 @@ logger = logging.getLogger(__name__)
 PAGE = 1000
 
 
-def move_old_statuses(cql: CqlSession, layout: StatusLayout) -> int:
-    """Copy every row of the old status table into ``key_status``, drop it; return the count."""
-    ks, session = cql.keyspace, cql.session
+def move_old_statuses(session: Any, ks: str, layout: StatusLayout) -> int:
+    """Copy every row of keyspace *ks*'s old status table into ``key_status``, drop it;
+    return the count."""
     old = session.cluster.metadata.keyspaces[ks].tables[OLD_STATUS_TABLE]
     columns = [name for name in STATUS_COLUMNS if name in old.columns]
     names = ", ".join(columns)
