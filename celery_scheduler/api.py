@@ -61,8 +61,8 @@ R = TypeVar("R", covariant=True)
 class CeleryTask(Protocol[P, R]):
     """What ``@scheduled_task`` takes, as a type checker sees it: a Celery task, whose
     ``run`` has the decorated function's signature where the task's type says so (with
-    celery-types: ``@shared_task`` and ``@app.task(bind=True)``; a plain ``@app.task`` is
-    typed loosely there), and any arguments otherwise."""
+    celery-types, a ``@shared_task``; its ``@app.task`` tasks take any arguments), and any
+    arguments otherwise."""
 
     def run(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
@@ -84,9 +84,10 @@ KeySpec = str | Callable[..., Any] | constant
 MAX_ENCODERS = 8
 
 def _registered_task(name: str, module: str) -> ScheduledTask[..., Any]:
-    if registry.get(name) is None:
+    task: ScheduledTask[..., Any] | None = registry.get(name)
+    if task is None:
         importlib.import_module(module)
-    task: ScheduledTask[..., Any] = registry.get(name)
+        task = registry.get(name)
     if task is None:
         raise NotAScheduledTaskError(f"importing {module} defined no scheduled task {name}")
     return task
