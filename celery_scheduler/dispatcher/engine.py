@@ -76,6 +76,8 @@ ALL_READ = 2**63 - 1
 GATE_RETRY_MS = 50
 GATE_WARN_MS = 5_000
 GATE_WARN_EVERY_MS = 30_000
+# A cancel whose task's status could not be read is read again this often (ms).
+CONFIRM_CANCEL_EVERY_MS = 1000
 
 
 class Engine(LeaseUpkeep, Settling):
@@ -154,6 +156,9 @@ class Engine(LeaseUpkeep, Settling):
         # before the engine hears of them (as in memory).
         self.caught_up: CaughtUp | None = None
         self._gate_logged_ms = 0
+        # Cancels whose task's status the store could not read: held until it answers.
+        self._unconfirmed_cancels: dict[TaskKey, int] = {}
+        self._confirm_cancels_ms = 0
         # Releases marked ahead of their due time are sent by a thread of their own (ontime.py).
         self._ahead_ms = int(self.settings.release_ahead_seconds * 1000)
         # Marking starts once the first task is this close to its due time, and takes every
@@ -243,6 +248,7 @@ class Engine(LeaseUpkeep, Settling):
         self.last_loop_mono = time.monotonic()
         watch = self._watch
         self._drain_events(self._wait_seconds())
+        self._confirm_cancels()
         watch.lap("events")
         # Tasks already loaded and due go first: recording successes, lease upkeep and
         # schedule reads are store round trips that would otherwise stand between a due time
@@ -349,20 +355,34 @@ class Engine(LeaseUpkeep, Settling):
             self.timetable.add(loaded_from(row))  # within what is loaded: no need to read it
 
     def _on_cancelled(self, key: TaskKey) -> None:
-        self.claims.cancel_noted(key)
-        if key not in self.timetable or self.timetable.is_in_flight(key):
+        self._unconfirmed_cancels.pop(key, None)
+        task = self.timetable.get(key)
+        if task is None or self.timetable.is_in_flight(key):
+            self.claims.cancel_noted(key)
             return
         # This engine does not mark a task released while its cancel is read and written,
         # nor until it gets here (see claims.py); but a marking by the partition's previous
         # owner may have overwritten the cancel, and then the task must still run. Only a
-        # status that is still cancelled drops it; if the store cannot say, it stays (a late
-        # run is allowed, a lost one is not).
+        # status that is still cancelled drops it. If the store cannot say, the task stays
+        # held and its status is read again (_confirm_cancels): released now, it could run
+        # though its cancel was written.
         try:
             status = self.store.status(key)
         except SchedulerError:
+            self._unconfirmed_cancels[key] = task.partition
             return
+        self.claims.cancel_noted(key)
         if status is None or status.state is State.CANCELLED:
             self._drop(key)
+
+    def _confirm_cancels(self) -> None:
+        """Read again, each second, the status behind cancels the store could not confirm."""
+        now = self.clock()
+        if not self._unconfirmed_cancels or now < self._confirm_cancels_ms:
+            return
+        self._confirm_cancels_ms = now + CONFIRM_CANCEL_EVERY_MS
+        for key in list(self._unconfirmed_cancels):
+            self._on_cancelled(key)
 
     def _revoke(self, request: Revocation) -> None:
         if self._sender is not None:
@@ -388,6 +408,7 @@ class Engine(LeaseUpkeep, Settling):
                     logger.warning("could not give up the lease of partition %d", number)
         dropped = self.timetable.drop_partitions(request.partitions)
         self.claims.forget_partitions(request.partitions)
+        self._unconfirmed_cancels = {k: p for k, p in self._unconfirmed_cancels.items() if p not in gone}
         logger.info("revoked partitions %s (%d tasks dropped from memory)",
                     sorted(request.partitions), dropped)
         request.done.set()

@@ -20,7 +20,7 @@ from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
-from celery_scheduler.store.base import Cursor, State, StoredTask, bucket_of
+from celery_scheduler.store.base import Cancel, Cursor, State, StoredTask, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.wire import Beat, Outcome, Release
 from tests.unit.fakes import NOW
@@ -411,6 +411,37 @@ def test_cancel_removes_a_loaded_task(store: MemoryScheduleStore, clock: Clock) 
     h.engine.cancelled(key)
     h.step(2000)
     assert h.released == []
+
+
+def test_a_cancel_whose_status_cannot_be_read_holds_its_task_until_the_store_answers(
+        store: MemoryScheduleStore, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cancel was written, but the engine's read of the status behind it timed out.
+
+    Found on a replicated cluster with a stalled Cassandra node: the hold on the key was
+    lifted all the same, the task was released at its due time and ran though cancelled.
+    """
+    h = Harness(store, clock)
+    key = h.schedule("a", 1000)
+    h.step()
+    with h.engine.claims.ingesting([Cancel(0, key)]):
+        assert store.cancel(0, key, clock())
+    answers = store.status
+    outage = [True]
+
+    def status(k: TaskKey) -> object:
+        if outage[0]:
+            raise StoreUnavailableError("read timed out")
+        return answers(k)
+
+    monkeypatch.setattr(store, "status", status)
+    h.engine.cancelled(key)
+    for _ in range(5):
+        h.step(1000)
+    assert h.released == [] and key in h.engine.timetable  # held, not dropped on a guess
+    outage[0] = False
+    h.step(1000)
+    assert h.released == [] and key not in h.engine.timetable
+    assert h.engine.claims.unsettled_cancels() == 0
 
 
 def test_a_cancel_overwritten_by_a_release_marked_before_it_does_not_lose_the_task(
