@@ -24,6 +24,7 @@ from cassandra import (
     WriteTimeout,
 )
 from cassandra.cluster import NoHostAvailable
+from cassandra.protocol import ErrorMessage
 from cassandra.query import named_tuple_factory
 
 from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
@@ -50,6 +51,12 @@ __all__ = ["DELETE_ROW", "FAILED_STATUS", "FINAL_STATUS", "INDEX_BUCKET", "INSER
 Statements = list[tuple[str, tuple[Any, ...]]]
 
 _EPOCH = dt.datetime(1970, 1, 1)
+# Error codes of the native protocol that say the cluster could not do it now, not that the
+# request was wrong: a server error, and 0x1000-0x1FFF (unavailable, overloaded,
+# bootstrapping, read or write timeouts and failures, a lightweight transaction's result
+# unknown). The driver raises most as its own exceptions; the rest come as a bare ErrorMessage.
+SERVER_ERROR = 0x0000
+UNAVAILABLE_CODES = range(0x1000, 0x2000)
 
 
 def to_ms(value: dt.datetime | None) -> int:
@@ -88,6 +95,11 @@ def translate_errors(what: str) -> Iterator[None]:
         raise ScheduleStoreError(f"Cassandra rejected a request to {what}: {message}") from exc
     except DriverException as exc:
         raise ScheduleStoreError(f"Cassandra could not {what}: {exc}") from exc
+    except ErrorMessage as exc:
+        code = getattr(exc, "code", None)
+        if code == SERVER_ERROR or code in UNAVAILABLE_CODES:
+            raise StoreUnavailableError(f"Cassandra could not {what}: {exc}") from exc
+        raise ScheduleStoreError(f"Cassandra rejected a request to {what}: {exc}") from exc
 
 
 DELETE_ROW = ("DELETE FROM {ks}.schedule WHERE partition = ? AND bucket = ? AND at = ?"

@@ -8,6 +8,7 @@ import time
 import pytest
 from cassandra import AuthenticationFailed, DriverException
 from cassandra.cluster import NoHostAvailable
+from cassandra.protocol import ErrorMessage, OverloadedErrorMessage, ServerError, SyntaxException
 
 from celery_scheduler.config import Settings
 from celery_scheduler.dispatcher import service
@@ -78,6 +79,19 @@ def test_refused_credentials_are_not_an_outage() -> None:
                            {"127.0.0.1:9042": ConnectionRefusedError(111, "refused")})
     with pytest.raises(StoreUnavailableError, match="could not connect"), translate_errors("connect"):
         raise down
+
+
+def test_the_servers_own_errors_are_typed_as_outages_or_rejections() -> None:
+    """Found on a replicated cluster: a lease release raised a bare ErrorMessage
+    (0x1700, a lightweight transaction's result unknown) that no caller expected."""
+    for error in (ErrorMessage(0x1700, "CAS operation result is unknown", None),
+                  OverloadedErrorMessage(0x1001, "overloaded", None),
+                  ServerError(0x0000, "java.lang.RuntimeException", None)):
+        with pytest.raises(StoreUnavailableError, match="could not release"), translate_errors("release"):
+            raise error
+    with pytest.raises(ScheduleStoreError, match="rejected") as raised, translate_errors("release"):
+        raise SyntaxException(0x2000, "line 1:0 no viable alternative", None)
+    assert not isinstance(raised.value, StoreUnavailableError)
 
 
 class _ControlConnectionLost:
