@@ -385,14 +385,21 @@ class Engine(LeaseUpkeep, Settling):
             self._on_cancelled(key)
 
     def _revoke(self, request: Revocation) -> None:
-        if self._sender is not None:
-            # what was marked ahead goes at its due time, while the leases are still ours
-            self._sender.settle(request.partitions, self._ahead_ms / 1000 + 5.0)
+        # Whatever fails on the way, every partition is given up: one still held here would
+        # have its lease renewed while Kafka gives its records to another dispatcher, whose
+        # tasks would then wait for the caught-up gate.
         try:
+            if self._sender is not None:
+                # what was marked ahead goes at its due time, while the leases are still ours
+                self._sender.settle(request.partitions, self._ahead_ms / 1000 + 5.0)
             self._store_succeeded()  # while the leases are still ours
             self._outcomes_stored()  # so the reader commits them before it lets go
         except SchedulerError:
             logger.warning("could not record finished tasks before a revocation", exc_info=True)
+        finally:
+            self._give_up(request)
+
+    def _give_up(self, request: Revocation) -> None:
         gone = set(request.partitions)
         self._outcome_retries = [o for o in self._outcome_retries if o.partition not in gone]
         self._unloaded_beats = {k: b for k, b in self._unloaded_beats.items() if b[0].partition not in gone}
@@ -404,8 +411,9 @@ class Engine(LeaseUpkeep, Settling):
             if partition is not None and partition.lease is not None:
                 try:
                     self.store.release_lease(partition.lease)
-                except SchedulerError:
-                    logger.warning("could not give up the lease of partition %d", number)
+                except Exception as exc:  # it ends on its own; the others are given up still
+                    logger.warning("could not give up the lease of partition %d: %s", number, exc,
+                                   exc_info=not isinstance(exc, SchedulerError))
         dropped = self.timetable.drop_partitions(request.partitions)
         self.claims.forget_partitions(request.partitions)
         self._unconfirmed_cancels = {k: p for k, p in self._unconfirmed_cancels.items() if p not in gone}

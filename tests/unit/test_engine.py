@@ -23,7 +23,7 @@ from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import Cancel, Cursor, State, StoredTask, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.wire import Beat, Outcome, Release
-from tests.unit.fakes import NOW
+from tests.unit.fakes import NOW, leased_engine
 
 
 @pytest.fixture
@@ -1200,3 +1200,24 @@ def test_a_full_partition_is_read_again_a_page_at_a_time(store: MemoryScheduleSt
     assert reads == []
     h.step(1000)  # a second after the last read, the two places are filled anyway
     assert reads == [2]
+
+
+def test_a_revocation_gives_every_partition_up_whatever_a_lease_release_raises(
+        store: MemoryScheduleStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on a replicated cluster: the first lease release raised an error the store had
+    not typed, the revocation stopped half-way, and the other partition's lease was renewed
+    for minutes while Kafka gave its records to another dispatcher."""
+    engine = leased_engine(store, [0, 1])
+    assert sorted(lease.partition for lease in store.leases() if lease.owner == "test") == [0, 1]
+    give_up = store.release_lease
+
+    def release_lease(lease: Any) -> None:
+        if lease.partition == 0:
+            raise RuntimeError("CAS operation result is unknown")
+        give_up(lease)
+
+    monkeypatch.setattr(store, "release_lease", release_lease)
+    assert engine.revoke([0, 1])
+    assert engine.partitions == {}
+    assert {lease.partition: lease.expires_ms for lease in store.leases()}[1] == 0
+    assert not engine._lease_certain(0) and not engine._lease_certain(1)
