@@ -30,6 +30,9 @@ __all__ = ["CaughtUp"]
 KEEP_ASKING_MS = 5_000
 # Asked about at most this often (ms): each ask is one round trip to the partitions' leaders.
 ASK_EVERY_MS = 50
+# A partition whose end could not be asked for is asked again this much later (ms): each
+# failed ask may have waited for a leader that is away.
+ASK_AGAIN_AFTER_FAILURE_MS = 500
 # Answers kept per partition until applied (the oldest go first).
 PENDING_KEPT = 8
 
@@ -72,7 +75,7 @@ class CaughtUp:
     def ask_failed(self, partition: int, at_ms: int) -> None:
         """Asking where *partition* ends failed at *at_ms*: ask again a little later."""
         with self._lock:
-            self._asked[partition] = at_ms
+            self._asked[partition] = at_ms + ASK_AGAIN_AFTER_FAILURE_MS - ASK_EVERY_MS
 
     def waiting(self) -> bool:
         """Whether the engine waits for a partition whose end has been asked for."""

@@ -239,17 +239,31 @@ class Ingest:
         now = self.clock()  # before asking: a record acknowledged before now is below the end
         wanted = self.caught_up.to_ask(self.owned, now)
         if wanted:
-            try:
-                ends = self.consumer.end_offsets([TopicPartition(self.owned[p], p) for p in wanted])
-            except TaskLogError as exc:
-                logger.info("could not ask where partitions %s end (%s)", wanted, exc)
-                ends = {}
+            ends = self._ends(wanted)
             for partition in wanted:
                 if partition in ends:
                     self.caught_up.asked(partition, now, ends[partition])
                 else:  # its leader is away, say: asked again a little later
                     self.caught_up.ask_failed(partition, now)
         return self.caught_up.waiting()
+
+    def _ends(self, partitions: list[int]) -> dict[int, int]:
+        """Where *partitions* end, as far as Kafka answers. One request asks of them all; if
+        it fails (one leader away fails it whole), each is asked alone, so that the others'
+        tasks do not wait for that leader."""
+        try:
+            return self.consumer.end_offsets([TopicPartition(self.owned[p], p) for p in partitions])
+        except TaskLogError as exc:
+            if len(partitions) == 1:
+                logger.info("could not ask where partition %s ends (%s)", partitions[0], exc)
+                return {}
+        ends: dict[int, int] = {}
+        for partition in partitions:
+            try:
+                ends |= self.consumer.end_offsets([TopicPartition(self.owned[partition], partition)])
+            except TaskLogError as exc:
+                logger.info("could not ask where partition %s ends (%s)", partition, exc)
+        return ends
 
     def _poll(self, timeout: float, hurried: bool) -> int:
         self.engine.ingest_alive()

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from confluent_kafka import TopicPartition
 
-from celery_scheduler.dispatcher.caught_up import ASK_EVERY_MS, KEEP_ASKING_MS, CaughtUp
+from celery_scheduler.dispatcher.caught_up import (
+    ASK_AGAIN_AFTER_FAILURE_MS,
+    ASK_EVERY_MS,
+    KEEP_ASKING_MS,
+    CaughtUp,
+)
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
+from celery_scheduler.errors import TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
@@ -59,8 +66,8 @@ def test_a_failed_ask_is_made_again_a_little_later() -> None:
     caught_up = CaughtUp()
     caught_up.covers(2, NOW, NOW)
     caught_up.ask_failed(2, NOW)
-    assert caught_up.to_ask([2], NOW + ASK_EVERY_MS - 1) == []
-    assert caught_up.to_ask([2], NOW + ASK_EVERY_MS) == [2]
+    assert caught_up.to_ask([2], NOW + ASK_AGAIN_AFTER_FAILURE_MS - 1) == []
+    assert caught_up.to_ask([2], NOW + ASK_AGAIN_AFTER_FAILURE_MS) == [2]
 
 
 class Dispatcher:
@@ -140,3 +147,34 @@ def test_a_task_is_released_once_its_partition_is_caught_up() -> None:
     clock.ms += 100
     dispatcher.engine.step()
     assert dispatcher.released == [key]
+
+
+def test_a_partition_whose_leader_is_away_does_not_hold_the_others_back() -> None:
+    """Found on a replicated cluster with a Kafka broker stalled: one leader's silence failed
+    the joint request for every partition's end, and every partition's tasks waited."""
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    ids = [f"o{i}" for i in range(50)]
+    here = next(i for i in ids if partition_for(i, PARTITIONS) == 0)
+    away = next(i for i in ids if partition_for(i, PARTITIONS) == 1)
+    keys = [TaskKey(here, NOW + 1_000, "u"), TaskKey(away, NOW + 1_000, "u")]
+    for key in keys:
+        _schedule(log, key)
+    dispatcher = Dispatcher(log, store, clock)
+    answer = dispatcher.reader.end_offsets
+    asked: list[list[int]] = []
+
+    def end_offsets(partitions: list[TopicPartition]) -> dict[int, int]:
+        asked.append(sorted(tp.partition for tp in partitions))
+        if any(tp.partition == 1 for tp in partitions):
+            raise TaskLogUnavailableError("the leader of partition 1 did not answer")
+        return answer(partitions)
+
+    dispatcher.reader.end_offsets = end_offsets  # type: ignore[method-assign]
+    dispatcher.ingest.poll_once(0)
+    clock.ms = NOW + 1_000
+    dispatcher.engine.step()  # both wait for their partitions to be caught up
+    dispatcher.ingest.poll_once(0)
+    clock.ms += 100
+    dispatcher.engine.step()
+    assert asked == [[0, 1], [0], [1]]
+    assert dispatcher.released == [keys[0]]  # partition 1's task waits for its leader
