@@ -51,6 +51,9 @@ class LeaseUpkeep:
         """
         return partition in self._writable
 
+    def leased(self) -> frozenset[int]:
+        """The partitions this process holds the lease of (any thread)."""
+        return frozenset(self._writable)
 
     def ingest_alive(self) -> None:
         """Called by the ingest loop on every pass (see ``ingest_stall_seconds``)."""

@@ -23,6 +23,11 @@ holds its lease, until the group assigns again (then it keeps what it gets and g
 rest), its lease is gone, or ``lost_hold_seconds`` have passed; and it reads what arrives on
 them meanwhile (:mod:`celery_scheduler.dispatcher.kept`).
 
+A partition whose lease the engine holds but which is neither assigned here nor kept (a
+revocation that did not reach the engine, say) would be renewed for as long as the process
+runs while nothing here reads it, and its tasks would wait at the caught-up gate of the
+dispatcher Kafka gave it to. One found so for ``stray_seconds`` is handed over.
+
 Only the decisions are here; the dispatcher (:mod:`celery_scheduler.dispatcher.service`) reads
 the leases, replaces the consumer and hands partitions over.
 """
@@ -48,6 +53,10 @@ CHECK_SECONDS = 5.0
 # timeout (6 s) for the group to form again. Longer, and a partition the group gave to
 # another dispatcher waits longer for its lease when this one's consumer does not rejoin.
 LOST_HOLD_SECONDS = 20.0
+# How long a partition may be leased here while neither assigned nor kept before it is
+# handed over: longer than a revocation's hand-over takes (the sender settles for up to
+# release_ahead_seconds + 5 s) and than a lost partition is kept.
+STRAY_SECONDS = 45.0
 
 
 class Membership:
@@ -58,12 +67,15 @@ class Membership:
                  unassigned_seconds: float = UNASSIGNED_SECONDS,
                  orphan_seconds: float = ORPHAN_SECONDS,
                  check_seconds: float = CHECK_SECONDS,
-                 lost_hold_seconds: float = LOST_HOLD_SECONDS) -> None:
+                 lost_hold_seconds: float = LOST_HOLD_SECONDS,
+                 stray_seconds: float = STRAY_SECONDS) -> None:
         self.partitions = partitions
         self.unassigned_seconds = unassigned_seconds
         self.orphan_ms = int(orphan_seconds * 1000)
         self.check_seconds = check_seconds
         self.lost_hold_seconds = lost_hold_seconds
+        self.stray_seconds = stray_seconds
+        self._stray_since: dict[int, float] = {}  # leased, neither held nor kept: since when
         self._held: set[int] = set()
         self._lost: dict[int, float] = {}  # partition -> until when it is kept, unassigned
         self._unassigned_since: float | None = started
@@ -103,6 +115,17 @@ class Membership:
         gone = sorted(number for number in self._lost if which(number))
         for number in gone:
             del self._lost[number]
+        return gone
+
+    def strays(self, leased: Iterable[int], now: float) -> list[int]:
+        """Those of *leased* (the partitions the engine holds the lease of) that have been
+        neither assigned here nor kept for ``stray_seconds``: to hand over now."""
+        unread = {number for number in leased if number not in self._held and number not in self._lost}
+        self._stray_since = {number: self._stray_since.get(number, now) for number in unread}
+        gone = sorted(number for number, since in self._stray_since.items()
+                      if now - since >= self.stray_seconds)
+        for number in gone:
+            del self._stray_since[number]
         return gone
 
     def revoked(self, partitions: Iterable[int], now: float) -> None:

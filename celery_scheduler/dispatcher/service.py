@@ -390,6 +390,12 @@ class Dispatcher:
         (see :mod:`celery_scheduler.dispatcher.membership`)."""
         now = time.monotonic()
         self._hand_over(self.membership.lost_to_give_up(now, self.engine.may_persist))
+        strays = self.membership.strays(self.engine.leased(), now)
+        if strays:
+            logger.warning("partitions %s have been leased here for %.0fs while this dispatcher "
+                           "neither is assigned them nor reads them: handing them over",
+                           strays, self.membership.stray_seconds)
+            self._hand_over(strays)
         if not self.membership.due(now):
             return
         try:

@@ -100,3 +100,28 @@ def test_a_new_consumer_gives_up_what_the_old_one_lost() -> None:
     membership = _lost_membership()
     assert membership.rejoined(115.0) == [0, 1, 2]
     assert membership.kept == []
+
+
+def test_a_partition_leased_here_but_neither_assigned_nor_kept_is_handed_over_in_time() -> None:
+    """A revocation that did not reach the engine left a partition leased (and renewed) here
+    while Kafka gave its records to another dispatcher, whose tasks waited for the lease."""
+    membership = Membership(3, 100.0, stray_seconds=45)
+    membership.assigned([0, 1], 100.0)
+    membership.lost([1], 101.0)  # kept while leased: not a stray
+    assert membership.strays([0, 1, 2], 101.0) == []
+    assert membership.strays([0, 1, 2], 145.9) == []
+    assert membership.strays([0, 1, 2], 146.0) == [2]
+    assert membership.strays([0, 1], 147.0) == []
+    membership.lost_to_give_up(200.0, lambda number: True)  # kept long enough: given up
+    assert membership.strays([0, 1], 200.0) == []
+    assert membership.strays([0, 1], 245.0) == [1]
+
+
+def test_a_partition_assigned_again_in_time_is_no_stray() -> None:
+    membership = Membership(3, 100.0, stray_seconds=45)
+    assert membership.strays([2], 100.0) == []
+    membership.assigned([2], 140.0)
+    assert membership.strays([2], 150.0) == []
+    membership.revoked([2], 151.0)
+    assert membership.strays([2], 152.0) == []  # its clock starts again
+    assert membership.strays([2], 197.0) == [2]
