@@ -7,6 +7,7 @@ module only sends it.
 from __future__ import annotations
 
 import collections
+import re
 import ssl
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
@@ -21,6 +22,7 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
     DCAwareRoundRobinPolicy,
     ExponentialReconnectionPolicy,
     TokenAwarePolicy,
@@ -40,7 +42,7 @@ from celery_scheduler.store.schema import (
 from celery_scheduler.store.status_layout import DEFAULT_SLOT_SECONDS, StatusLayout
 from celery_scheduler.store.upgrade import move_old_statuses
 
-__all__ = ["CONCURRENCY", "CqlSession", "packed"]
+__all__ = ["CONCURRENCY", "CqlSession", "idempotent", "packed", "profiles"]
 
 # Requests in flight at once for bulk reads and writes.
 CONCURRENCY = 64
@@ -64,9 +66,44 @@ ALONE_BYTES = 32768
 STATEMENT_WEIGHT = 16
 CELL_WEIGHT = 20
 
+# A node that stalls (a long GC pause, a disk that hangs) answers nothing until the request
+# times out; every request it coordinates or is asked to replicate waits that long. An
+# idempotent request not answered within SPECULATE_AFTER_SECONDS is sent to the next replica
+# too, up to SPECULATIVE_ATTEMPTS more times, and the first answer wins; a write sent twice
+# carries one timestamp, so it lands once. Lightweight transactions are never sent twice:
+# they wait at most LWT_TIMEOUT_SECONDS, so that a lease renewal coordinated by a stalled
+# node fails in time to be tried again, elsewhere, before the lease runs out.
+SPECULATE_AFTER_SECONDS = 0.5
+SPECULATIVE_ATTEMPTS = 2
+LWT_TIMEOUT_SECONDS = 3.0
 
 # Lightweight transactions use the driver's own row factory: ``was_applied`` accepts only that.
 LWT_PROFILE = "celery_scheduler_lwt"
+_CONDITION = re.compile(r"\bIF\b", re.IGNORECASE)
+
+
+def idempotent(cql: str) -> bool:
+    """Whether applying *cql* twice does what applying it once does: every statement the
+    store sends is, with its client-side timestamp, but a conditional one (a lightweight
+    transaction, whose second try would find its own first write)."""
+    return _CONDITION.search(cql) is None
+
+
+def profiles(consistency: int, serial: int, request_timeout: float) -> dict[Any, ExecutionProfile]:
+    """The driver's execution profiles: the default one, and the lightweight transactions'."""
+    def routing() -> TokenAwarePolicy:
+        # the replicas in turn, not always the first: a stalled one is not every request's coordinator
+        return TokenAwarePolicy(DCAwareRoundRobinPolicy(), shuffle_replicas=True)
+
+    default = ExecutionProfile(
+        load_balancing_policy=routing(), consistency_level=consistency,
+        serial_consistency_level=serial, request_timeout=request_timeout, row_factory=row_factory,
+        speculative_execution_policy=ConstantSpeculativeExecutionPolicy(
+            SPECULATE_AFTER_SECONDS, SPECULATIVE_ATTEMPTS))
+    lwt = ExecutionProfile(load_balancing_policy=routing(), consistency_level=consistency,
+                           serial_consistency_level=serial,
+                           request_timeout=min(request_timeout, LWT_TIMEOUT_SECONDS))
+    return {EXEC_PROFILE_DEFAULT: default, LWT_PROFILE: lwt}
 
 
 class Write(NamedTuple):
@@ -160,19 +197,12 @@ class CqlSession:
         self._serial = consistency_level(serial_consistency)
         auth = PlainTextAuthProvider(username, password) if username else None
         ssl_context = ssl.create_default_context() if use_ssl else None
-        profile = ExecutionProfile(load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
-                                   consistency_level=self._consistency,
-                                   serial_consistency_level=self._serial,
-                                   request_timeout=request_timeout, row_factory=row_factory)
-        lwt_profile = ExecutionProfile(load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
-                                       consistency_level=self._consistency,
-                                       serial_consistency_level=self._serial,
-                                       request_timeout=request_timeout)
         self._timestamps = FencedTimestamps()
         self._cluster = Cluster(list(contact_points), port=port, auth_provider=auth,
                                 ssl_context=ssl_context, connect_timeout=request_timeout,
                                 timestamp_generator=self._timestamps,
-                                execution_profiles={EXEC_PROFILE_DEFAULT: profile, LWT_PROFILE: lwt_profile},
+                                execution_profiles=profiles(self._consistency, self._serial,
+                                                            request_timeout),
                                 reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS))
         with translate_errors("connect"):
             self.session: Session = self._cluster.connect()
@@ -190,6 +220,7 @@ class CqlSession:
             with translate_errors("prepare a statement"):
                 statement = self.session.prepare(cql.format(ks=self.keyspace))
             statement.consistency_level = self._consistency
+            statement.is_idempotent = idempotent(cql)
             self._prepared[cql] = statement
         return statement
 
@@ -336,6 +367,7 @@ class CqlSession:
             statement = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self._consistency)
             for write in request:
                 statement.add(write.statement)
+            statement.is_idempotent = all(write.statement.is_idempotent for write in request)
         if len(in_flight) >= CONCURRENCY:
             in_flight.popleft().result()
         with self._timestamps.writing(partition, stamp):

@@ -163,3 +163,38 @@ def test_a_restarted_node_serves_all_that_was_acknowledged(
     check_everything_reads_back(outage, outage.store)
     assert None not in outage.store.renew_leases(outage.leases, LEASE_MS, now_ms())
     print(f"node {VICTIM} restarted in {restart:.0f}s; {len(outage.acknowledged)} tasks read at ALL")
+
+
+STALLED = 2  # not the node restarted above: its peers have long seen it up
+READS, PUTS = 48, 12
+# A request waits this long at most with a node stalled: the driver sends it to another
+# replica after half a second (SPECULATE_AFTER_SECONDS); without that, a third of them waited
+# the whole request timeout (10 s) for the stalled coordinator and failed.
+STALLED_BOUND_SECONDS = 2.5
+
+
+def test_a_stalled_node_slows_no_request_by_more_than_a_second_or_two(
+        cassandra_cluster: CassandraCluster, outage: Outage) -> None:  # noqa: F811
+    store = outage.store
+    check_everything_reads_back(outage, store)  # every node is up, and the driver knows it
+    cassandra_cluster.stop(STALLED)
+    try:
+        keys = list(outage.acknowledged)
+        reads: list[float] = []
+        for n in range(READS):
+            started = time.monotonic()
+            assert store.status(keys[n % len(keys)]) is not None
+            reads.append(time.monotonic() - started)
+        puts: list[float] = []
+        for n in range(2 * TASKS, 2 * TASKS + PUTS):
+            task = envelope(n, outage.at_ms)
+            started = time.monotonic()
+            assert store.put(n % PARTITIONS, task, now_ms()) is not None
+            puts.append(time.monotonic() - started)
+            outage.acknowledged[task.key] = State.PENDING
+    finally:
+        cassandra_cluster.cont(STALLED)
+    print(f"node {STALLED} stalled: slowest of {READS} reads {max(reads):.2f}s, "
+          f"of {PUTS} puts {max(puts):.2f}s")
+    assert max(reads) < STALLED_BOUND_SECONDS and max(puts) < STALLED_BOUND_SECONDS
+    check_everything_reads_back(outage, store)

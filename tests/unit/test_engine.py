@@ -264,6 +264,27 @@ def test_a_release_never_heard_of_is_sent_again_with_the_same_attempt_once_its_s
     assert h.releases[key].lease_until_ms > first.lease_until_ms  # a new release of it
 
 
+def test_a_step_of_releases_lost_together_is_one_warning_line_and_an_info_line_each(
+        store: MemoryScheduleStore, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    # a broker restart loses a whole step of releases: one event, not a WARNING line a task
+    h = Harness(store, clock, start_lease_seconds=8.0)
+    keys = [h.schedule(f"o{n}", 0) for n in range(7)]
+    h.step()
+    assert len(h.released) == 7
+    caplog.set_level("INFO", "celery_scheduler.dispatcher.engine")
+    for _ in range(23):
+        h.step(500)
+    assert sorted(h.released) == sorted([(key, 1) for key in keys] * 2)  # each sent again
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    head = "7 task(s) did not start within their start lease; releasing them again: "
+    assert warnings[0].startswith(head) and warnings[0].endswith(" and 4 more")
+    named = warnings[0][len(head):-len(" and 4 more")].split(", ")
+    assert len(named) == 3 and set(named) <= {str(key) for key in keys}
+    each = [r for r in caplog.records if r.levelname == "INFO" and "did not start" in r.getMessage()]
+    assert sorted(r.args[0] for r in each) == sorted(keys)  # type: ignore[index]
+
+
 def test_a_task_that_beats_runs_past_its_run_lease_and_is_not_released_again(
         store: MemoryScheduleStore, clock: Clock) -> None:
     h = Harness(store, clock, lease_seconds=10.0)
