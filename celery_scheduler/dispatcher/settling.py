@@ -40,6 +40,22 @@ OUTCOME_RETRY_MS = (250, 1000)
 WORKER_LOST = "no beat from its worker within the run lease (the worker died or lost Kafka)"
 # Beats of tasks not loaded (yet) are kept for when they are, up to this many.
 UNLOADED_BEATS = 100_000
+# Tasks named in the one WARNING line that says which were released again in one pass (each
+# has an INFO line of its own, with its key, for a search of one task's history).
+NAMED_IN_WARNING = 3
+NOT_STARTED = "did not start within their start lease"
+SILENT = "had no beat from their worker within their run lease"
+
+
+def say_released_again(keys: list[TaskKey], why: str) -> None:
+    """Say in one WARNING line that *keys* were released again, and *why*: a broker that
+    lost a step's releases, or a worker that died with its prefetched tasks, is one event,
+    not one line a task."""
+    if not keys:
+        return
+    named = ", ".join(str(key) for key in keys[:NAMED_IN_WARNING])
+    more = f" and {len(keys) - NAMED_IN_WARNING} more" if len(keys) > NAMED_IN_WARNING else ""
+    logger.warning("%d task(s) %s; releasing them again: %s%s", len(keys), why, named, more)
 
 
 class Settling:
@@ -232,10 +248,12 @@ class Settling:
                 return tasks
         statuses = self.store.statuses([task.key for task in earlier])
         settled = set()
+        not_started: list[TaskKey] = []
         for task, status in zip(earlier, statuses, strict=True):
-            if self._settle_from_store(task, status):
+            if self._settle_from_store(task, status, not_started):
                 settled.add(task.key)
                 del open_[task.key]
+        say_released_again(not_started, NOT_STARTED)
         return [task for task in tasks if task.key not in settled]
 
     def _outcome_stored(self, task: Loaded, status: TaskStatus | None) -> bool:
@@ -247,11 +265,13 @@ class Settling:
         self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
         return True
 
-    def _settle_from_store(self, task: Loaded, status: TaskStatus | None) -> bool:
+    def _settle_from_store(self, task: Loaded, status: TaskStatus | None,
+                           not_started: list[TaskKey]) -> bool:
         """A task released earlier whose lease ran out: did its outcome reach the store?
 
         If not, it is released again: with the same attempt if it was never heard running
-        (it did not start), as its next attempt if its worker went silent.
+        (it did not start: its key is added to *not_started*), as its next attempt if its
+        worker went silent.
         """
         if self._outcome_stored(task, status):
             return True
@@ -259,8 +279,9 @@ class Settling:
             self._drop(task.key)
             return True
         if not task.heard_ms:
-            logger.warning("%s (attempt %d) did not start within its start lease; releasing it "
-                           "again", task.key, task.attempts)
+            logger.info("%s (attempt %d) did not start within its start lease; releasing it "
+                        "again", task.key, task.attempts)
+            not_started.append(task.key)
             task.attempts, task.lease_until_ms = task.attempts - 1, 0
             return False
         if task.attempts >= self._max_attempts(task):
@@ -296,16 +317,23 @@ class Settling:
                 continue
             task.next_poll_ms = end if end > now else now + first
             asking.append(task)
-        for start in range(0, len(asking), self.settings.release_batch):
-            chunk = asking[start:start + self.settings.release_batch]
-            for task, status in zip(chunk, self.store.statuses([t.key for t in chunk]), strict=True):
-                self._settle_polled(task, status, now)
+        released_again: dict[str, list[TaskKey]] = {NOT_STARTED: [], SILENT: []}
+        try:
+            for start in range(0, len(asking), self.settings.release_batch):
+                chunk = asking[start:start + self.settings.release_batch]
+                for task, status in zip(chunk, self.store.statuses([t.key for t in chunk]),
+                                        strict=True):
+                    self._settle_polled(task, status, now, released_again)
+        finally:  # a later chunk's read may fail: what earlier ones released again is said
+            for why, keys in released_again.items():
+                say_released_again(keys, why)
 
     def _outcome_read(self, task: Loaded) -> bool:
         """Whether every outcome and beat reported before *task*'s lease ended has been read."""
         return self.outcomes_read_until(task.partition) >= self._release_end(task)
 
-    def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int) -> None:
+    def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int,
+                       released_again: dict[str, list[TaskKey]]) -> None:
         if self._outcome_stored(task, status):
             return
         if status is not None and status.state is State.CANCELLED:
@@ -321,17 +349,19 @@ class Settling:
                 return
             if not task.heard_ms:
                 self._not_started(task, now)
+                released_again[NOT_STARTED].append(task.key)
                 return
-            logger.warning("no beat from the worker of %s (attempt %d) within its %.0fs run "
-                           "lease; releasing it again", task.key, task.attempts,
-                           task.run_lease_ms / 1000)
+            logger.info("no beat from the worker of %s (attempt %d) within its %.0fs run "
+                        "lease; releasing it again", task.key, task.attempts,
+                        task.run_lease_ms / 1000)
+            released_again[SILENT].append(task.key)
             self._apply_outcome(task, False, WORKER_LOST)
 
     def _not_started(self, task: Loaded, now: int) -> None:
         """*task*'s release certainly did not start: release it again at once, the same
         attempt (a copy of the old release that turns up later is stale)."""
-        logger.warning("%s (attempt %d) did not start within its start lease; releasing it "
-                       "again", task.key, task.attempts)
+        logger.info("%s (attempt %d) did not start within its start lease; releasing it "
+                    "again", task.key, task.attempts)
         task.attempts -= 1
         task.released_ms = task.next_poll_ms = task.heard_ms = 0
         self.timetable.retry_later(task.key, now)
