@@ -53,6 +53,8 @@ from celery_scheduler.keys import KeyInput, TaskKey, key_text, to_epoch_ms
 from celery_scheduler.store.base import TaskStatus
 from celery_scheduler.tasklog.base import Position
 from celery_scheduler.tasklog.kafka import STUCK_GRACE
+from celery_scheduler.tracing import install as install_tracing
+from celery_scheduler.tracing import traced_options
 
 P = ParamSpec("P")
 R = TypeVar("R", covariant=True)
@@ -297,6 +299,8 @@ class ScheduledTask(Generic[P, R]):
         check_retry(retry)
         ordering, unique, encoded_args, encoded_kwargs = self._checked(
             args, kwargs, ordering_id, uniqueness_key)
+        if settings.opentelemetry:
+            options = traced_options(options or {}, settings)
         return ScheduleEnvelope.checked(
             TaskKey(ordering, scheduled_ms, unique), self.name, encoded_args, encoded_kwargs,
             check_options(options) if options else {},
@@ -468,6 +472,7 @@ def scheduled_task(task: Any = None, *, ordering_id: KeySpec | None = None,
 
         install_worker_hooks()  # workers that import this task report its outcomes
         guard_stale_releases(celery_task)  # and run only the current release of a key
+        install_tracing()  # its runs are spans, for an app with scheduler_opentelemetry
         wrapped: ScheduledTask[Any, Any] = ScheduledTask(celery_task, ordering_id=ordering_id,
                                 uniqueness_key=uniqueness_key, retry=retry)
         registry.add(wrapped.name, wrapped)

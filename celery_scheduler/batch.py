@@ -29,6 +29,7 @@ from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
 from celery_scheduler.errors import ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import MAX_KEY_LENGTH, KeyInput, TaskKey, key_text
 from celery_scheduler.tasklog.base import BatchAck
+from celery_scheduler.tracing import traced_options
 
 __all__ = ["Call", "CheckedCalls", "ScheduledBatch", "check_calls"]
 
@@ -155,6 +156,8 @@ def check_calls(task: CheckedTask, calls: Iterable[Any], client: SchedulerClient
     settings = client.settings
     current = client.clock()
     grace = settings.grace_seconds
+    if settings.opentelemetry:  # the batch's calls share the caller's trace context
+        options = traced_options(options, settings)
     encoder = ScheduleEncoder(task.name, check_options(options) if options else {},
                               retry or task._retry or settings.retry_policy,
                               settings.max_envelope_bytes)

@@ -20,16 +20,22 @@ pytest_plugins = ["celery.contrib.pytest"]
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
 
-@pytest.fixture
-def celery_config(unique_name: str, broker_url: str, kafka_bootstrap: str,
-                  cassandra_contact: str) -> Mapping[str, Any]:
-    """Celery's fixture for the test app's settings: the scheduler's are Celery settings."""
+def scheduler_config(unique_name: str, broker_url: str, kafka_bootstrap: str,
+                     cassandra_contact: str) -> dict[str, Any]:
+    """A test app's settings on the test's own queue, topic and keyspace."""
     host, port = cassandra_contact.rsplit(":", 1)
     return {"broker_url": broker_url, "task_default_queue": unique_name,
             "scheduler_kafka_bootstrap_servers": kafka_bootstrap,
             "scheduler_kafka_topic": unique_name, "scheduler_kafka_partitions": 3,
             "scheduler_cassandra_contact_points": [host], "scheduler_cassandra_port": int(port),
             "scheduler_cassandra_keyspace": unique_name}
+
+
+@pytest.fixture
+def celery_config(unique_name: str, broker_url: str, kafka_bootstrap: str,
+                  cassandra_contact: str) -> Mapping[str, Any]:
+    """Celery's fixture for the test app's settings: the scheduler's are Celery settings."""
+    return scheduler_config(unique_name, broker_url, kafka_bootstrap, cassandra_contact)
 
 
 @pytest.fixture
