@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytes
 EXTRAS = {
     "monitoring": ["prometheus_client", "flower", "celery_scheduler.metrics"],
     "web": ["fastapi", "uvicorn", "jinja2", "celery_scheduler.web.api", "celery_scheduler.web.pages"],
+    "opentelemetry": ["opentelemetry.trace", "opentelemetry.propagate", "celery_scheduler.tracing"],
 }
 
 APP = '''
