@@ -1,4 +1,11 @@
-"""``python -m benchmarks [--quick] [--only 1,3] [--output FILE]``: run the scenarios, write the report."""
+"""``python -m benchmarks [--quick] [--only 1,3 [--update]] [--output FILE]``: run the
+scenarios, write the report.
+
+A full run (every group, not ``--quick``) keeps each group's results in
+``benchmarks/results/`` and writes BENCHMARKS.md. ``--only`` groups are printed, or, with
+``--update``, kept in place of those groups' earlier results and BENCHMARKS.md written anew
+from all of them (its Runs table then says which run each group comes from).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +20,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import machine
+from benchmarks import durability, machine, results
 from benchmarks.context import Context
-from benchmarks.harness import REPO
-from benchmarks.report import Report, Section, render
+from benchmarks.harness import KAFKA, POSTGRES, REDIS_URL, REPO
+from benchmarks.report import Report, Section, render, render_many
 
 # scenario numbers → module with run(ctx) -> list[Section]; run in this order
 SCENARIOS: dict[str, str] = {
@@ -25,6 +32,7 @@ SCENARIOS: dict[str, str] = {
     "2": "benchmarks.ingest",
     "3": "benchmarks.lateness",
     "3k": "benchmarks.delivery",
+    "3h": "benchmarks.hot",
     "4": "benchmarks.memory",
     "5": "benchmarks.failover",
     "6": "benchmarks.backlog",
@@ -45,6 +53,19 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _durability() -> dict[str, str]:
+    from benchmarks import app
+    from celery_scheduler.config import get_settings
+
+    settings = get_settings(app.app)
+    return durability.describe(
+        kafka_bootstrap=KAFKA, replication=settings.kafka_replication_factor,
+        cassandra_host=settings.cassandra_contact_points[0], cassandra_port=settings.cassandra_port,
+        cassandra_replication=str(dict(settings.cassandra_replication)),
+        consistency=settings.cassandra_consistency, serial=settings.cassandra_serial_consistency,
+        redis_url=REDIS_URL, postgres_conninfo=f"{POSTGRES}/postgres")
+
+
 def _scenario(number: str) -> Callable[[Context], list[Section]]:
     module = importlib.import_module(SCENARIOS[number])
     run: Callable[[Context], list[Section]] = module.run
@@ -58,19 +79,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="repetitions of the short scenarios")
     parser.add_argument("--output", type=Path, default=None,
                         help="report file (default BENCHMARKS.md; a partial run only prints)")
+    parser.add_argument("--update", action="store_true",
+                        help="with --only: keep these groups' results in place of the earlier "
+                             "ones and write BENCHMARKS.md from all of them")
     parser.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     chosen = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
     unknown = [n for n in chosen if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario group(s) {unknown}; known: {', '.join(SCENARIOS)}")
-    output = args.output or (REPO / "BENCHMARKS.md" if chosen == list(SCENARIOS) else None)
+    if args.update and (args.quick or args.output):
+        parser.error("--update keeps full runs' results in BENCHMARKS.md: not with --quick or "
+                     "--output")
+    if args.update:
+        kept = {next(iter(r.probes)) for r in results.load() if r.probes}
+        missing = sorted(set(SCENARIOS) - set(chosen) - kept)
+        if missing:
+            parser.error(f"no kept results of group(s) {', '.join(missing)} to write "
+                         "BENCHMARKS.md with: run scripts/bench (full) once first")
+    # only full runs reach BENCHMARKS.md: a quick or partial one prints (or goes to --output)
+    keep = args.update or (chosen == list(SCENARIOS) and not args.quick and args.output is None)
+    output = args.output or (REPO / "BENCHMARKS.md" if keep else None)
     command = args.command or "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     report = Report(command=command.strip(), mode="quick" if args.quick else "full",
                     started=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     machine=machine.describe(), load_start=machine.load_average(),
-                    versions=_versions())
+                    versions=_versions(), durability=_durability(),
+                    code=results.code_version(REPO))
+    groups: dict[str, list[Section]] = {}
     runs = args.runs or (2 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="celery-scheduler-bench-") as tmp:
         ctx = Context(quick=args.quick, tmp=Path(tmp), runs=runs)
@@ -80,16 +117,21 @@ def main(argv: list[str] | None = None) -> int:
                   f"speed probe {report.probes[number]:.1f} ms", file=sys.stderr, flush=True)
             began = time.monotonic()
             try:
-                report.sections += _scenario(number)(ctx)
+                groups[number] = _scenario(number)(ctx)
             except Exception as exc:
                 traceback.print_exc()
-                report.sections.append(Section(number, SCENARIOS[number].rsplit(".", 1)[-1],
-                                               error=f"{type(exc).__name__}: {exc}"[:1000]))
+                groups[number] = [Section(number, SCENARIOS[number].rsplit(".", 1)[-1],
+                                          error=f"{type(exc).__name__}: {exc}"[:1000])]
+            report.sections += groups[number]
             print(f"[bench] scenario {number} took {time.monotonic() - began:.0f}s", file=sys.stderr,
                   flush=True)
     report.load_end = machine.load_average()
     report.duration_s = time.monotonic() - started
-    text = render(report)
+    if keep:
+        results.save(report, groups)
+        text = render_many(results.load(), list(SCENARIOS))
+    else:
+        text = render(report)
     if output is not None:
         output.write_text(text)
         print(f"[bench] wrote {output} in {report.duration_s / 60:.1f} min", file=sys.stderr)

@@ -4,7 +4,9 @@ The backlog is written straight into the scheduler's tables (``benchmarks.popula
 no dispatcher runs, all due within a few seconds; once every task is overdue, two workers
 and then one dispatcher start. "Drained" means executed: a task counts when its body
 started (execution log), which is later than its release. The drain rate is tasks started
-/ time from the first start to the last, over a bounded window.
+/ time from the launch (of the dispatcher, or of the workers alone) to the last start, over a
+bounded window: start-up counts, as it does for a user waiting for the backlog; the rate
+from the first start to the last is shown beside it.
 
 The peers get the same backlog through their own APIs: procrastinate's jobs (locked by
 ordering id) inserted in batches while no worker runs, celery-longterm-scheduler's stored
@@ -32,6 +34,9 @@ __all__ = ["Drain", "drain", "measure_drain", "run"]
 WORKERS = 2
 SPACING = 2e-4  # seconds of schedule time between two backlog tasks: 5,000 due per second
 PROCRASTINATE = "procrastinate"
+# procrastinate with synchronous_commit off: durability like ours (a crash may lose the last
+# commits, as Cassandra's periodic commit log may lose the last writes)
+PROCRASTINATE_ASYNC = "procrastinate, synchronous_commit off"
 LONGTERM = "celery-longterm-scheduler"
 
 
@@ -39,7 +44,8 @@ LONGTERM = "celery-longterm-scheduler"
 class Drain:
     tasks: int  # in the backlog
     started: int  # distinct tasks started within the window
-    rate: float  # tasks started / (last start - first start)
+    rate: float  # tasks started / (last start - launch)
+    steady_rate: float  # tasks started / (last start - first start)
     first_after: float  # seconds from the dispatcher's start to the first task start
     out_of_order: int  # ordering ids whose tasks did not start in schedule order
     fill_rate: float
@@ -93,10 +99,10 @@ def peer_drain(ctx: Context, peer: str, tasks: int, ordering_ids: int, window: f
     """
     with stack(ctx.tmp, init=False) as s:
         base = time.time() + ctx.pick(1, 5)
-        if peer == PROCRASTINATE:
+        if peer in (PROCRASTINATE, PROCRASTINATE_ASYNC):
             from benchmarks import peers_procrastinate  # its driver is in the bench extra only
 
-            with peers_procrastinate.database(s):
+            with peers_procrastinate.database(s, synchronous_commit=peer == PROCRASTINATE):
                 deferrer = peers_procrastinate.Deferrer(s.name)
                 try:
                     count, rate = fill(_backlog(tasks, ordering_ids, base),
@@ -159,19 +165,22 @@ def measure_drain(s: Stack, tasks: int, window: float, launched: float, fill_rat
     starts = s.starts()
     first = first_starts(starts)
     times = sorted(x.started for x in first.values())
-    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+    steady = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+    rate = len(times) / (times[-1] - launched) if times and times[-1] > launched else 0.0
     by_id: dict[str, list[tuple[float, int]]] = {}
     for x in first.values():
         by_id.setdefault(x.ordering_id, []).append((x.started, x.seq))
     out_of_order = sum(1 for runs in by_id.values()
                        if [seq for _, seq in sorted(runs)] != sorted(seq for _, seq in runs))
-    return Drain(tasks, len(first), rate, (times[0] - launched) if times else float("nan"),
+    return Drain(tasks, len(first), rate, steady, (times[0] - launched) if times else float("nan"),
                  out_of_order, fill_rate, cpu, len(starts) - counted_from)
 
 
 def _rows(section: Section, label: str, drains: list[Drain]) -> Figure:
     rate = Figure.of([d.rate for d in drains], "tasks/s")
-    section.add(f"{label}: drain rate (executed)", rate)
+    section.add(f"{label}: drain rate (executed), from launch", rate)
+    section.add(f"{label}: drain rate, first start to last",
+                Figure.of([d.steady_rate for d in drains], "tasks/s"))
     section.add(f"{label}: tasks started within the window",
                 Figure.of([d.started / d.tasks for d in drains], "%", 1))
     section.add(f"{label}: first task started after launch (dispatcher, or workers alone)",
@@ -202,14 +211,16 @@ def _six(ctx: Context, runs: int, ratio_runs: int, window: int) -> Section:
               celery_drain(ctx, backlog_tasks, ids, window)) for _ in range(ratio_runs)]
     drains, floor = [ours for ours, _ in pairs], [alone for _, alone in pairs]
     rate = _rows(six, f"{drains[0].tasks:,} tasks, {ids:,} ordering ids x 10", drains)
-    six.rows[0].target, six.rows[0].met = "≥ 5,000 tasks/s", rate.median >= 5000
+    six.rows[0].target, six.rows[0].met = "≥ 5,000 tasks/s in every run", rate.low >= 5000
     order = Figure.of([d.out_of_order for d in drains])
-    six.add("ordering ids whose tasks started out of order", order, "0", order.median == 0)
+    six.add("ordering ids whose tasks started out of order", order, "0 in every run",
+            order.high == 0)
     cost_rows = add_rows(six, "celery_scheduler", [d.cpu for d in drains], [d.cpu_tasks for d in drains])
     _rows(six, f"Celery alone, {backlog_tasks:,} queued plain tasks", floor)
     share = Figure.of(
         [d.rate / f.rate if f.rate else float("nan") for d, f in zip(drains, floor, strict=True)], "%")
-    six.add("celery_scheduler / Celery alone", share, "≥ 60%", share.median >= 0.6)
+    six.add("celery_scheduler / Celery alone, from launch", share, "≥ 80% in every run",
+            share.low >= 0.8)
     add_rows(six, "Celery alone", [d.cpu for d in floor], [d.cpu_tasks for d in floor])
     add_cost_targets(six, cost_rows, [(d.cpu, d.cpu_tasks) for d in drains],
                      [(f.cpu, f.cpu_tasks) for f in floor], "Celery alone")
@@ -225,16 +236,18 @@ def _six(ctx: Context, runs: int, ratio_runs: int, window: int) -> Section:
         "%"))
     add_rows(six, "Celery alone on RabbitMQ", [d.cpu for d in rabbit_floor],
              [d.cpu_tasks for d in rabbit_floor])
-    for peer in (PROCRASTINATE, LONGTERM):
+    for peer in (PROCRASTINATE, PROCRASTINATE_ASYNC, LONGTERM):
         peers = [peer_drain(ctx, peer, backlog_tasks, ids, window, fill_seconds) for _ in range(runs)]
         _peer_rows(six, peer, peers, drains, f"{peers[0].tasks:,} tasks, {ids:,} ordering ids x 10",
-                   ordered=peer == PROCRASTINATE)
+                   ordered=peer != LONGTERM)
     six.method = [
         f"backlog of up to {backlog_tasks:,} tasks (filling stops after {fill_seconds} s; the "
         "figure names the count reached), due 5,000 per second of schedule time, written straight "
         "into the scheduler's tables with no dispatcher running; once all are overdue, "
         f"{WORKERS} solo workers and one dispatcher start. Drained = executed (the task body "
-        f"started). Waiting stops after {window} s; the rate counts what started by then.",
+        f"started). Waiting stops after {window} s; the rate counts what started by then, "
+        "over the time from the launch of the dispatcher (or, for Celery alone and the peers, of "
+        "the workers or the peer's command) to the last start, so that start-up counts.",
         "order: for each ordering id, its tasks' first starts sorted by time must follow their "
         "schedule order.",
         f"Celery alone (the floor): the same number of plain Celery tasks with the same body, "
@@ -246,7 +259,10 @@ def _six(ctx: Context, runs: int, ratio_runs: int, window: int) -> Section:
         f"procrastinate: the same tasks as jobs with schedule_at and lock = the ordering id, "
         f"inserted 1,000 per statement (its batch defer) with no worker running, then ANALYZE "
         f"(what autovacuum does soon after a bulk insert); once all are "
-        f"overdue, {WORKERS} workers of concurrency 1 start. celery-longterm-scheduler: the same "
+        f"overdue, {WORKERS} workers of concurrency 1 start; run with PostgreSQL's default "
+        "synchronous_commit (on: each commit waits for its WAL flush, more durable than our "
+        "Cassandra's periodic commit log) and with it off (durability like ours). "
+        "celery-longterm-scheduler: the same "
         f"tasks stored with apply_async(eta=...) one by one; once all are overdue, {WORKERS} solo "
         "Celery workers and then its command (once a second) start. Filling stops after the same "
         "time as ours.",

@@ -61,8 +61,10 @@ def run(ctx: Context) -> list[Section]:
     runs = [ceiling(ctx, tasks, tasks // 10, window, ctx.pick(3, 60)) for _ in range(ctx.pick(1, 2))]
     eight = Section("8", "Engine ceiling: one dispatcher, outcomes reported at once")
     rate = Figure.of([d.rate for d in runs], "tasks/s")
-    eight.add(f"{runs[0].tasks:,} tasks, {tasks // 10:,} ordering ids x 10: released and reported",
-              rate, "≥ 5,000 tasks/s", rate.median >= 5000)
+    eight.add(f"{runs[0].tasks:,} tasks, {tasks // 10:,} ordering ids x 10: released and reported, "
+              "from launch", rate, "≥ 5,000 tasks/s in every run", rate.low >= 5000)
+    eight.add("... from the first start to the last", Figure.of([d.steady_rate for d in runs],
+                                                                  "tasks/s"))
     eight.add("tasks started within the window", Figure.of([d.started / d.tasks for d in runs], "%", 1))
     eight.add("ordering ids whose tasks started out of order", Figure.of([d.out_of_order for d in runs]),
               "0", all(d.out_of_order == 0 for d in runs))
@@ -72,8 +74,9 @@ def run(ctx: Context) -> list[Section]:
         "drained by one dispatcher; instead of Celery workers, one process takes each released "
         "message from Redis and reports its success to the outcomes topic at once (the "
         "package's own outcome producer), logging it as started. Nothing runs a task body.",
-        f"rate = tasks logged / time from the first to the last, over a window of {window} s; "
-        "CPU per part from the first start to the end of the wait.",
+        f"rate = tasks logged / time from the dispatcher's launch to the last, over a window of "
+        f"{window} s (the rate from the first to the last is shown beside it); CPU per part from "
+        "the first start to the end of the wait.",
     ]
     return [eight]
 

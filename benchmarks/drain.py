@@ -28,7 +28,8 @@ FILL_SECONDS = 60
 
 def line(label: str, result: Drain) -> str:
     parts = ", ".join(f"{part} {ms:.3f}" for part, ms in result.cpu.ms_per_task(result.cpu_tasks).items())
-    return (f"{label}: {result.rate:,.0f} tasks/s ({result.started:,} of {result.tasks:,} started), "
+    return (f"{label}: {result.rate:,.0f} tasks/s from launch ({result.steady_rate:,.0f} first start "
+            f"to last; {result.started:,} of {result.tasks:,} started), "
             f"machine busy {100 * result.cpu.busy:.0f}%; CPU ms a task: {parts}")
 
 

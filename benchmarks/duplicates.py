@@ -3,6 +3,10 @@
 Every task is scheduled twice, back to back, while it waits: by each system's own notion of
 which task it is (``lateness.systems``): our uniqueness key, procrastinate's queueing lock,
 the Celery task id for Celery ``eta=`` and celery-longterm-scheduler, the RQ job id.
+
+9b: tasks scheduled once, due later than the Redis transport's visibility timeout: Celery
+``eta=`` holds each in a worker, unacknowledged, and the transport gives it to a worker
+again once the timeout passed, so it runs twice; the scheduler holds nothing in a worker.
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from benchmarks.context import Context
-from benchmarks.harness import log
+from benchmarks.context import Context, utc
+from benchmarks.harness import log, stack
 from benchmarks.lateness import LONGTERM, PROCRASTINATE, SYSTEMS, systems
 from benchmarks.report import Section
 from benchmarks.stats import Figure
@@ -58,6 +62,69 @@ def _twice(ctx: Context, system: str, tasks: int, lead: float, settle: float) ->
     return outcome
 
 
+# 9b: Celery's default pool, the one whose event loop restores unacknowledged Redis messages
+POOL = "prefork"
+BEYOND_WORKERS = 2
+
+
+def _beyond_visibility(ctx: Context, system: str, tasks: int, visibility: float, delay: float,
+                       settle: float) -> Twice:
+    """*tasks* scheduled once each, due from *delay* s ahead, on a Redis transport whose
+    visibility timeout is *visibility* s; how many ran, and how many ran again."""
+    ours = system == "celery_scheduler"
+    env = {"BENCH_VISIBILITY_TIMEOUT": str(visibility)}
+    with stack(ctx.tmp, init=ours, env=env) as s:
+        app = s.use_client()
+        if ours:
+            s.dispatcher()
+        for _ in range(BEYOND_WORKERS):
+            s.worker(POOL, plain=not ours)
+        due = time.time() + delay
+        for i in range(tasks):
+            at = due + 10 * i / tasks  # spread over ten seconds
+            args = (f"o{i}", FIRST_SEQ + i, at)
+            if ours:
+                app.record.schedule(args, {}, at=utc(at), wait=False)
+            else:
+                app.plain.apply_async(args, eta=utc(at), queue=s.name)
+        if ours:
+            from celery_scheduler import flush
+
+            flush(app.app, 60)
+        s.wait_for_starts(tasks, timeout=delay + 10 + settle, distinct=True)
+        time.sleep(settle)  # room for the second runs the restores bring
+        outcome = count_runs([x.seq for x in s.starts()], FIRST_SEQ, tasks)
+    log(f"9b {system}: {outcome.ran} of {tasks} ran, {outcome.extra} extra run(s)")
+    return outcome
+
+
+def _nine_b(ctx: Context) -> Section:
+    tasks = ctx.pick(20, 200)
+    visibility, delay, settle = ctx.pick(5, 10), ctx.pick(20, 130), ctx.pick(10, 30)
+    section = Section("9b", "Due beyond the Redis visibility timeout: runs per task")
+    for system in ("celery_scheduler", "Celery eta="):
+        outcome = _beyond_visibility(ctx, system, tasks, visibility, delay, settle)
+        ours = system == "celery_scheduler"
+        extra = Figure.of([outcome.extra])
+        section.add(f"{system}: runs beyond the first", extra, "0" if ours else "",
+                    extra.median == 0 if ours else None)
+        section.add(f"{system}: tasks that never ran", Figure.of([outcome.missing]))
+    section.method = [
+        f"{tasks} tasks, each scheduled once, due over ten seconds from {delay} s ahead, on the "
+        f"Redis broker with a visibility timeout of {visibility} s (kombu's default is 3,600 s: "
+        f"the same happens to a task due more than an hour ahead), {BEYOND_WORKERS} workers of "
+        f"Celery's default pool (prefork, concurrency 1; its event loop is what restores "
+        "unacknowledged messages, in sweeps spaced by kombu's unacked_restore_interval and "
+        "throttle). Celery eta=: apply_async(eta=...), the worker holds each task "
+        "unacknowledged until it is due. celery_scheduler: the same calls through "
+        "schedule(..., wait=False), one dispatcher.",
+        f"waiting ends when every task ran once (or {delay + 10 + settle} s after scheduling), "
+        f"then {settle} s more for second runs; runs are counted from the execution log. One run "
+        "per system.",
+    ]
+    return section
+
+
 def run(ctx: Context) -> list[Section]:
     tasks, lead, settle = ctx.pick(100, 1000), ctx.pick(4, 6), ctx.pick(15, 20)
     nine = Section("9", "The same task scheduled twice")
@@ -87,4 +154,9 @@ def run(ctx: Context) -> list[Section]:
     ]
     if errors:
         nine.error = "; ".join(errors)
-    return [nine]
+    try:
+        nine_b = _nine_b(ctx)
+    except Exception as exc:
+        nine_b = Section("9b", "Due beyond the Redis visibility timeout: runs per task",
+                         error=f"{type(exc).__name__}: {exc}"[:500])
+    return [nine, nine_b]

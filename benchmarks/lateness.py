@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,14 @@ __all__ = ["Load", "Outcome", "measure", "run", "systems"]
 
 ORDERING_IDS = 1000
 WORKERS = 2
+# Threads that publish a peer's load: its publish call waits for a round trip (Redis,
+# PostgreSQL), and one thread at a time fell behind at 1,000/s. Ours publishes in its batched
+# form (schedule(..., wait=False)) from one thread; the RabbitMQ rows (100/s) share one
+# connection, so one thread.
+PUBLISHER_THREADS = 4
+# A run whose publisher put fewer of its tasks out before they were due is invalid: its
+# lateness measures the publisher, and it is not compared.
+ON_TIME_SHARE = 0.99
 PROCRASTINATE = "procrastinate"
 LONGTERM = "celery-longterm-scheduler"
 SYSTEMS = ("celery_scheduler", "Celery eta=", "RQ enqueue_at", PROCRASTINATE, LONGTERM)
@@ -71,6 +80,15 @@ class Outcome:
     # first start of each task due a second or more after the load generator had published
     # (and flushed) everything: nothing is being scheduled or ingested meanwhile
     quiet: list[float] = field(default_factory=list)
+
+    @property
+    def on_time(self) -> float:
+        """The share of the planned tasks published before they were due."""
+        return (self.expected - self.published_late) / self.planned if self.planned else math.nan
+
+    @property
+    def valid(self) -> bool:
+        return self.on_time >= ON_TIME_SHARE
 
     @property
     def ran(self) -> float:
@@ -172,22 +190,25 @@ def _procrastinate(s: Stack) -> Iterator[Publish]:
             deferrer.close()
 
 
-def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, first_seq: int
-            ) -> Outcome:
-    """Run *load* through a running system; tasks get seqs from *first_seq* on."""
+def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, first_seq: int,
+            threads: int = 1) -> Outcome:
+    """Run *load* through a running system, published from *threads* threads; tasks get seqs
+    from *first_seq* on."""
     late = 0
+    counting = threading.Lock()
 
     def timed(i: int, due: float) -> None:
         nonlocal late
         if time.time() > due:
-            late += 1
+            with counting:
+                late += 1
         publish(first_seq + i, due)
 
     # this process started the stack's processes: count its own CPU only
     meter = CpuMeter({**_parts(s), "load generator": [os.getpid()], **local_services()},
                      alone=["load generator"])
     meter.start()
-    t0, total, planned = feed(timed, load.rate, load.duration, load.lead)
+    t0, total, planned = feed(timed, load.rate, load.duration, load.lead, threads)
     flush()
     published = time.time()
     last_due = t0 + (total - 1) / load.rate
@@ -218,11 +239,11 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
 def _ratios(section: Section, ours: list[Outcome], peer: list[Outcome], name: str,
             us: str = "celery_scheduler") -> Row:
     """Our lateness over the peer's, run by run (runs in the same order on the same machine);
-    n/a where the peer's is not above zero (it started tasks before they were due). Returns
-    the p99 row."""
+    n/a where the peer's is not above zero (it started tasks before they were due) or where
+    either run is invalid (its load was not published on time). Returns the p99 row."""
     rows = [section.add(f"{us} / {name}: lateness p{q}",
-                        Figure.of([ratio(a.ms(q), b.ms(q)) if b.ms(q) > 0 else math.nan
-                                   for a, b in zip(ours, peer, strict=False)], "x", 1))
+                        Figure.of([ratio(a.ms(q), b.ms(q)) if b.ms(q) > 0 and a.valid and b.valid
+                                   else math.nan for a, b in zip(ours, peer, strict=False)], "x", 1))
             for q in (50, 99)]
     return rows[-1]
 
@@ -244,12 +265,20 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
           p99_target: float | None) -> dict[str, Row]:
     """The system's rows; returns its CPU-per-task rows by part (empty without CPU figures)."""
     ours = system == "celery_scheduler"
+    valid = all(o.valid for o in outcomes)
+    invalid = "" if valid else (f"invalid: fewer than {ON_TIME_SHARE:.0%} of the load published "
+                                "before it was due")
     p50 = Figure.of([o.ms(50) for o in outcomes], "ms", 1)
     p99 = Figure.of([o.ms(99) for o in outcomes], "ms", 1)
+    # ours is judged on every run; an invalid run of ours (its own publisher fell behind)
+    # meets no target, and says why
     section.add(f"{system}: lateness p50", p50, f"≤ {p50_target:g} ms" if ours and p50_target else "",
-                p50.median <= p50_target if ours and p50_target else None)
+                valid and p50.high <= p50_target if ours and p50_target else None, invalid)
     section.add(f"{system}: lateness p99", p99, f"≤ {p99_target:g} ms" if ours and p99_target else "",
-                p99.median <= p99_target if ours and p99_target else None)
+                valid and p99.high <= p99_target if ours and p99_target else None, invalid)
+    section.add(f"{system}: tasks published before they were due",
+                Figure.of([o.on_time for o in outcomes], "%", 1),
+                f"≥ {ON_TIME_SHARE:.0%} (else the run is invalid)", valid)
     section.add(f"{system}: lateness max", Figure.of([o.ms(100) for o in outcomes], "ms", 1))
     if all(len(o.quiet) >= 100 for o in outcomes):
         for q in (50, 99):
@@ -263,7 +292,7 @@ def _rows(section: Section, system: str, outcomes: list[Outcome], p50_target: fl
                         Figure.of([percentile(o.after_release, q) * 1000 for o in outcomes], "ms", 1))
     ran = section.add(f"{system}: tasks run by the deadline", Figure.of([o.ran for o in outcomes], "%", 1))
     if ours:
-        ran.target, ran.met = "≥ 99%", ran.figure.median >= 0.99
+        ran.target, ran.met = "≥ 99% in every run", ran.figure.low >= 0.99
     if any(x < 0 for o in outcomes for x in o.lateness):
         section.add(f"{system}: tasks started before their due time",
                     Figure.of([sum(1 for x in o.lateness if x < 0) for o in outcomes]))
@@ -300,13 +329,15 @@ def run(ctx: Context) -> list[Section]:
     for system in SYSTEMS + RABBITMQ_SYSTEMS + (() if ctx.quick else (LONGTERM_CRON,)):
         both = system in SYSTEMS  # the RabbitMQ ones and the cron one run 3b only
         load, runs = (cron, 1) if system == LONGTERM_CRON else (slow, slow_runs)
+        threads = 1 if system == SYSTEMS[0] or system in RABBITMQ_SYSTEMS else PUBLISHER_THREADS
         try:
             with systems(ctx, system) as (s, publish, flush):
                 if system != LONGTERM_CRON:  # its run waits for the next 5-minute mark
-                    measure(s, publish, flush, warm, WARM_UP_SEQ)
+                    measure(s, publish, flush, warm, WARM_UP_SEQ, threads)
                 results[system] = (
-                    [measure(s, publish, flush, load, (k + 1) * 10_000_000) for k in range(runs)],
-                    [measure(s, publish, flush, fast, (k + 10) * 10_000_000)
+                    [measure(s, publish, flush, load, (k + 1) * 10_000_000, threads)
+                     for k in range(runs)],
+                    [measure(s, publish, flush, fast, (k + 10) * 10_000_000, threads)
                      for k in range(fast_runs if both else 0)])
         except Exception as exc:
             errors.append(f"{system}: {type(exc).__name__}: {exc}"[:500])
@@ -330,7 +361,8 @@ def run(ctx: Context) -> list[Section]:
             if ours is not None and results.get(peer, ([], []))[pick]:
                 row = _ratios(section, ours[pick], results[peer][pick], peer)
                 if peer == SYSTEMS[1]:
-                    row.target, row.met = f"≤ {limit:g}x", row.figure.median <= limit
+                    row.target = f"≤ {limit:g}x in every run"
+                    row.met = None if math.isnan(row.figure.median) else row.figure.high <= limit
     rabbit, rabbit_eta = (results.get(name) for name in RABBITMQ_SYSTEMS)
     if rabbit is not None and rabbit_eta is not None:
         _ratios(three_b, rabbit[0], rabbit_eta[0], RABBITMQ_SYSTEMS[1], RABBITMQ_SYSTEMS[0])
@@ -341,8 +373,14 @@ def run(ctx: Context) -> list[Section]:
                     "≤ 2x", on_redis.median <= 2)
     method = [
         f"task i is due at t0 + i/rate and published {fast.lead:g} s before it is due "
-        f"(batched form for celery_scheduler); {ORDERING_IDS} ordering ids; the task body logs its "
-        "start; lateness = start - due time, first start of each task.",
+        f"(batched form for celery_scheduler, from one thread; the peers' one call a task from "
+        f"{PUBLISHER_THREADS} threads, so that a call that waits for a round trip does not hold "
+        f"the load back; the RabbitMQ rows from one thread on one connection); {ORDERING_IDS} "
+        "ordering ids; the task body logs its start; lateness = start - due time, first start of "
+        "each task.",
+        f"a run whose publisher put out fewer than {ON_TIME_SHARE:.0%} of its tasks before they "
+        "were due is invalid: its lateness rows say so, it meets no target, and no ratio is taken "
+        "with it (n/a).",
         "celery_scheduler's lateness is split at the moment the dispatcher published the task to "
         "Celery (a header the benchmark app stamps): before it, the dispatcher (ingest, loading, "
         "the release marking); after it, Redis, the worker's prefetch queue and its store check. "

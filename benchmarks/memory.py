@@ -1,7 +1,10 @@
 """Scenario 4: memory with many tasks pending far ahead.
 
 celery_scheduler: the schedule is filled straight in Cassandra (``benchmarks.populate``),
-then a dispatcher is started over it and its resident memory sampled. Celery's ``eta=``:
+then a dispatcher is started over it and its resident memory sampled. The tasks are not in
+the dispatcher but in Cassandra and Kafka: Cassandra's bytes on disk for them (after a
+flush) and its memory, and the Kafka log bytes of a schedule record, are measured beside it
+(``benchmarks.storage``). Celery's ``eta=``:
 a worker receives every ETA task at once and keeps it in memory until it is due; its
 resident memory is measured before and after it received them, and the growth per task
 extrapolated linearly to the dispatcher's task count.
@@ -15,6 +18,7 @@ import time
 import psutil
 import redis
 
+from benchmarks import storage
 from benchmarks.context import Context, utc
 from benchmarks.harness import REDIS_URL, Stack, stack
 from benchmarks.populate import populate
@@ -53,6 +57,21 @@ def _dispatcher_rss(s: Stack, settle: float, window: float) -> float:
     return peak
 
 
+def _kafka_bytes_per_record(s: Stack, app: object, records: int) -> float:
+    """Schedule *records* calls through the package (due in a week, so they stay pending);
+    the topic's log bytes (one replica) per record."""
+    from celery_scheduler import flush
+
+    before = storage.kafka_log_bytes(s.name)
+    at = time.time() + WEEK
+    for i in range(records):
+        app.record.schedule((f"k{i % ORDERING_IDS}", i, at + i), {},  # type: ignore[attr-defined]
+                            at=utc(at + i), wait=False)
+    if flush(app.app, 60):  # type: ignore[attr-defined]
+        raise RuntimeError("schedule records left unacknowledged")
+    return (storage.kafka_log_bytes(s.name) - before) / records
+
+
 def run(ctx: Context) -> list[Section]:
     pending = ctx.pick(8_000, TARGET_PENDING)
     held = ctx.pick(2_000, 100_000)
@@ -61,12 +80,18 @@ def run(ctx: Context) -> list[Section]:
     settle, window = ctx.pick(2, 10), ctx.pick(2, 10)
     section = Section("4", "Memory with tasks pending over the next 7 days")
     ours: list[float] = []
+    records = ctx.pick(2_000, 20_000)
     with stack(ctx.tmp) as s:
         app = s.use_client()
+        node_before = storage.cassandra_info()
         start = time.time() + 300
         due = random.Random(4).random  # uniform over the week, whichever prefix gets written
         pending, rate = populate(s, app, ((f"o{i % ORDERING_IDS}", i, start + due() * WEEK)
                                           for i in range(pending)), fill_seconds)
+        storage.cassandra_flush(s.name)
+        disk_per_task = storage.keyspace_disk_bytes(s.name) / pending
+        node_after = storage.cassandra_info()
+        kafka_per_record = _kafka_bytes_per_record(s, app, records)
         ours = [_dispatcher_rss(s, settle, window) for _ in range(runs)]
     with stack(ctx.tmp, init=False) as s:
         app = s.use_client()
@@ -106,6 +131,18 @@ def run(ctx: Context) -> list[Section]:
                 Figure.of([extrapolated], "MB"))
     section.add(f"dispatcher RSS / Celery worker RSS, {TARGET_PENDING:,} pending (extrapolated)",
                 Figure.of([ratio(rss, extrapolated) for rss in ours], "%", 1))
+    section.add("Cassandra: bytes on disk a pending task (one replica, after a flush)",
+                Figure.of([disk_per_task], "B"))
+    section.add(f"Cassandra: on disk for {TARGET_PENDING:,} pending, one replica (from the row "
+                "above)", Figure.of([disk_per_task * TARGET_PENDING / 2**20], "MB"))
+    section.add("Cassandra: heap in use before the fill (the node's whole heap, GC-dependent)",
+                Figure.of([node_before["heap_mb"]], "MB"))
+    section.add("Cassandra: heap in use after the fill and a flush",
+                Figure.of([node_after["heap_mb"]], "MB"))
+    section.add("Cassandra: off-heap memory after the fill (bloom filters, index summaries)",
+                Figure.of([node_after["off_heap_mb"]], "MB", 1))
+    section.add("Kafka: log bytes a schedule record (one replica, kept for the topic's "
+                "retention)", Figure.of([kafka_per_record], "B"))
     section.add("schedule filled at (direct Cassandra batches)", Figure.of([rate], "tasks/s"))
     section.add(f"Celery apply_async publish of {held:,} ETA tasks", Figure.of([held / published], "/s"))
     section.method = [
@@ -117,6 +154,14 @@ def run(ctx: Context) -> list[Section]:
         "machine (scenario 2). Then a dispatcher is started, and its RSS (with any children) "
         f"sampled every 0.25 s for {window} s after it leased its partitions and {settle} s more; "
         f"the figure is the peak; {runs} dispatcher start(s) over the same schedule.",
+        "where the tasks are: Cassandra's bytes on disk are the keyspace's SSTables after "
+        "`nodetool flush` (one node: multiply by the replication factor), divided by the tasks "
+        "written; its heap and off-heap memory come from `nodetool info` before and after the "
+        "fill (the heap is the whole node's and moves with garbage collection: it is shown, not "
+        f"divided). Kafka: {records:,} schedule calls made through the package (due a week "
+        "ahead, so the dispatcher then loads them with the rest), the topic's log segment bytes "
+        "on the broker's disk divided by them; Kafka keeps them for the topic's retention, "
+        "whether they are pending or done.",
         f"Celery eta=: one --pool=solo worker on the Redis broker; RSS sampled idle, then {held:,} "
         "tasks are published with eta spread over 7 days; once the queue is empty (the worker holds "
         "them all) and 3 s more, RSS is sampled again. Per task = growth / tasks; the extrapolation "

@@ -63,13 +63,19 @@ def _admin(statement: str, name: str) -> None:
 
 
 @contextmanager
-def database(s: Stack) -> Iterator[str]:
+def database(s: Stack, synchronous_commit: bool = True) -> Iterator[str]:
     """A database named after the stack with procrastinate's schema; its conninfo.
 
-    The stack's processes are stopped before the database is dropped.
+    Without *synchronous_commit*, a commit returns before its WAL is flushed (PostgreSQL's
+    ``synchronous_commit = off``, set on the database, so for every connection to it): a crash
+    may lose the last commits, as Cassandra's periodic commit log may lose the last writes of
+    celery_scheduler's tasks; the durability closest to ours. The stack's processes are
+    stopped before the database is dropped.
     """
     started = time.monotonic()
     _admin("CREATE DATABASE {}", s.name)
+    if not synchronous_commit:
+        _admin("ALTER DATABASE {} SET synchronous_commit = off", s.name)
     try:
         schema = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=conninfo(s.name)))
         with schema.open():

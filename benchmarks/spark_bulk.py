@@ -14,7 +14,7 @@ from typing import Any
 from benchmarks.context import Context
 from benchmarks.harness import log, stack
 from benchmarks.report import Section
-from benchmarks.schedule import ORDERING_IDS, batched_rate
+from benchmarks.schedule import ORDERING_IDS, batched_rate, due_times
 from benchmarks.stats import Figure
 
 __all__ = ["run"]
@@ -50,7 +50,7 @@ def run(ctx: Context) -> list[Section]:
         app = s.use_client()
         at = time.time() + 7 * 24 * 3600
         took = _bulk(app, rows, at)
-        single = batched_rate(app, ctx.pick(10_000, 30_000), at)
+        single = batched_rate(app, due_times(at, ctx.pick(10_000, 30_000)))
     rate = rows / took
     section.add(f"{rows:,} rows: time, scheduled and acknowledged", Figure.of([took], "s", 1),
                 "≤ 60 s" if rows == 1_000_000 else "", took <= 60 if rows == 1_000_000 else None)
@@ -63,6 +63,7 @@ def run(ctx: Context) -> list[Section]:
         "by the package's own code on the executors, written with Spark's Kafka sink; the time "
         "runs from the call to its return, after Kafka acknowledged every record. A first job "
         "of 100 rows starts the JVM and resolves the connectors beforehand.",
-        "one process: scenario 1's batched form, on the same topic, in the same run.",
+        "one process: scenario 1's batched form (a due time of its own a call), on the same "
+        "topic, in the same run.",
     ]
     return [section]

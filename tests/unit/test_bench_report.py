@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from benchmarks.report import Report, Section, render, verdict
 from benchmarks.stats import Figure, percentile, ratio
@@ -34,6 +35,7 @@ def test_figure_shows_median_and_range_of_runs() -> None:
 
 def test_verdict_never_claims_an_unmeasured_target() -> None:
     assert verdict(None, Figure.of([1])) == ""
+    assert verdict(None, Figure.of([1]), "invalid: load not published") == "invalid: load not published"
     assert verdict(True, Figure.of([1])) == "**met**"
     assert verdict(False, Figure.of([1])) == "**not met**"
     assert verdict(True, Figure.of([math.nan])) == "not measured"
@@ -82,3 +84,56 @@ def test_speed_probe_is_the_cpu_time_of_its_workload() -> None:
     machine._probe_workload()
     once = (time.thread_time_ns() - began) / 1e6
     assert 0 < probe <= once * 1.5  # the fastest of several tries, in milliseconds
+
+
+def test_the_report_says_each_systems_durability_and_a_service_not_read_is_said_so() -> None:
+    from benchmarks.durability import _asked
+
+    def down() -> str:
+        raise ConnectionRefusedError("nothing listens")
+
+    durability = {"PostgreSQL (procrastinate)": "fsync on, synchronous_commit on",
+                  "Redis (Celery broker, RQ)": _asked("Redis", down)}
+    report = Report(command="scripts/bench", mode="full", started="now", machine={},
+                    load_start="0", durability=durability)
+    text = render(report)
+    assert "## Durability" in text
+    assert "| PostgreSQL (procrastinate) | fsync on, synchronous_commit on |" in text
+    assert ("| Redis (Celery broker, RQ) | not read (Redis: ConnectionRefusedError: nothing "
+            "listens) |") in text
+    assert "## Durability" not in render(Report(command="c", mode="full", started="now",
+                                                machine={}, load_start="0"))
+
+
+def _group_report(group: str, started: str, command: str, value: float) -> Report:
+    report = Report(command=command, mode="full", started=started, machine={"CPU": "c"},
+                    load_start="1", load_end="2", duration_s=60, probes={group: 14.0},
+                    code="abc1234")
+    section = Section(group, f"scenario {group}")
+    section.add("rate", Figure.of([value], "/s"), "≥ 1", value >= 1)
+    report.sections.append(section)
+    return report
+
+
+def test_a_group_run_again_alone_replaces_its_own_results_and_says_which_run_it_is(
+        tmp_path: Path) -> None:
+    from benchmarks import results
+    from benchmarks.report import render_many
+
+    first = [_group_report(g, "2030-01-01 00:00 UTC", "scripts/bench", 10.0) for g in ("1", "5")]
+    for report in first:
+        results.save(report, {next(iter(report.probes)): report.sections}, tmp_path)
+    whole = render_many(results.load(tmp_path), ["1", "5"])
+    assert "## Run\n" in whole and "## Runs" not in whole  # one run: read as one report
+    assert whole.index("## 1. scenario 1") < whole.index("## 5. scenario 5")
+
+    again = _group_report("5", "2030-01-02 00:00 UTC", "scripts/bench --only 5 --update", 0.5)
+    results.save(again, {"5": again.sections}, tmp_path)
+    loaded = results.load(tmp_path)
+    assert [r.sections[0].rows[0].figure.values for r in loaded] == [(10.0,), (0.5,)]
+    text = render_many(loaded, ["1", "5"])
+    assert "## Runs" in text
+    assert "| 1 | `scripts/bench` (full) | 2030-01-01 00:00 UTC |" in text
+    assert "| 5 | `scripts/bench --only 5 --update` (full) | 2030-01-02 00:00 UTC |" in text
+    assert "| 5 | rate | 0 /s (n=1) | ≥ 1 | **not met** |" in text  # the new figure, judged
+    assert "10 /s" in text and text.count("## 5. scenario 5") == 1

@@ -1,0 +1,84 @@
+"""Scenario 3h: a hot ordering id, and what it does to the others.
+
+One customer's 10,000 tasks fall due at once: their ordering id runs them one at a time, in
+order, for minutes. Meanwhile every other ordering id must be as punctual as without it. The
+steady load of 3b (100 due tasks a second over 1,000 ordering ids) is measured alone, then
+again while the hot id's tasks, scheduled in one ``schedule_many`` call a few seconds before
+the load, fall due together at its start.
+"""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks.context import Context, utc
+from benchmarks.harness import log
+from benchmarks.lateness import WARM_UP_SEQ, Load, Outcome, measure, systems
+from benchmarks.report import Section
+from benchmarks.stats import Figure, percentile, ratio
+
+__all__ = ["run"]
+
+HOT_ID = "hot"
+HOT_FIRST_SEQ = 70_000_000  # clear of the load's seqs (lateness.measure counts only those)
+
+
+def _hot_order(seqs_in_start_order: list[int]) -> bool:
+    return seqs_in_start_order == sorted(seqs_in_start_order)
+
+
+def run(ctx: Context) -> list[Section]:
+    hot_tasks = ctx.pick(1_000, 10_000)
+    load = Load(rate=100, duration=ctx.pick(5, 30), lead=ctx.pick(2, 5), grace=ctx.pick(6, 15))
+    warm = Load(rate=100, duration=ctx.pick(2, 10), lead=load.lead, grace=load.grace)
+    runs = ctx.pick(1, 3)
+    section = Section("3h", f"A hot ordering id: {hot_tasks:,} tasks of one id due at once")
+    alone: list[Outcome] = []
+    beside: list[Outcome] = []
+    hot_started: list[int] = []
+    from benchmarks import app  # the stack's client is set on it
+
+    with systems(ctx, "celery_scheduler") as (s, publish, flush):
+        measure(s, publish, flush, warm, WARM_UP_SEQ)
+        # the runs without the hot id first: its tasks go on running long after a run with it
+        alone = [measure(s, publish, flush, load, (k + 30) * 10_000_000) for k in range(runs)]
+        for k in range(runs):
+            first = HOT_FIRST_SEQ + k * hot_tasks
+            due = time.time() + load.lead + 1.0  # when the load's first tasks fall due
+            app.record.schedule_many(  # type: ignore[attr-defined]  # the scheduled task
+                [(utc(due), (f"{HOT_ID}{k}", first + i, due)) for i in range(hot_tasks)])
+            beside.append(measure(s, publish, flush, load, (k + 40) * 10_000_000))
+            ran = sorted((x for x in s.starts() if x.ordering_id == f"{HOT_ID}{k}"),
+                         key=lambda x: x.started)
+            hot_started.append(len({x.seq for x in ran}))
+            if not _hot_order([x.seq for x in ran]):
+                raise RuntimeError(f"the hot id's tasks started out of order in run {k + 1}")
+    p99_alone = Figure.of([o.ms(99) for o in alone], "ms", 1)
+    p99_beside = Figure.of([o.ms(99) for o in beside], "ms", 1)
+    ratios = Figure.of([ratio(b.ms(99), a.ms(99)) for a, b in zip(alone, beside, strict=True)],
+                       "x", 1)
+    section.add("other ids' lateness p99, no hot id", p99_alone)
+    section.add("other ids' lateness p99, with the hot id due", p99_beside)
+    section.add("... with / without, run by run", ratios, "≤ 2x in every run",
+                ratios.high <= 2 if ratios.measured else None)
+    section.add("other ids' tasks run by the deadline, with the hot id",
+                Figure.of([o.ran for o in beside], "%", 1), "≥ 99% in every run",
+                min(o.ran for o in beside) >= 0.99)
+    seconds = load.duration + load.grace
+    section.add(f"hot id: tasks started during the run (one at a time, in order; {seconds:g} s)",
+                Figure.of(hot_started))
+    section.add("other ids' lateness p50, no hot id / with it", Figure.of(
+        [ratio(percentile(b.lateness, 50), percentile(a.lateness, 50))
+         for a, b in zip(alone, beside, strict=True)], "x", 1))
+    log(f"3h: p99 {p99_alone} alone, {p99_beside} beside {hot_tasks} hot tasks")
+    section.method = [
+        f"the load of 3b ({load.rate:g} due tasks/s over 1,000 ordering ids for {load.duration:g} "
+        f"s, published {load.lead:g} s ahead), one dispatcher and two solo workers; {runs} "
+        f"run(s) alone, then {runs} more each with {hot_tasks:,} tasks of one new ordering id "
+        "scheduled (schedule_many) just before and due when the load's first tasks are; the "
+        "runs without come first, as the hot id's tasks go on running for minutes after.",
+        "the other ids' lateness as in 3 (first start minus due time); the hot id's tasks must "
+        "start in order (the run fails otherwise), and how many started by the end of the run "
+        "is shown: one at a time, each after the outcome of the one before.",
+    ]
+    return [section]
