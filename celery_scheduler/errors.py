@@ -4,7 +4,8 @@
 
     SchedulerError
     ├── ConfigurationError           a setting is missing, unknown or of the wrong type
-    │   └── NotUnderTestError        a schedule call of another app inside scheduler_testing
+    │   ├── NotUnderTestError        a schedule call of another app inside scheduler_testing
+    │   └── PeriodicEntryError       a periodic entry (beat_schedule) cannot be run as given
     ├── ScheduleError                a schedule/cancel call was given bad input
     │   ├── NotAScheduledTaskError   the task was not decorated with @scheduled_task
     │   ├── InvalidKeyError          ordering id or uniqueness key missing, empty, not a string
@@ -40,6 +41,7 @@ __all__ = [
     "NotRetryableError",
     "NotSerializableError",
     "NotUnderTestError",
+    "PeriodicEntryError",
     "ReleaseNotSentError",
     "ReleaseUncertainError",
     "ScheduleError",
@@ -65,6 +67,14 @@ class ConfigurationError(SchedulerError):
 class NotUnderTestError(ConfigurationError):
     """A call reached the scheduler of a Celery app that no active ``scheduler_testing``
     routes to memory, while one is active: it would have gone to the real Kafka."""
+
+
+class PeriodicEntryError(ConfigurationError):
+    """A periodic entry (of ``beat_schedule``) cannot be run as given; ``entry`` names it."""
+
+    def __init__(self, entry: str, problem: str) -> None:
+        super().__init__(f"periodic entry {entry!r}: {problem}")
+        self.entry = entry
 
 
 class ScheduleError(SchedulerError, ValueError):

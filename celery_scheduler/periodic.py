@@ -1,0 +1,239 @@
+"""Periodic entries: celery beat's ``beat_schedule``, read and turned into occurrences.
+
+Pure: no clock, no I/O. An entry fires at occurrence times computed by Celery's own schedule
+classes, in the app's timezone; each occurrence is to be run as a scheduled task whose key is
+made from the entry and the occurrence alone::
+
+    ordering id     periodic:<entry name>
+    scheduled time  the occurrence (plus the entry's jitter, the same wherever it is computed)
+    uniqueness key  the occurrence, as ISO 8601 UTC
+
+so that any number of processes computing the same occurrence make the same key, and the
+scheduler's dedupe by key runs it once; and an entry's occurrences share an ordering id, so
+they run one after another, in order, never side by side.
+
+Where this differs from celery beat (which keeps a last-run time per entry in one process):
+
+- an interval (a number of seconds, a ``timedelta``, ``schedule(run_every=...)``) fires at
+  the multiples of the interval since the Unix epoch, whatever ``relative`` says, so that
+  every process agrees without sharing a start time; a new entry first fires at the next
+  multiple, not at once (celery beat runs a new interval entry as soon as it starts);
+- after downtime, the entry's ``catch_up`` says which missed occurrences run: ``"last"``
+  (the default: the most recent missed one, as celery beat runs a due entry once), ``"all"``
+  (each, once) or ``"none"``;
+- a ``crontab`` is read by Celery's own ``crontab`` (its fields, its day-of-week numbering,
+  its handling of daylight saving time); two occurrences that fall on one instant (a wall
+  time that a clock change skips lands on the next hour's) are one.
+
+``solar`` schedules are refused for now, with an error naming the entry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import json
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from celery.schedules import crontab, schedule, solar
+
+from celery_scheduler.errors import PeriodicEntryError
+from celery_scheduler.keys import TaskKey
+
+__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "entries", "key", "occurrences", "to_fire"]
+
+PERIODIC_PREFIX = "periodic:"
+# The keys celery beat reads in an entry; the options that are the package's own.
+CELERY_KEYS = frozenset(("task", "schedule", "args", "kwargs", "options", "relative"))
+OWN_KEYS = frozenset(("catch_up", "jitter"))
+# The most occurrences one call returns: a minute's crontab over a week of downtime is 10,080.
+MAX_OCCURRENCES = 100_000
+_UTC = dt.timezone.utc
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
+
+
+class CatchUp(str, enum.Enum):
+    """Which occurrences missed while nothing ran (the dispatchers were down) still run."""
+
+    LAST = "last"  # the most recent one: what celery beat does
+    ALL = "all"  # each of them, once
+    NONE = "none"  # none: the next occurrence runs as usual
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One periodic entry, checked: *schedule* is Celery's (``schedule`` or ``crontab``)."""
+
+    name: str
+    task: str
+    schedule: schedule | crontab
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    catch_up: CatchUp = CatchUp.LAST
+    jitter_ms: int = 0
+
+    @property
+    def ordering_id(self) -> str:
+        return PERIODIC_PREFIX + self.name
+
+
+def _json(entry: str, what: str, value: Any) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PeriodicEntryError(entry, f"its {what} must be JSON values ({exc})") from None
+
+
+def _every(spec: schedule) -> dt.timedelta:
+    """An interval schedule's ``run_every`` (Celery keeps it as a timedelta)."""
+    every: dt.timedelta = cast(Any, spec).run_every  # celery-types does not declare it
+    return every
+
+
+def _schedule(entry: str, value: Any, relative: bool) -> schedule | crontab:
+    if isinstance(value, solar):
+        raise PeriodicEntryError(entry, "solar schedules are not supported yet; use a crontab")
+    if isinstance(value, crontab):
+        return value
+    if isinstance(value, schedule):
+        if _every(value).total_seconds() <= 0:
+            raise PeriodicEntryError(entry, f"its interval must be positive, got {_every(value)}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, dt.timedelta)):
+        raise PeriodicEntryError(
+            entry, f"schedule must be seconds, a timedelta, celery.schedules.schedule or "
+                   f"crontab, got {type(value).__name__} {value!r:.100}")
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+    if not 0.001 <= seconds < 10 * 365 * 86_400:
+        raise PeriodicEntryError(entry, f"its interval must be from 1 ms to 10 years, got {value!r}")
+    return schedule(dt.timedelta(seconds=seconds), relative=relative)
+
+
+def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -> Entry:
+    """Check one ``beat_schedule`` item; :class:`PeriodicEntryError` names what is wrong."""
+    if not isinstance(name, str) or not name.strip():
+        raise PeriodicEntryError(str(name), "its name must be a non-empty string")
+    if not isinstance(spec, Mapping):
+        raise PeriodicEntryError(name, f"it must be a mapping, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - CELERY_KEYS - OWN_KEYS)
+    if unknown:
+        raise PeriodicEntryError(name, f"unknown key(s) {', '.join(map(str, unknown))}; known: "
+                                       f"{', '.join(sorted(CELERY_KEYS | OWN_KEYS))}")
+    task = spec.get("task")
+    if not isinstance(task, str) or not task:
+        raise PeriodicEntryError(name, f"'task' must be a task name, got {task!r:.100}")
+    if known_tasks is not None and task not in known_tasks:
+        raise PeriodicEntryError(name, f"task {task!r} is not registered in this app")
+    if "schedule" not in spec:
+        raise PeriodicEntryError(name, "it has no 'schedule'")
+    relative = spec.get("relative", False)
+    if not isinstance(relative, bool):
+        raise PeriodicEntryError(name, f"'relative' must be True or False, got {relative!r}")
+    args, kwargs, options = spec.get("args", ()), spec.get("kwargs", {}), spec.get("options", {})
+    if not isinstance(args, (list, tuple)):
+        raise PeriodicEntryError(name, f"'args' must be a list or tuple, got {type(args).__name__}")
+    if not isinstance(kwargs, Mapping) or any(not isinstance(k, str) for k in kwargs):
+        raise PeriodicEntryError(name, "'kwargs' must be a mapping with string keys")
+    if not isinstance(options, Mapping):
+        raise PeriodicEntryError(name, f"'options' must be a mapping, got {type(options).__name__}")
+    _json(name, "args", list(args))
+    _json(name, "kwargs", dict(kwargs))
+    _json(name, "options", dict(options))
+    try:
+        catch_up = CatchUp(spec.get("catch_up", CatchUp.LAST.value))
+    except ValueError:
+        raise PeriodicEntryError(name, f"'catch_up' must be one of "
+                                       f"{', '.join(c.value for c in CatchUp)}, got "
+                                       f"{spec.get('catch_up')!r}") from None
+    jitter = spec.get("jitter", 0)
+    if isinstance(jitter, dt.timedelta):
+        jitter = jitter.total_seconds()
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 86_400:
+        raise PeriodicEntryError(name, f"'jitter' must be 0 to 86,400 seconds, got {jitter!r}")
+    return Entry(name, task, _schedule(name, spec["schedule"], relative), tuple(args),
+                 dict(kwargs), dict(options), catch_up, int(jitter * 1000))
+
+
+def entries(beat_schedule: Mapping[str, Any], known_tasks: Collection[str] | None = None
+            ) -> list[Entry]:
+    """Every entry of *beat_schedule*, checked (all of them before any is returned)."""
+    if not isinstance(beat_schedule, Mapping):
+        raise PeriodicEntryError("beat_schedule", f"it must be a mapping of entry names to "
+                                                  f"entries, got {type(beat_schedule).__name__}")
+    return [entry_of(name, spec, known_tasks) for name, spec in beat_schedule.items()]
+
+
+def _ms(moment: dt.datetime) -> int:
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _interval(every_ms: int, after_ms: int, until_ms: int) -> Iterator[int]:
+    at = (after_ms // every_ms + 1) * every_ms
+    while at <= until_ms:
+        yield at
+        at += every_ms
+
+
+def _crontab(spec: crontab, after_ms: int, until_ms: int, tz: dt.tzinfo) -> Iterator[int]:
+    # Celery's crontab counts from a previous run, to the minute: start from the minute
+    # boundary at or before *after*, and keep what lies after it.
+    start = (after_ms // 60_000) * 60_000
+    moment = dt.datetime.fromtimestamp(start / 1000, _UTC).astimezone(tz)
+    previous = start
+    while True:
+        last, delta, _ = spec.remaining_delta(moment, tz=tz)
+        if last + delta <= last:
+            raise PeriodicEntryError(repr(spec), f"crontab gave no time after {last}")
+        moment = last + delta
+        at = _ms(moment)
+        if at > until_ms:
+            return
+        if at > after_ms and at > previous:  # one instant twice (a clock change) is one
+            yield at
+            previous = at
+
+
+def occurrences(entry: Entry, after_ms: int, until_ms: int, tz: dt.tzinfo) -> list[int]:
+    """The entry's occurrences after *after_ms* up to *until_ms* (epoch ms, both UTC), in
+    order; *tz* is the app's timezone (a crontab's wall times are in it)."""
+    spec = entry.schedule
+    found: list[int] = []
+    times = (_crontab(spec, after_ms, until_ms, tz) if isinstance(spec, crontab) else
+             _interval(max(1, int(_every(spec).total_seconds() * 1000)), after_ms, until_ms))
+    for at in times:
+        found.append(at)
+        if len(found) > MAX_OCCURRENCES:
+            raise PeriodicEntryError(entry.name, f"more than {MAX_OCCURRENCES:,} occurrences "
+                                                 f"between two times: ask for a shorter span")
+    return found
+
+
+def _jitter(entry: Entry, occurrence_ms: int) -> int:
+    if not entry.jitter_ms:
+        return 0
+    digest = hashlib.sha256(f"{entry.name}@{occurrence_ms}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % entry.jitter_ms
+
+
+def key(entry: Entry, occurrence_ms: int) -> TaskKey:
+    """The task key of the entry's occurrence at *occurrence_ms*: the same wherever computed."""
+    unique = dt.datetime.fromtimestamp(occurrence_ms / 1000, _UTC).isoformat(timespec="milliseconds")
+    return TaskKey(entry.ordering_id, occurrence_ms + _jitter(entry, occurrence_ms), unique)
+
+
+def to_fire(entry: Entry, last_ms: int | None, now_ms: int, ahead_ms: int, tz: dt.tzinfo
+            ) -> list[int]:
+    """The occurrences to schedule now: those missed since *last_ms* (the last occurrence
+    already scheduled; None for a new entry, which catches nothing up), as the entry's
+    ``catch_up`` says, then those due up to *ahead_ms* from *now_ms*."""
+    missed = [] if last_ms is None else occurrences(entry, last_ms, now_ms, tz)
+    if entry.catch_up is CatchUp.LAST:
+        missed = missed[-1:]
+    elif entry.catch_up is CatchUp.NONE:
+        missed = []
+    return missed + occurrences(entry, now_ms, now_ms + ahead_ms, tz)
