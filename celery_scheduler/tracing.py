@@ -60,8 +60,8 @@ def _otel(module: str) -> Any:
 def traced_options(options: Mapping[str, Any], settings: Settings) -> Mapping[str, Any]:
     """*options* with the current trace context in their ``headers``, if tracing is on and
     a trace is current; a header the caller set itself is kept."""
-    if not settings.opentelemetry:
-        return options
+    if not settings.opentelemetry or not isinstance(options.get("headers") or {}, Mapping):
+        return options  # (headers that are no mapping get check_options' error, unchanged)
     carrier: dict[str, str] = {}
     _otel("propagate").inject(carrier)
     if not carrier:  # no span is current: nothing to join

@@ -51,6 +51,8 @@ def test_a_call_made_in_a_span_carries_its_context_and_the_callers_own_header_wi
     # a copy of its own, which a tracer that rewrites traceparent at a publish leaves alone
     assert options["headers"][tracing.TRACE_HEADER] == {"traceparent": options["headers"]["traceparent"]}
     assert own["headers"]["traceparent"] == "mine"
+    with trace.get_tracer("test").start_as_current_span("checkout"):  # left for check_options
+        assert tracing.traced_options({"headers": ["x"]}, settings) == {"headers": ["x"]}
 
 
 def test_with_tracing_off_a_call_carries_nothing(spans: InMemorySpanExporter) -> None:
