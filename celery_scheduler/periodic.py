@@ -41,7 +41,7 @@ from typing import Any, cast
 from celery.schedules import crontab, schedule, solar
 
 from celery_scheduler.errors import PeriodicEntryError
-from celery_scheduler.keys import TaskKey
+from celery_scheduler.keys import TaskKey, to_epoch_ms
 
 __all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "entries", "key", "occurrences", "to_fire"]
 
@@ -52,7 +52,6 @@ OWN_KEYS = frozenset(("catch_up", "jitter"))
 # The most occurrences one call returns: a minute's crontab over a week of downtime is 10,080.
 MAX_OCCURRENCES = 100_000
 _UTC = dt.timezone.utc
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
 
 
 class CatchUp(str, enum.Enum):
@@ -167,11 +166,6 @@ def entries(beat_schedule: Mapping[str, Any], known_tasks: Collection[str] | Non
     return [entry_of(name, spec, known_tasks) for name, spec in beat_schedule.items()]
 
 
-def _ms(moment: dt.datetime) -> int:
-    delta = moment - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-
-
 def _interval(every_ms: int, after_ms: int, until_ms: int) -> Iterator[int]:
     at = (after_ms // every_ms + 1) * every_ms
     while at <= until_ms:
@@ -190,7 +184,7 @@ def _crontab(spec: crontab, after_ms: int, until_ms: int, tz: dt.tzinfo) -> Iter
         if last + delta <= last:
             raise PeriodicEntryError(repr(spec), f"crontab gave no time after {last}")
         moment = last + delta
-        at = _ms(moment)
+        at = to_epoch_ms(moment, tz)
         if at > until_ms:
             return
         if at > after_ms and at > previous:  # one instant twice (a clock change) is one

@@ -25,18 +25,15 @@ as the application set them up.
 from __future__ import annotations
 
 import importlib
-import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
+from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.errors import ConfigurationError
 from celery_scheduler.wire import HEADER, parse_header
 
 __all__ = ["SPAN_ATTRIBUTE", "TRACER_NAME", "TRACE_HEADER", "install", "traced_options"]
-
-logger = logging.getLogger(__name__)
 
 TRACER_NAME = "celery_scheduler"
 # The run's span, kept on the task's request from task_prerun to task_postrun.
@@ -94,7 +91,7 @@ def _on_prerun(task: Any = None, **_: Any) -> None:
         return
     trace = _otel("trace")
     context = _otel("propagate").extract(_carrier(task.request))
-    started_ms = int(time.time() * 1000)
+    started_ms = now_ms()
     key = release.key
     attributes: dict[str, Any] = {
         f"{PREFIX}task_key": str(key), f"{PREFIX}ordering_id": key.ordering_id,
@@ -119,7 +116,7 @@ def _on_postrun(task: Any = None, state: str | None = None, retval: Any = None, 
         return
     setattr(task.request, SPAN_ATTRIBUTE, None)
     trace = _otel("trace")
-    span.set_attribute(f"{PREFIX}finished_at_ms", int(time.time() * 1000))
+    span.set_attribute(f"{PREFIX}finished_at_ms", now_ms())
     if state:
         span.set_attribute("celery.state", state)
     if state == "FAILURE":
