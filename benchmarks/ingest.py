@@ -139,7 +139,7 @@ def _raw_inserts(keyspace: str, value: bytes, count: int, bucket_seconds: int
                 b = write_bucket(key.scheduled_ms, now_ms, bucket_seconds)
                 params.append((row, (p, b, when, o, u, "bench.record", value)))
                 params.append((status, (*layout.primary_key(key), "pending", "bench.record", p, b,
-                                        now)))
+                                        0, None, None, 0, now, 0)))
             return params
 
         batched_rows, single_rows = rows(0), rows(count)

@@ -79,7 +79,7 @@ def populate(s: Stack, app: Any, tasks: Iterable[tuple[str, int, float]], second
             batch.add(schedule, (partition, bucket, at, ordering_id, key.uniqueness_key, envelope.task,
                                  client.encode(envelope)))
             batch.add(status, (*layout.primary_key(key), "pending", envelope.task, partition, bucket,
-                               _ts(now_ms)))
+                               0, None, None, 0, _ts(now_ms), 0))
             if (partition, bucket) not in indexed:
                 indexed.add((partition, bucket))
                 batch.add(index, (partition, bucket))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
-from celery_scheduler.store.base import Cursor, ScheduleStore, StoredTask, bucket_of, droppable
+from celery_scheduler.store.base import Cursor, ReleaseLedger, StoredTask, bucket_of, droppable
 
 __all__ = ["PartitionLoader", "loaded_from"]
 
@@ -44,7 +44,7 @@ def loaded_from(row: StoredTask) -> Loaded:
 class PartitionLoader:
     """The cursor of one partition, and the reads that advance it."""
 
-    def __init__(self, store: ScheduleStore, partition: int, *, page_size: int = 500,
+    def __init__(self, store: ReleaseLedger, partition: int, *, page_size: int = 500,
                  max_loaded: int = 5000, lookahead_ms: int = 60_000) -> None:
         self.store = store
         self.partition = partition

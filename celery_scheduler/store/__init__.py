@@ -1,7 +1,9 @@
 """The schedule store: pending tasks in time buckets, and the status of every task key.
 
-:class:`~celery_scheduler.store.base.ScheduleStore` is the interface; ``cassandra`` is the
-real implementation and ``memory`` the in-process one for unit tests.
+:class:`~celery_scheduler.store.base.ScheduleStore` is the interface (split by who uses it,
+see :mod:`~celery_scheduler.store.base`); ``cassandra`` is the real implementation and
+``memory`` the in-process one for unit tests and the testing helper. What each transition
+of a key writes is decided once, for both, in :mod:`~celery_scheduler.store.lifecycle`.
 """
 
 from __future__ import annotations

@@ -1,206 +1,62 @@
-"""The schedule store interface and the records it returns.
+"""The schedule store's interface, split by who uses it.
 
-Pending tasks live in rows keyed by (Kafka partition, time bucket) and clustered by
-(time, ordering id, uniqueness key); a bucket index lists the buckets of a partition that
-may hold rows. A row written for a time already past goes to the bucket of "now minus one"
-instead of its own, and index entries are removed only for buckets at least two buckets
-old, so a row is never written into a bucket that a dispatcher already dropped from the
-index. A row's bucket is recorded in its status, so it can be found again.
+- :class:`TaskWriter`: the schedule call's side, the dispatcher's ingest loop (put, cancel
+  and retry records, decided from each key's status);
+- :class:`ReleaseLedger`: the release engine (loading due rows, marking releases, recording
+  retries, completions and workers' reports);
+- :class:`LeaseTable`: which dispatcher owns which partition, and the fence on its writes;
+- :class:`OperatorReads`: what the CLI, the HTTP API and the console show;
+- :class:`StatusReads`, a key's status, which all of them read.
+
+:class:`ScheduleStore` is all of them, with the schema; the stores (``cassandra``,
+``memory``) implement it, and each part of the package asks only for what it uses. The
+records these return are in :mod:`celery_scheduler.store.records` (and importable from here).
 """
 
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.store.records import (
+    Cancel,
+    Cursor,
+    Lease,
+    Operation,
+    Put,
+    Retry,
+    RunTimes,
+    State,
+    StoredTask,
+    TaskStatus,
+    bucket_of,
+    droppable,
+    settled_state,
+    write_bucket,
+)
 
-__all__ = ["Cancel", "Cursor", "Lease", "Operation", "Put", "Retry", "RunTimes", "ScheduleStore",
-           "State", "StoredTask", "TaskStatus", "bucket_of", "settled_state", "write_bucket"]
-
-
-class State(str, enum.Enum):
-    """Lifecycle of a task key."""
-
-    PENDING = "pending"
-    RELEASED = "released"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        """A finished (succeeded or failed) key never runs again."""
-        return self in (State.SUCCEEDED, State.FAILED)
-
-
-@dataclass(frozen=True)
-class TaskStatus:
-    """What the store knows about one task key."""
-
-    key: TaskKey
-    state: State
-    task: str
-    partition: int
-    attempts: int = 0
-    last_error: str | None = None
-    updated_ms: int = 0
-    bucket: int | None = None
-    outcome: str | None = None  # "succeeded"/"failed", written by the worker
-    outcome_attempt: int = 0  # which release the outcome belongs to
-    # A finished task's times (epoch ms; 0 if unknown): its first release, and the start
-    # and end of its last attempt on the worker.
-    released_ms: int = 0
-    started_ms: int = 0
-    finished_ms: int = 0
-    # which of its attempt's releases the outcome came from (their start lease's end; 0:
-    # unknown, as from workers of earlier versions)
-    outcome_generation: int = 0
+__all__ = ["Cancel", "Cursor", "Lease", "LeaseTable", "Operation", "OperatorReads", "Put",
+           "ReleaseLedger", "Retry", "RunTimes", "ScheduleStore", "State", "StatusReads",
+           "StoredTask", "TaskStatus", "TaskWriter", "bucket_of", "droppable", "settled_state",
+           "write_bucket"]
 
 
-class RunTimes(NamedTuple):
-    """When a task was first released, and its last attempt started and ended (epoch ms, 0:
-    unknown): what a finished task's status records for the lateness reports."""
-
-    released_ms: int = 0
-    started_ms: int = 0
-    finished_ms: int = 0
-
-
-@dataclass(frozen=True)
-class StoredTask:
-    """A pending task as stored, with its dispatch state."""
-
-    partition: int
-    bucket: int
-    envelope: ScheduleEnvelope
-    attempts: int = 0
-    not_before_ms: int = 0
-    lease_until_ms: int = 0
-    blocked: bool = False
-
-    @property
-    def key(self) -> TaskKey:
-        return self.envelope.key
-
-    @property
-    def position(self) -> Cursor:
-        key = self.envelope.key
-        return Cursor(self.bucket, key.scheduled_ms, key.ordering_id, key.uniqueness_key)
-
-
-@dataclass(frozen=True, order=True)
-class Cursor:
-    """A position in a partition's schedule: rows are read in (bucket, at, ids) order."""
-
-    bucket: int
-    at_ms: int = -1
-    ordering_id: str = ""
-    uniqueness_key: str = ""
-
-
-@dataclass(frozen=True)
-class Lease:
-    """Ownership of a partition: only the holder of the newest epoch may release from it."""
-
-    partition: int
-    owner: str
-    epoch: int
-    expires_ms: int
-
-
-@dataclass(frozen=True)
-class Put:
-    """Store *envelope* as pending in *partition* (see :meth:`ScheduleStore.put`)."""
-
-    partition: int
-    envelope: ScheduleEnvelope
-    # the envelope's bytes as read from the task log, stored as they are (not encoded again)
-    data: bytes | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def key(self) -> TaskKey:
-        return self.envelope.key
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """Cancel the pending *key* (see :meth:`ScheduleStore.cancel`)."""
-
-    partition: int
-    key: TaskKey
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Run the failed *key* once more (see :meth:`ScheduleStore.retry`)."""
-
-    partition: int
-    key: TaskKey
-
-
-Operation = Put | Cancel | Retry
-
-
-def bucket_of(scheduled_ms: int, bucket_seconds: int) -> int:
-    """The time bucket a scheduled time falls in (buckets are *bucket_seconds* wide)."""
-    return scheduled_ms // (bucket_seconds * 1000)
-
-
-def write_bucket(scheduled_ms: int, now_ms: int, bucket_seconds: int) -> int:
-    """The bucket a row is written to: its own, or "now minus one" if that one is older."""
-    return max(bucket_of(scheduled_ms, bucket_seconds), bucket_of(now_ms, bucket_seconds) - 1)
-
-
-def settled_state(status: TaskStatus | None, partition: int, bucket: int) -> State | None:
-    """The final state to record for a key whose row at (*partition*, *bucket*) lost its task.
-
-    Only a cancel or a completion deletes a row. A dispatch update (a release marking, a
-    retry) written just after one of them re-creates the row without its task and
-    overwrites the final status with "released" or "pending": a dispatcher that marked a
-    task released a moment after its cancel was applied, then died before publishing it.
-    Nobody will run that task (there is nothing left to run), so its status must say so:
-    "succeeded" if a worker reported so, "cancelled" otherwise. None: the status is final
-    already, unknown, or belongs to a row elsewhere, and only the remnant goes.
-    """
-    if status is None or status.partition != partition or status.bucket != bucket:
-        return None
-    if status.state not in (State.PENDING, State.RELEASED):
-        return None
-    return State.SUCCEEDED if status.outcome == "succeeded" else State.CANCELLED
-
-
-def droppable(bucket: int, now_ms: int, bucket_seconds: int) -> bool:
-    """Whether an empty bucket may leave the index: no writer will use it again."""
-    return bucket < bucket_of(now_ms, bucket_seconds) - 2
-
-
-class ScheduleStore(abc.ABC):
-    """Persists pending tasks by (partition, time), task status by key, and partition leases."""
-
-    bucket_seconds: int
+class StatusReads(abc.ABC):
+    """A task key's status, as every user of the store reads it."""
 
     @abc.abstractmethod
-    def create_schema(self, status_shards: int | None = None) -> int:
-        """Create the keyspace and tables if they do not exist (idempotent).
+    def status(self, key: TaskKey) -> TaskStatus | None:
+        """Return the status of *key*, or None if the store never saw it."""
 
-        *status_shards*: for a new keyspace, how many shards its statuses are spread over
-        (the topic's partition count, see :mod:`celery_scheduler.store.status_layout`).
-        Returns how many statuses were moved from an earlier version's table.
-        """
+    def statuses(self, keys: Sequence[TaskKey]) -> list[TaskStatus | None]:
+        """The statuses of *keys*, in order (a store may read them concurrently)."""
+        return [self.status(key) for key in keys]
 
-    def check_schema(self) -> None:
-        """Raise :class:`SchemaMissingError` if the store lacks something this version writes."""
 
-    @abc.abstractmethod
-    def drop_schema(self) -> bool:
-        """Delete the keyspace with everything in it; False if there was none."""
-
-    # --- the schedule call's side (dispatcher ingest) ----------------------------------------
+class TaskWriter(StatusReads):
+    """The schedule call's side: the dispatcher's ingest loop writes what the task log holds."""
 
     @abc.abstractmethod
     def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
@@ -253,41 +109,11 @@ class ScheduleStore(abc.ABC):
                 results.append(self.cancel(op.partition, op.key, now_ms))
         return results
 
-    @abc.abstractmethod
-    def status(self, key: TaskKey) -> TaskStatus | None:
-        """Return the status of *key*, or None if the store never saw it."""
 
-    def statuses(self, keys: Sequence[TaskKey]) -> list[TaskStatus | None]:
-        """The statuses of *keys*, in order (a store may read them concurrently)."""
-        return [self.status(key) for key in keys]
+class ReleaseLedger(StatusReads):
+    """The release engine's side: due rows loaded, releases marked, outcomes recorded."""
 
-    # --- what operators look at (read only) ---------------------------------------------------
-
-    @abc.abstractmethod
-    def task(self, key: TaskKey) -> StoredTask | None:
-        """The stored row of *key* (its task and dispatch state), or None if it has none."""
-
-    @abc.abstractmethod
-    def leases(self) -> list[Lease]:
-        """The lease of every partition that was ever leased, by partition."""
-
-    @abc.abstractmethod
-    def backlog(self, partition: int) -> tuple[int, int | None]:
-        """How many rows *partition* holds, and the earliest scheduled time among them."""
-
-    @abc.abstractmethod
-    def statuses_in_state(self, state: State, limit: int) -> list[TaskStatus]:
-        """Up to *limit* statuses in *state*, in no particular order (a scan: for operators)."""
-
-    @abc.abstractmethod
-    def bucket_sizes(self, partition: int, first: int, last: int) -> dict[int, int]:
-        """Rows per indexed bucket of *partition* between *first* and *last* (inclusive)."""
-
-    @abc.abstractmethod
-    def rows_of(self, partition: int, ordering_id: str, limit: int = 1000) -> list[StoredTask]:
-        """The rows of *ordering_id* (in *partition*) still in the schedule, in schedule order."""
-
-    # --- loading ------------------------------------------------------------------------------
+    bucket_seconds: int  # how wide the schedule's time buckets are
 
     @abc.abstractmethod
     def buckets(self, partition: int, first: int, last: int, limit: int = 100) -> list[int]:
@@ -305,8 +131,6 @@ class ScheduleStore(abc.ABC):
     @abc.abstractmethod
     def drop_bucket(self, partition: int, bucket: int) -> None:
         """Remove an empty bucket from the index."""
-
-    # --- release and completion ---------------------------------------------------------------
 
     @abc.abstractmethod
     def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
@@ -367,7 +191,9 @@ class ScheduleStore(abc.ABC):
             self.record_outcome(partition, key, attempt, succeeded, error, now_ms,
                                 (runs or {}).get(key), generation)
 
-    # --- partition leases ------------------------------------------------------------------------
+
+class LeaseTable(abc.ABC):
+    """Which dispatcher owns which partition: leases, and the fence on an owner's writes."""
 
     @abc.abstractmethod
     def acquire_lease(self, partition: int, owner: str, ttl_ms: int, now_ms: int) -> Lease | None:
@@ -408,6 +234,56 @@ class ScheduleStore(abc.ABC):
         late (after a pause) loses to the writes of the partition's next owner. A store
         whose writes apply in the order they are made (the memory store) has nothing to do.
         """
+
+
+class OperatorReads(StatusReads):
+    """What operators look at (read only): the CLI, the HTTP API and the console."""
+
+    @abc.abstractmethod
+    def task(self, key: TaskKey) -> StoredTask | None:
+        """The stored row of *key* (its task and dispatch state), or None if it has none."""
+
+    @abc.abstractmethod
+    def leases(self) -> list[Lease]:
+        """The lease of every partition that was ever leased, by partition."""
+
+    @abc.abstractmethod
+    def backlog(self, partition: int) -> tuple[int, int | None]:
+        """How many rows *partition* holds, and the earliest scheduled time among them."""
+
+    @abc.abstractmethod
+    def statuses_in_state(self, state: State, limit: int) -> list[TaskStatus]:
+        """Up to *limit* statuses in *state*, in no particular order (a scan: for operators)."""
+
+    @abc.abstractmethod
+    def bucket_sizes(self, partition: int, first: int, last: int) -> dict[int, int]:
+        """Rows per indexed bucket of *partition* between *first* and *last* (inclusive)."""
+
+    @abc.abstractmethod
+    def rows_of(self, partition: int, ordering_id: str, limit: int = 1000) -> list[StoredTask]:
+        """The rows of *ordering_id* (in *partition*) still in the schedule, in schedule order."""
+
+
+class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads):
+    """Persists pending tasks by (partition, time), task status by key, and partition leases."""
+
+    bucket_seconds: int
+
+    @abc.abstractmethod
+    def create_schema(self, status_shards: int | None = None) -> int:
+        """Create the keyspace and tables if they do not exist (idempotent).
+
+        *status_shards*: for a new keyspace, how many shards its statuses are spread over
+        (the topic's partition count, see :mod:`celery_scheduler.store.status_layout`).
+        Returns how many statuses were moved from an earlier version's table.
+        """
+
+    def check_schema(self) -> None:
+        """Raise :class:`SchemaMissingError` if the store lacks something this version writes."""
+
+    @abc.abstractmethod
+    def drop_schema(self) -> bool:
+        """Delete the keyspace with everything in it; False if there was none."""
 
     def close(self) -> None:
         """Release connections."""

@@ -1,7 +1,7 @@
 """The schedule store on Apache Cassandra, through cassandra-driver.
 
-Each call decides from the key's status what to write (:mod:`celery_scheduler.store.lifecycle`),
-builds the statements (:mod:`celery_scheduler.store.cql`) and sends them through its
+Each call asks the lifecycle table what to write (:mod:`celery_scheduler.store.lifecycle`),
+turns the transition into statements (:mod:`celery_scheduler.store.cql`) and sends them through its
 connection (:mod:`celery_scheduler.store.cqlsession`). Writes use
 ``scheduler_cassandra_consistency`` (LOCAL_QUORUM by default), so an acknowledged write
 survives the loss of a replica. cassandra-driver exceptions are translated into
@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from cassandra.cluster import Cluster, Session
 from cassandra.concurrent import execute_concurrent_with_args
 
 from celery_scheduler import clock
-from celery_scheduler.envelope import ScheduleEnvelope, decode_stored, encode
+from celery_scheduler.envelope import ScheduleEnvelope, decode_stored
 from celery_scheduler.errors import EnvelopeDecodeError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.store import lifecycle
 from celery_scheduler.store.base import (
     Cursor,
     Operation,
@@ -32,36 +32,24 @@ from celery_scheduler.store.base import (
     State,
     StoredTask,
     TaskStatus,
-    settled_state,
-    write_bucket,
 )
 from celery_scheduler.store.cassandra_leases import PartitionLeases
 from celery_scheduler.store.cassandra_views import OperatorViews
 from celery_scheduler.store.cql import (
-    DELETE_ROW,
-    FINAL_STATUS,
     INDEX_BUCKET,
-    INSERT_ROW,
-    PENDING_STATUS,
-    RETRIED_STATUS,
     SELECT_STATUS,
     SELECT_STATUSES,
     STATUS_KEY,
     Statements,
-    finished_statements,
-    outcome_statement,
-    released_statements,
-    retry_later_statements,
-    row_key,
     schedule_envelope,
     status_of,
-    times_of,
     to_ms,
     to_timestamp,
+    transition_statements,
     translate_errors,
 )
 from celery_scheduler.store.cqlsession import CONCURRENCY, CqlSession
-from celery_scheduler.store.lifecycle import may_cancel, may_retry, plan_put
+from celery_scheduler.store.lifecycle import Transition
 from celery_scheduler.store.status_layout import StatusLayout
 
 __all__ = ["CassandraScheduleStore", "translate_errors"]
@@ -121,59 +109,32 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
     def drop_schema(self) -> bool:
         return self._cql.drop_keyspace()
 
+    def _written(self, transition: Transition | None) -> Statements:
+        """The writes of *transition*, with the bucket index entry of a new row."""
+        if transition is None:
+            return []
+        statements = transition_statements(self.layout, transition, self.status_ttl)
+        row = transition.row
+        if (row is not None and row.kind is lifecycle.RowKind.INSERT
+                and (row.partition, row.bucket) not in self._indexed):
+            statements.append((INDEX_BUCKET, (row.partition, row.bucket)))
+        return statements
+
     def _plan_put(self, partition: int, envelope: ScheduleEnvelope, current: TaskStatus | None,
                   now_ms: int, data: bytes | None = None
                   ) -> tuple[Statements, StoredTask | None]:
-        key = envelope.key
-        plan = plan_put(partition, key, current, now_ms, self.bucket_seconds)
-        if plan is None:
-            return [], None
-        bucket = plan.bucket
-        statements: Statements = []
-        if plan.moved_from is not None:
-            statements.append((DELETE_ROW, (*plan.moved_from, key.scheduled_ms,
-                                             key.ordering_id, key.uniqueness_key)))
-        statements += [
-            (INSERT_ROW, (partition, bucket, key.scheduled_ms, key.ordering_id,
-                           key.uniqueness_key, envelope.task,
-                           data if data is not None else encode(envelope), 0)),
-            (PENDING_STATUS, (*self.layout.primary_key(key), State.PENDING.value, envelope.task,
-                              partition, bucket, now_ms)),
-        ]
-        if (partition, bucket) not in self._indexed:
-            statements.append((INDEX_BUCKET, (partition, bucket)))
-        return statements, StoredTask(partition, bucket, envelope)
+        transition = lifecycle.scheduled(partition, envelope, current, now_ms, self.bucket_seconds, data)
+        return self._written(transition), _row_task(transition)
 
     def _plan_retry(self, partition: int, key: TaskKey, current: TaskStatus | None, now_ms: int
                     ) -> tuple[Statements, StoredTask | None]:
         """Make a failed *key* pending again, with its attempts so far (see ScheduleStore.retry)."""
-        if not may_retry(current):
+        if not lifecycle.may_retry(current):
             return [], None
-        assert current is not None
-        blocked = self.task(key)  # a failed task's row is kept only while it blocks its ordering id
-        if blocked is not None:
-            stored = replace(blocked, not_before_ms=0, lease_until_ms=0, blocked=False)
-            statements: Statements = [(
-                "UPDATE {ks}.schedule SET blocked = false, not_before = null, lease_until = null"
-                " WHERE partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
-                row_key(stored))]
-        else:
-            envelope = self.kept_envelope(key)
-            if envelope is None:
-                return [], None
-            bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
-            stored = StoredTask(partition, bucket, envelope, attempts=current.attempts)
-            statements = [(INSERT_ROW, (partition, bucket, key.scheduled_ms, key.ordering_id,
-                                         key.uniqueness_key, envelope.task, encode(envelope),
-                                         current.attempts))]
-            if (partition, bucket) not in self._indexed:
-                statements.append((INDEX_BUCKET, (partition, bucket)))
-        statements.append((RETRIED_STATUS, (
-            *self.layout.primary_key(key), State.PENDING.value, current.task, stored.partition,
-            stored.bucket,
-            current.attempts, current.last_error, current.outcome, current.outcome_attempt,
-            now_ms)))
-        return statements, stored
+        row = self.task(key)  # a failed task's row is kept only while it blocks its ordering id
+        kept = self.kept_envelope(key) if row is None else None
+        transition = lifecycle.retried(partition, current, row, kept, now_ms, self.bucket_seconds)
+        return self._written(transition), _row_task(transition)
 
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
         row = self._cql.execute(f"read the kept task of {key}",
@@ -183,23 +144,18 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
 
     def _plan_cancel(self, key: TaskKey, current: TaskStatus | None, now_ms: int
                      ) -> Statements:
-        if not may_cancel(current):
+        if not lifecycle.may_cancel(current):
             return []
         assert current is not None and current.bucket is not None
-        row_pk = (current.partition, current.bucket, key.scheduled_ms, key.ordering_id,
-                  key.uniqueness_key)
+        row_kept = True
         if current.state is State.FAILED:  # only a task blocked after its last attempt
-            row = self._cql.execute(f"read task {key}",
-                                    "SELECT blocked FROM {ks}.schedule WHERE partition = ? AND bucket = ?"
-                                    " AND at = ? AND ordering_id = ? AND unique_key = ?", row_pk).one()
-            if row is None:
-                return []
-        return [
-            (DELETE_ROW, row_pk),
-            (FINAL_STATUS, (*self.layout.primary_key(key), State.CANCELLED.value, current.task,
-                             current.partition, current.bucket, current.attempts, current.last_error,
-                             now_ms, *times_of(None), self.status_ttl)),
-        ]
+            row_kept = self._cql.execute(
+                f"read task {key}",
+                "SELECT blocked FROM {ks}.schedule WHERE partition = ? AND bucket = ?"
+                " AND at = ? AND ordering_id = ? AND unique_key = ?",
+                (current.partition, current.bucket, key.scheduled_ms, key.ordering_id,
+                 key.uniqueness_key)).one() is not None
+        return self._written(lifecycle.cancelled(current, now_ms, row_kept=row_kept))
 
     def _indexed_now(self, planned: list[StoredTask | None]) -> None:
         if len(self._indexed) > 100_000:
@@ -342,23 +298,12 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         keys = [TaskKey(row.ordering_id, to_ms(row.at), row.unique_key) for row, _ in remnants]
         now_ms = clock.now_ms()
         statement_sets: list[tuple[int, Statements]] = []
-        for (row, error), key, status in zip(remnants, keys, self.statuses(keys), strict=True):
-            state = settled_state(status, partition, bucket)
-            if error is not None and state is not None:
-                state = State.FAILED
+        for (_, error), key, status in zip(remnants, keys, self.statuses(keys), strict=True):
             logger.warning("removing a schedule row without a runnable task: %s (%s); its status: %s",
                            key, error or "its task was removed by a cancel or a completion",
                            status.state.value if status else "unknown")
-            statements: Statements = [
-                (DELETE_ROW, (partition, bucket, row.at, row.ordering_id, row.unique_key))]
-            if state is not None and status is not None:
-                statements.append((FINAL_STATUS, (
-                    *self.layout.primary_key(key), state.value, status.task, partition, bucket,
-                    status.attempts,
-                    error or status.last_error, now_ms,
-                    *times_of(RunTimes(status.released_ms, status.started_ms, status.finished_ms)),
-                    self.status_ttl)))
-            statement_sets.append((partition, statements))
+            transition = lifecycle.settled(status, partition, bucket, key, error, now_ms)
+            statement_sets.append((partition, self._written(transition)))
         self._cql.batches(f"remove {len(remnants)} schedule row(s) without a task", statement_sets)
 
     def drop_bucket(self, partition: int, bucket: int) -> None:
@@ -369,14 +314,14 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
 
     def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
         self._cql.batch(f"mark {task.key} released", task.partition,
-                        released_statements(self.layout, task, attempt, lease_until_ms, now_ms))
+                        self._written(lifecycle.released(task, attempt, lease_until_ms, now_ms)))
 
     def mark_released_many(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int) -> None:
         self._cql.batches(f"mark {len(releases)} task(s) released", self._released(releases, now_ms))
 
     def _released(self, releases: Sequence[tuple[StoredTask, int, int]], now_ms: int
                   ) -> list[tuple[int, Statements]]:
-        return [(task.partition, released_statements(self.layout, task, attempt, lease_until_ms, now_ms))
+        return [(task.partition, self._written(lifecycle.released(task, attempt, lease_until_ms, now_ms)))
                 for task, attempt, lease_until_ms in releases]
 
     def mark_released_and_succeeded(self, releases: Sequence[tuple[StoredTask, int, int]],
@@ -390,8 +335,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
         self._cql.batch(f"schedule a retry of {task.key}", task.partition,
-                        retry_later_statements(self.layout, task, attempts, not_before_ms, error,
-                                               now_ms))
+                        self._written(lifecycle.retry_later(task, attempts, not_before_ms, error, now_ms)))
 
     @staticmethod
     def _may_have_error(task: StoredTask) -> bool:
@@ -401,11 +345,11 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
 
     def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
                keep_row: bool = False, run: RunTimes | None = None) -> None:
-        # the whole status row is written again (see FINAL_STATUS): keep its last error
+        # the whole status row is written again (see lifecycle.Expiry): keep its last error
         current = self.status(task.key) if error is None and self._may_have_error(task) else None
-        self._cql.batch(f"mark {task.key} {state.value}", task.partition,
-                        finished_statements(self.layout, task, state, error, current, now_ms,
-                                            keep_row, run, self.status_ttl))
+        transition = (lifecycle.blocked(task, error, current, now_ms, run) if keep_row
+                      else lifecycle.finished(task, state, error, current, now_ms, run))
+        self._cql.batch(f"mark {task.key} {state.value}", task.partition, self._written(transition))
 
     def finish_many(self, tasks: Sequence[StoredTask], state: State, now_ms: int,
                     runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
@@ -418,25 +362,29 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
         reading = [task.key for task in tasks if self._may_have_error(task)]
         current = dict(zip(reading, self.statuses(reading), strict=True)) if reading else {}
         runs = runs or {}
-        return [(task.partition, finished_statements(self.layout, task, state, None, current.get(task.key),
-                                                     now_ms, False, runs.get(task.key), self.status_ttl))
+        return [(task.partition, self._written(lifecycle.finished(
+                    task, state, None, current.get(task.key), now_ms, runs.get(task.key))))
                 for task in tasks]
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
                        error: str | None, now_ms: int, run: RunTimes | None = None,
                        generation: int = 0) -> None:
-        self._cql.execute(f"record the outcome of {key}",
-                          *outcome_statement(self.layout, key, attempt, succeeded, error, now_ms,
-                                             run, self.status_ttl, generation), partition)
+        [statement] = self._written(lifecycle.reported(key, attempt, succeeded, error, now_ms, run,
+                                                       generation))
+        self._cql.execute(f"record the outcome of {key}", *statement, partition)
 
     def record_outcomes(self, outcomes: Sequence[tuple[int, TaskKey, int, bool, str | None, int]],
                         now_ms: int, runs: Mapping[TaskKey, RunTimes] | None = None) -> None:
         runs = runs or {}
         self._cql.batches(f"record {len(outcomes)} outcome(s)",
-                          [(partition, [outcome_statement(self.layout, key, attempt, succeeded,
-                                                          error, now_ms, runs.get(key),
-                                                          self.status_ttl, generation)])
+                          [(partition, self._written(lifecycle.reported(
+                              key, attempt, succeeded, error, now_ms, runs.get(key), generation)))
                            for partition, key, attempt, succeeded, error, generation in outcomes])
 
     def close(self) -> None:
         self._cql.close()
+
+
+def _row_task(transition: Transition | None) -> StoredTask | None:
+    """The task a transition wrote a row of, if any (a put's or a retry's)."""
+    return None if transition is None or transition.row is None else transition.row.task

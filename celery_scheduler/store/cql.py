@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime as dt
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,15 +37,14 @@ from celery_scheduler.errors import (
     StoreUnavailableError,
 )
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import RunTimes, State, StoredTask, TaskStatus
+from celery_scheduler.store.lifecycle import Expiry, RowKind, Transition
+from celery_scheduler.store.records import State, TaskStatus
 from celery_scheduler.store.status_layout import StatusLayout
 
-__all__ = ["DELETE_ROW", "FAILED_STATUS", "FINAL_STATUS", "INDEX_BUCKET", "INSERT_ROW",
-           "PENDING_STATUS", "RETRIED_STATUS", "SELECT_STATUS", "SELECT_STATUSES", "STATUS_KEY",
-           "Statements", "consistency_level", "finished_statements", "outcome_statement",
-           "released_statements", "retry_later_statements", "row_factory", "row_key",
-           "schedule_envelope", "status_of", "times_of", "to_ms", "to_timestamp",
-           "translate_errors"]
+__all__ = ["DELETE_ROW", "FINAL_STATUS", "INDEX_BUCKET", "INSERT_ROW", "PENDING_STATUS",
+           "SELECT_STATUS", "SELECT_STATUSES", "STATUS_KEY", "Statements", "consistency_level",
+           "row_factory", "row_update", "schedule_envelope", "status_of", "status_write", "to_ms",
+           "to_timestamp", "transition_statements", "translate_errors"]
 
 # (CQL, parameters) of the writes a store call makes, sent as one batch where they can be.
 # A timestamp is written as an int, milliseconds since the epoch (see store.binding).
@@ -107,25 +107,6 @@ DELETE_ROW = ("DELETE FROM {ks}.schedule WHERE partition = ? AND bucket = ? AND 
 # A status row's primary key, in the order StatusLayout.primary_key gives its values.
 STATUS_KEY = "shard = ? AND slot = ? AND at = ? AND ordering_id = ? AND unique_key = ?"
 _STATUS_KEY_COLUMNS = "shard, slot, at, ordering_id, unique_key"
-# A scheduled task's first status.
-PENDING_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
-                  " bucket, attempts, last_error, outcome, outcome_attempt, updated_at)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, null, null, 0, ?)")
-# A finished task's whole status row is written again so that all of it expires together,
-# with its times (RunTimes).
-FINAL_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
-                " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
-
-
-# A task that failed for good and left the schedule keeps its envelope, for a retry.
-FAILED_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
-                 " bucket, attempts, last_error, updated_at, released_at, started_at, finished_at,"
-                 " envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
-# A retried task: pending again, for good (no TTL), its envelope back in the schedule row.
-RETRIED_STATUS = (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, state, task, partition,"
-                  " bucket, attempts, last_error, outcome, outcome_attempt, updated_at, envelope)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, null) USING TTL 0")
 INSERT_ROW = ("INSERT INTO {ks}.schedule (partition, bucket, at, ordering_id, unique_key, task,"
                " envelope, attempts, not_before, lease_until, blocked)"
                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, null, null, false)")
@@ -168,11 +149,6 @@ def status_of(key: TaskKey, row: Any) -> TaskStatus | None:
                       to_ms(row.finished_at), getattr(row, "outcome_generation", None) or 0)
 
 
-def times_of(run: RunTimes | None) -> tuple[int | None, ...]:
-    """*run*'s times as the status columns take them (null: unknown)."""
-    return tuple(ms or None for ms in (run or RunTimes()))
-
-
 def schedule_envelope(row: Any) -> ScheduleEnvelope | None:
     """The task in *row*'s ``envelope`` column; None if it has none it could run."""
     if row is None or row.envelope is None:
@@ -194,65 +170,91 @@ def consistency_level(name: str) -> int:
     return int(level)
 
 
-def row_key(task: StoredTask) -> tuple[Any, ...]:
-    """The primary key of *task*'s ``schedule`` row."""
-    key = task.key
-    return (task.partition, task.bucket, key.scheduled_ms, key.ordering_id,
-            key.uniqueness_key)
+# What each field of a transition (store.lifecycle) is called in the tables: a schedule
+# row's dispatch fields, and a status's.
+_ROW_COLUMNS = {"attempts": "attempts", "not_before_ms": "not_before", "lease_until_ms": "lease_until",
+                "blocked": "blocked"}
+_STATUS_COLUMNS = {"state": "state", "task": "task", "partition": "partition", "bucket": "bucket",
+                   "attempts": "attempts", "last_error": "last_error", "outcome": "outcome",
+                   "outcome_attempt": "outcome_attempt", "outcome_generation": "outcome_generation",
+                   "updated_ms": "updated_at", "released_ms": "released_at",
+                   "started_ms": "started_at", "finished_ms": "finished_at", "envelope": "envelope"}
+_NONE_IF_ZERO = frozenset({"not_before_ms", "lease_until_ms", "released_ms", "started_ms", "finished_ms"})
+_ROW_KEY = "partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?"
 
 
-def released_statements(layout: StatusLayout, task: StoredTask, attempt: int, lease_until_ms: int,
-                        now_ms: int) -> Statements:
-    return [
-        ("UPDATE {ks}.schedule SET attempts = ?, lease_until = ? WHERE partition = ? AND bucket = ?"
-         " AND at = ? AND ordering_id = ? AND unique_key = ?",
-         (attempt, lease_until_ms, *row_key(task))),
-        (f"UPDATE {{ks}}.key_status SET state = ?, attempts = ?, updated_at = ? WHERE {STATUS_KEY}",
-         (State.RELEASED.value, attempt, now_ms, *layout.primary_key(task.key))),
-    ]
+def _column_value(name: str, value: Any) -> Any:
+    """A transition's field value as its column takes it: 0 times are null, states their names."""
+    if name in _NONE_IF_ZERO:
+        return value or None
+    if name == "state":
+        return value.value
+    if name == "envelope":
+        return None if value is None else encode(value)
+    return value
 
 
-def retry_later_statements(layout: StatusLayout, task: StoredTask, attempts: int,
-                           not_before_ms: int, error: str | None, now_ms: int) -> Statements:
-    return [
-        ("UPDATE {ks}.schedule SET attempts = ?, not_before = ?, lease_until = null"
-         " WHERE partition = ? AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?",
-         (attempts, not_before_ms, *row_key(task))),
-        (f"UPDATE {{ks}}.key_status SET state = ?, attempts = ?, last_error = ?, updated_at = ?"
-         f" WHERE {STATUS_KEY}",
-         (State.PENDING.value, attempts, error, now_ms, *layout.primary_key(task.key))),
-    ]
+@functools.cache
+def row_update(fields: tuple[str, ...]) -> str:
+    """The CQL that sets *fields* (StoredTask names) of a schedule row."""
+    sets = ", ".join(f"{_ROW_COLUMNS[name]} = ?" for name in fields)
+    return f"UPDATE {{ks}}.schedule SET {sets} WHERE {_ROW_KEY}"
 
 
-def finished_statements(layout: StatusLayout, task: StoredTask, state: State, error: str | None,
-                        current: TaskStatus | None, now_ms: int, keep_row: bool,
-                        run: RunTimes | None, ttl: int) -> Statements:
-    """*task* finished: its row goes (or stays, blocked) and its status is written whole."""
-    row: tuple[str, tuple[Any, ...]] = (
-        ("UPDATE {ks}.schedule SET blocked = true, lease_until = null WHERE partition = ?"
-         " AND bucket = ? AND at = ? AND ordering_id = ? AND unique_key = ?", row_key(task))
-        if keep_row else (DELETE_ROW, row_key(task)))
-    last_error = error if error is not None else (current.last_error if current else None)
-    values = (*layout.primary_key(task.key), state.value, task.envelope.task, task.partition, task.bucket,
-              task.attempts, last_error, now_ms, *times_of(run))
-    if state is State.FAILED and not keep_row:  # kept for a retry, as long as the status
-        return [row, (FAILED_STATUS, (*values, encode(task.envelope), ttl))]
-    return [row, (FINAL_STATUS, (*values, ttl if not keep_row else 0))]
+@functools.cache
+def status_write(fields: tuple[str, ...], expiry: Expiry) -> str:
+    """The CQL that writes *fields* (TaskStatus names, and ``envelope``) of a status, lasting as
+    *expiry* says: an update, or the status written again whole with a TTL (0: for good) so
+    that all of it expires together."""
+    columns = [_STATUS_COLUMNS[name] for name in fields]
+    if expiry is Expiry.KEEP:
+        return f"UPDATE {{ks}}.key_status SET {', '.join(f'{c} = ?' for c in columns)} WHERE {STATUS_KEY}"
+    if expiry is Expiry.REPORT:
+        return (f"UPDATE {{ks}}.key_status USING TTL ? SET {', '.join(f'{c} = ?' for c in columns)}"
+                f" WHERE {STATUS_KEY}")
+    marks = ", ".join("?" for _ in range(5 + len(columns)))
+    return (f"INSERT INTO {{ks}}.key_status ({_STATUS_KEY_COLUMNS}, {', '.join(columns)})"
+            f" VALUES ({marks}) USING TTL ?")
 
 
-def outcome_statement(layout: StatusLayout, key: TaskKey, attempt: int, succeeded: bool,
-                      error: str | None, now_ms: int, run: RunTimes | None, ttl: int,
-                      generation: int = 0) -> tuple[str, tuple[Any, ...]]:
-    """A worker's report, recorded for the dispatcher that loads the key later."""
-    _, started, finished = times_of(run)
-    if succeeded:
-        return (f"UPDATE {{ks}}.key_status USING TTL ? SET state = ?, outcome = ?,"
-                " outcome_attempt = ?, outcome_generation = ?, updated_at = ?, started_at = ?,"
-                f" finished_at = ? WHERE {STATUS_KEY}",
-                (ttl, State.SUCCEEDED.value, "succeeded", attempt, generation, now_ms,
-                 started, finished, *layout.primary_key(key)))
-    return (f"UPDATE {{ks}}.key_status USING TTL ? SET outcome = ?, outcome_attempt = ?,"
-            " outcome_generation = ?, last_error = ?, updated_at = ?, started_at = ?,"
-            f" finished_at = ? WHERE {STATUS_KEY}",
-            (ttl, "failed", attempt, generation, error, now_ms, started, finished,
-             *layout.primary_key(key)))
+def transition_statements(layout: StatusLayout, transition: Transition, ttl: int) -> Statements:
+    """The writes of *transition* (see store.lifecycle): its row's, then its status's.
+
+    *ttl*: seconds a final status is kept.
+    """
+    key = transition.key
+    statements: Statements = []
+    row = transition.row
+    if row is not None:
+        row_pk = (row.partition, row.bucket, key.scheduled_ms, key.ordering_id, key.uniqueness_key)
+        if row.kind is RowKind.INSERT:
+            assert row.task is not None
+            if row.moved_from is not None:
+                statements.append((DELETE_ROW, (*row.moved_from, *row_pk[2:])))
+            envelope = row.data if row.data is not None else encode(row.task.envelope)
+            statements.append((INSERT_ROW, (*row_pk, row.task.envelope.task, envelope, row.task.attempts)))
+        elif row.kind is RowKind.DELETE:
+            statements.append((DELETE_ROW, row_pk))
+        else:
+            statements.append((row_update(tuple(name for name, _ in row.fields)),
+                               (*(_column_value(name, value) for name, value in row.fields), *row_pk)))
+    if transition.status:
+        cql = status_write(tuple(name for name, _ in transition.status), transition.expiry)
+        values = tuple(_column_value(name, value) for name, value in transition.status)
+        status_pk = layout.primary_key(key)
+        if transition.expiry is Expiry.KEEP:
+            statements.append((cql, (*values, *status_pk)))
+        elif transition.expiry is Expiry.REPORT:
+            statements.append((cql, (ttl, *values, *status_pk)))
+        else:
+            statements.append((cql, (*status_pk, *values, ttl if transition.expiry is Expiry.FINAL else 0)))
+    return statements
+
+
+# A scheduled task's first status: what a schedule record writes (bound with the values of
+# lifecycle.scheduled, then a TTL of 0), for code that writes it without the store.
+PENDING_STATUS = status_write(("state", "task", "partition", "bucket", "attempts", "last_error",
+                               "outcome", "outcome_attempt", "updated_ms"), Expiry.NEVER)
+# A finished task's status, written whole with its times so that all of it expires together.
+FINAL_STATUS = status_write(("state", "task", "partition", "bucket", "attempts", "last_error",
+                             "updated_ms", "released_ms", "started_ms", "finished_ms"), Expiry.FINAL)

@@ -1,28 +1,150 @@
-"""What a schedule record, a cancel and a retry may do to a task key, decided from its status.
+"""Every transition of a task key, decided once for both stores (Cassandra and memory).
 
-Pure functions, used by both stores (Cassandra and memory), so the rules are written once;
-the stores turn a decision into writes. A key's life::
+A key's life::
 
-    pending ──release──> released ──success──> succeeded           (final)
-       │  ^                 │ └──failure──> pending (a retry after its backoff)
-       │  └──retry (operator)── failed <──last failure (or blocked: row kept)
-       └──cancel──> cancelled                                        (final)
+    (none) ──schedule──> pending ──release──> released ──succeed──> succeeded       (final)
+                          │  ^ ^                 │ │ └──give up──> failed          (final)
+                          │  │ └──retry later────┘ └──block──> failed, row kept
+                          │  └──retry (operator)── failed
+                          └──cancel──> cancelled                                     (final)
 
-A schedule record read again (after a failed batch or a rebalance) or sent again never
-undoes a later step: it rewrites a key only while it is pending and never released.
+The table :data:`TRANSITIONS` names each (state, event) that may happen and the state it
+leads to; anything else is refused. The functions below turn an event into a
+:class:`Transition`: the state it leads to, what becomes of the key's schedule row
+(:class:`RowWrite`) and which fields of its status are written, with the values. They are
+pure: a store reads what they need (the key's status, its row), calls one, and writes the
+result (the memory store into its dictionaries, the Cassandra store as the statements
+:func:`celery_scheduler.store.cql.transition_statements` builds), so the two stores cannot
+drift apart.
+
+Some events are decided here from the key's status (schedule, cancel, retry, settle): a
+schedule record read again (after a failed batch or a rebalance) or sent again never
+undoes a later step, so it rewrites a key only while it is pending and never released. The
+others (release, retry later, succeed, give up, block, report) come from the dispatcher
+that holds the key's partition, which knows its state; a store writes them without reading
+it (Cassandra's writes are blind), and the table documents what they assume.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import State, TaskStatus, write_bucket
+from celery_scheduler.store.records import (
+    RunTimes,
+    State,
+    StoredTask,
+    TaskStatus,
+    settled_state,
+    write_bucket,
+)
 
-__all__ = ["PutPlan", "may_cancel", "may_retry", "plan_put"]
+__all__ = ["TRANSITIONS", "Event", "Expiry", "PutPlan", "RowKind", "RowWrite", "Transition",
+           "blocked", "cancelled", "finished", "may_cancel", "may_retry", "next_state",
+           "plan_put", "released", "reported", "retried", "retry_later", "scheduled",
+           "settled"]
 
 logger = logging.getLogger(__name__)
+
+
+class Event(enum.Enum):
+    """What can happen to a task key."""
+
+    SCHEDULE = "schedule"  # a schedule record read from the task log
+    CANCEL = "cancel"  # a cancel record read from the task log
+    RETRY = "retry"  # an operator's retry of a failed key
+    RELEASE = "release"  # the dispatcher hands the key to the workers (again, if its lease ran out)
+    RETRY_LATER = "retry later"  # an attempt failed and attempts are left: pending after a backoff
+    SUCCEED = "succeed"  # the dispatcher settles the key's success
+    GIVE_UP = "give up"  # its last attempt failed: failed, its row gone, its task kept for a retry
+    BLOCK = "block"  # its last attempt failed, its ordering id waits: failed, its row kept
+    REPORT_SUCCESS = "report success"  # a worker's report of an attempt, read by the dispatcher later
+    REPORT_FAILURE = "report failure"
+    SETTLE = "settle"  # a row found without its task (a write that landed after the row went)
+
+
+P, R, S, F, C = State.PENDING, State.RELEASED, State.SUCCEEDED, State.FAILED, State.CANCELLED
+
+# (state before, event) -> state after. None before: a key the store never saw.
+TRANSITIONS: Mapping[tuple[State | None, Event], State] = {
+    (None, Event.SCHEDULE): P,
+    (P, Event.SCHEDULE): P,  # rewritten in place, while it never ran (see scheduled)
+    (P, Event.CANCEL): C,
+    (F, Event.CANCEL): C,  # only while blocked: its row is kept
+    (F, Event.RETRY): P,
+    (P, Event.RELEASE): R,
+    (R, Event.RELEASE): R,  # released again: its start lease or its run lease ran out
+    (R, Event.RETRY_LATER): P,
+    (P, Event.RETRY_LATER): P,  # a release that was never sent (refused by the broker)
+    (R, Event.SUCCEED): S,
+    (S, Event.SUCCEED): S,  # the worker's report said so first (REPORT_SUCCESS)
+    (R, Event.GIVE_UP): F,
+    (P, Event.GIVE_UP): F,  # its last release was never sent
+    (R, Event.BLOCK): F,
+    (P, Event.BLOCK): F,
+    (R, Event.REPORT_SUCCESS): S,
+    (R, Event.REPORT_FAILURE): R,  # the dispatcher decides what follows (retry later, give up)
+    (P, Event.SETTLE): C,  # the row went with a cancel, a release marking landed after it
+    (R, Event.SETTLE): C,  # ... or with a completion: succeeded if a worker reported so
+}
+FINAL = frozenset({S, C})  # nothing leaves these (failed leaves only by an operator's retry)
+
+
+def next_state(state: State | None, event: Event) -> State | None:
+    """The state *event* leads a key in *state* to, or None if it may not happen."""
+    return TRANSITIONS.get((state, event))
+
+
+class RowKind(enum.Enum):
+    INSERT = "insert"  # a new row (``task``), replacing the key's row elsewhere (``moved_from``)
+    UPDATE = "update"  # some of the row's dispatch fields (``fields``)
+    DELETE = "delete"  # the row goes
+
+
+@dataclass(frozen=True, slots=True)
+class RowWrite:
+    """What a transition does to the key's row in the schedule at (partition, bucket).
+
+    ``fields`` names :class:`StoredTask` fields (``attempts``, ``not_before_ms``,
+    ``lease_until_ms``, ``blocked``) and their new values; 0 times are "none".
+    """
+
+    kind: RowKind
+    partition: int
+    bucket: int
+    fields: tuple[tuple[str, object], ...] = ()
+    task: StoredTask | None = None
+    data: bytes | None = None  # the task's bytes as read from the task log (INSERT)
+    moved_from: tuple[int, int] | None = None  # (partition, bucket) of the row it replaces
+
+
+class Expiry(enum.Enum):
+    """How long the fields a transition writes to a status last."""
+
+    KEEP = "keep"  # as the status's other fields: a step along the way
+    FINAL = "final"  # the store's status TTL, the whole status written again to expire together
+    NEVER = "never"  # for good, the whole status written again (pending, or blocked)
+    REPORT = "report"  # the status TTL, for these fields only (a worker's report)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One event applied to one key: its new state, its row and its status fields.
+
+    ``status`` names :class:`TaskStatus` fields and their values, and ``envelope``: the task
+    kept with a failed key's status for an operator's retry (None: none kept any more).
+    """
+
+    key: TaskKey
+    event: Event
+    state: State | None  # None: its status is not written (a remnant of another key's row)
+    row: RowWrite | None
+    status: tuple[tuple[str, object], ...]
+    expiry: Expiry
 
 
 @dataclass(frozen=True)
@@ -73,9 +195,179 @@ def may_cancel(current: TaskStatus | None) -> bool:
     For a failed key the store checks that its row is still there.
     """
     return (current is not None and current.bucket is not None
-            and current.state in (State.PENDING, State.FAILED))
+            and next_state(current.state, Event.CANCEL) is not None)
 
 
 def may_retry(current: TaskStatus | None) -> bool:
     """Whether an operator's retry may make the key pending again: only a failed one."""
-    return current is not None and current.state is State.FAILED
+    return current is not None and next_state(current.state, Event.RETRY) is not None
+
+
+def _times(run: RunTimes | None) -> tuple[tuple[str, object], ...]:
+    released, started, ended = run or RunTimes()
+    return (("released_ms", released), ("started_ms", started), ("finished_ms", ended))
+
+
+def _whole(current: TaskStatus, state: State, now_ms: int, *, partition: int | None = None,
+           bucket: int | None = None, attempts: int | None = None,
+           last_error: str | None = None) -> tuple[tuple[str, object], ...]:
+    """The fields every final or retried status is written with, from *current* unless given."""
+    return (("state", state), ("task", current.task),
+            ("partition", current.partition if partition is None else partition),
+            ("bucket", current.bucket if bucket is None else bucket),
+            ("attempts", current.attempts if attempts is None else attempts),
+            ("last_error", current.last_error if last_error is None else last_error),
+            ("updated_ms", now_ms))
+
+
+# --- decided from the key's status -----------------------------------------------------------
+
+def scheduled(partition: int, envelope: ScheduleEnvelope, current: TaskStatus | None, now_ms: int,
+              bucket_seconds: int, data: bytes | None = None) -> Transition | None:
+    """A schedule record of *envelope*'s key, read for *partition*: None if it must not be written."""
+    key = envelope.key
+    plan = plan_put(partition, key, current, now_ms, bucket_seconds)
+    if plan is None:
+        return None
+    task = StoredTask(partition, plan.bucket, envelope)
+    return Transition(key, Event.SCHEDULE, State.PENDING,
+                      RowWrite(RowKind.INSERT, partition, plan.bucket, task=task, data=data,
+                               moved_from=plan.moved_from),
+                      (("state", State.PENDING), ("task", envelope.task), ("partition", partition),
+                       ("bucket", plan.bucket), ("attempts", 0), ("last_error", None),
+                       ("outcome", None), ("outcome_attempt", 0), ("updated_ms", now_ms)),
+                      Expiry.NEVER)
+
+
+def cancelled(current: TaskStatus | None, now_ms: int, *, row_kept: bool = True) -> Transition | None:
+    """A cancel of the key *current* describes; None if there is nothing it may cancel.
+
+    *row_kept*: for a failed key, whether its row is still in the schedule (it is blocked).
+    """
+    if not may_cancel(current):
+        return None
+    assert current is not None and current.bucket is not None
+    if current.state is State.FAILED and not row_kept:
+        return None  # failed and gone: nothing to cancel
+    return Transition(current.key, Event.CANCEL, State.CANCELLED,
+                      RowWrite(RowKind.DELETE, current.partition, current.bucket),
+                      _whole(current, State.CANCELLED, now_ms) + _times(None), Expiry.FINAL)
+
+
+def retried(partition: int, current: TaskStatus | None, row: StoredTask | None,
+            kept: ScheduleEnvelope | None, now_ms: int, bucket_seconds: int) -> Transition | None:
+    """An operator's retry of a failed key (see ``ScheduleStore.retry``); None if it may not.
+
+    *row*: its row, if it is still in the schedule (blocked); *kept*: else the task its
+    status kept. Its attempts so far stay counted.
+    """
+    if not may_retry(current):
+        return None
+    assert current is not None
+    if row is not None:
+        write = RowWrite(RowKind.UPDATE, row.partition, row.bucket,
+                         (("blocked", False), ("not_before_ms", 0), ("lease_until_ms", 0)),
+                         task=StoredTask(row.partition, row.bucket, row.envelope, row.attempts))
+    elif kept is not None:
+        bucket = write_bucket(current.key.scheduled_ms, now_ms, bucket_seconds)
+        write = RowWrite(RowKind.INSERT, partition, bucket,
+                         task=StoredTask(partition, bucket, kept, attempts=current.attempts))
+    else:
+        return None
+    assert write.task is not None
+    status = (*_whole(current, State.PENDING, now_ms, partition=write.partition, bucket=write.bucket),
+              ("outcome", current.outcome), ("outcome_attempt", current.outcome_attempt),
+              ("envelope", None))
+    return Transition(current.key, Event.RETRY, State.PENDING, write, status, Expiry.NEVER)
+
+
+def settled(status: TaskStatus | None, partition: int, bucket: int, key: TaskKey,
+            error: str | None, now_ms: int) -> Transition:
+    """A row of *key* found without a task it can run: it goes, and the key's status is made
+    final if the row was its own (see :func:`settled_state`). *error*: why its task cannot
+    be read (written by an incompatible version): the key failed."""
+    write = RowWrite(RowKind.DELETE, partition, bucket)
+    state = settled_state(status, partition, bucket)
+    if state is None or status is None:
+        return Transition(key, Event.SETTLE, None, write, (), Expiry.KEEP)
+    if error is not None:
+        state = State.FAILED
+    return Transition(key, Event.SETTLE, state, write,
+                      _whole(status, state, now_ms, partition=partition, bucket=bucket,
+                             last_error=error)
+                      + _times(RunTimes(status.released_ms, status.started_ms, status.finished_ms)),
+                      Expiry.FINAL)
+
+
+# --- decided by the dispatcher that holds the key's partition ----------------------------------
+
+def released(task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> Transition:
+    """*task* handed to the workers for its *attempt*-th time, leased until a time."""
+    return Transition(task.key, Event.RELEASE, State.RELEASED,
+                      RowWrite(RowKind.UPDATE, task.partition, task.bucket,
+                               (("attempts", attempt), ("lease_until_ms", lease_until_ms))),
+                      (("state", State.RELEASED), ("attempts", attempt), ("updated_ms", now_ms)),
+                      Expiry.KEEP)
+
+
+def retry_later(task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
+                now_ms: int) -> Transition:
+    """An attempt of *task* failed with attempts left: pending again from *not_before_ms*."""
+    return Transition(task.key, Event.RETRY_LATER, State.PENDING,
+                      RowWrite(RowKind.UPDATE, task.partition, task.bucket,
+                               (("attempts", attempts), ("not_before_ms", not_before_ms),
+                                ("lease_until_ms", 0))),
+                      (("state", State.PENDING), ("attempts", attempts), ("last_error", error),
+                       ("updated_ms", now_ms)),
+                      Expiry.KEEP)
+
+
+def finished(task: StoredTask, state: State, error: str | None, current: TaskStatus | None,
+             now_ms: int, run: RunTimes | None = None) -> Transition:
+    """*task* succeeded, or failed for good (its row goes; a failed one keeps its task for a
+    retry), with the times of its last attempt. Its last error is *error*, or the one
+    *current* (its status) holds."""
+    if state not in (State.SUCCEEDED, State.FAILED):
+        raise ValueError(f"a task finishes succeeded or failed, not {state.value}")
+    event = Event.SUCCEED if state is State.SUCCEEDED else Event.GIVE_UP
+    last_error = error if error is not None else (current.last_error if current else None)
+    status = _final(task, state, last_error, now_ms) + _times(run)
+    if state is State.FAILED:
+        status += (("envelope", task.envelope),)
+    return Transition(task.key, event, state, RowWrite(RowKind.DELETE, task.partition, task.bucket),
+                      status, Expiry.FINAL)
+
+
+def blocked(task: StoredTask, error: str | None, current: TaskStatus | None, now_ms: int,
+            run: RunTimes | None = None) -> Transition:
+    """*task*'s last attempt failed, and its ordering id waits for an operator: failed, its
+    row kept (blocked) so that the later tasks of its ordering id stay behind it."""
+    last_error = error if error is not None else (current.last_error if current else None)
+    return Transition(task.key, Event.BLOCK, State.FAILED,
+                      RowWrite(RowKind.UPDATE, task.partition, task.bucket,
+                               (("blocked", True), ("lease_until_ms", 0))),
+                      _final(task, State.FAILED, last_error, now_ms) + _times(run), Expiry.NEVER)
+
+
+def _final(task: StoredTask, state: State, last_error: str | None, now_ms: int
+           ) -> tuple[tuple[str, object], ...]:
+    return (("state", state), ("task", task.envelope.task), ("partition", task.partition),
+            ("bucket", task.bucket), ("attempts", task.attempts), ("last_error", last_error),
+            ("updated_ms", now_ms))
+
+
+def reported(key: TaskKey, attempt: int, succeeded: bool, error: str | None, now_ms: int,
+             run: RunTimes | None = None, generation: int = 0) -> Transition:
+    """A worker's report of an attempt of *key*, which release of it ran (*generation*) and
+    when: the dispatcher acts on it when it next reads the key (a success is final at once)."""
+    _, started, ended = run or RunTimes()
+    if succeeded:
+        status: tuple[tuple[str, object], ...] = (
+            ("state", State.SUCCEEDED), ("outcome", "succeeded"), ("outcome_attempt", attempt),
+            ("outcome_generation", generation), ("updated_ms", now_ms), ("started_ms", started),
+            ("finished_ms", ended))
+        return Transition(key, Event.REPORT_SUCCESS, State.SUCCEEDED, None, status, Expiry.REPORT)
+    status = (("outcome", "failed"), ("outcome_attempt", attempt), ("outcome_generation", generation),
+              ("last_error", error), ("updated_ms", now_ms), ("started_ms", started),
+              ("finished_ms", ended))
+    return Transition(key, Event.REPORT_FAILURE, State.RELEASED, None, status, Expiry.REPORT)

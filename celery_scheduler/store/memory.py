@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
+from celery_scheduler import clock
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.store import lifecycle
 from celery_scheduler.store.base import (
     Cursor,
     Lease,
@@ -15,10 +17,8 @@ from celery_scheduler.store.base import (
     State,
     StoredTask,
     TaskStatus,
-    settled_state,
-    write_bucket,
 )
-from celery_scheduler.store.lifecycle import may_cancel, may_retry, plan_put
+from celery_scheduler.store.lifecycle import RowKind, Transition
 
 __all__ = ["MemoryScheduleStore"]
 
@@ -65,61 +65,59 @@ class MemoryScheduleStore(ScheduleStore):
             self._rows.get((partition, bucket), {}).pop(key, None)
             self._remnants.get((partition, bucket), set()).discard(key)
 
-    def _update_row(self, task: StoredTask, **changes: object) -> None:
-        row = self._rows.get((task.partition, task.bucket), {}).get(task.key)
-        if row is None:
-            self._remnants.setdefault((task.partition, task.bucket), set()).add(task.key)
-        else:
-            self._set_row(replace(row, **changes))  # type: ignore[arg-type]
+    def _apply(self, transition: Transition | None) -> Transition | None:
+        """Write *transition* (see store.lifecycle) as Cassandra's statements would."""
+        if transition is None:
+            return None
+        key, row = transition.key, transition.row
+        if row is not None and row.kind is RowKind.INSERT:
+            assert row.task is not None
+            if row.moved_from is not None:
+                self._delete_row(*row.moved_from, key)
+            self._set_row(row.task)
+        elif row is not None and row.kind is RowKind.DELETE:
+            self._delete_row(row.partition, row.bucket, key)
+        elif row is not None:
+            stored = self._rows.get((row.partition, row.bucket), {}).get(key)
+            if stored is None:  # an update re-creates the row, without its task
+                self._remnants.setdefault((row.partition, row.bucket), set()).add(key)
+            else:
+                self._set_row(replace(stored, **dict(row.fields)))  # type: ignore[arg-type]
+        fields = dict(transition.status)
+        if "envelope" in fields:
+            envelope = fields.pop("envelope")
+            if isinstance(envelope, ScheduleEnvelope):
+                self._kept[key] = envelope
+            else:
+                self._kept.pop(key, None)
+        current = self._status.get(key)
+        if current is not None and fields:
+            self._status[key] = replace(current, **fields)  # type: ignore[arg-type]
+        elif fields and transition.event is lifecycle.Event.SCHEDULE:
+            self._status[key] = TaskStatus(key=key, **fields)  # type: ignore[arg-type]
+        return transition
 
     def put(self, partition: int, envelope: ScheduleEnvelope, now_ms: int) -> StoredTask | None:
-        key = envelope.key
         with self._lock:
-            plan = plan_put(partition, key, self._status.get(key), now_ms, self.bucket_seconds)
-            if plan is None:
-                return None
-            if plan.moved_from is not None:
-                self._delete_row(*plan.moved_from, key)
-            bucket = plan.bucket
-            task = StoredTask(partition, bucket, envelope)
-            self._set_row(task)
-            self._status[key] = TaskStatus(key, State.PENDING, envelope.task, partition, 0, None,
-                                           now_ms, bucket)
-            return task
+            transition = self._apply(lifecycle.scheduled(
+                partition, envelope, self._status.get(envelope.key), now_ms, self.bucket_seconds))
+            return None if transition is None or transition.row is None else transition.row.task
 
     def cancel(self, partition: int, key: TaskKey, now_ms: int) -> bool:
         with self._lock:
             current = self._status.get(key)
-            if not may_cancel(current):
-                return False
-            assert current is not None
-            row = self._rows.get((current.partition, current.bucket or 0), {}).get(key)
-            if current.state is State.FAILED and row is None:
-                return False  # failed and gone: nothing to cancel
-            self._delete_row(current.partition, current.bucket, key)
-            self._status[key] = replace(current, state=State.CANCELLED, updated_ms=now_ms,
-                                        released_ms=0, started_ms=0, finished_ms=0)
-            return True
+            row_kept = current is not None and key in self._rows.get(
+                (current.partition, current.bucket or 0), {})
+            return self._apply(lifecycle.cancelled(current, now_ms, row_kept=row_kept)) is not None
 
     def retry(self, partition: int, key: TaskKey, now_ms: int) -> StoredTask | None:
         with self._lock:
             current = self._status.get(key)
-            if not may_retry(current):
-                return None
-            assert current is not None
-            row = self._rows.get((current.partition, current.bucket or 0), {}).get(key)
-            if row is not None:  # blocked: its row is kept
-                task = replace(row, not_before_ms=0, lease_until_ms=0, blocked=False)
-            elif key in self._kept:
-                bucket = write_bucket(key.scheduled_ms, now_ms, self.bucket_seconds)
-                task = StoredTask(partition, bucket, self._kept[key], attempts=current.attempts)
-            else:
-                return None
-            self._kept.pop(key, None)
-            self._set_row(task)
-            self._status[key] = replace(current, state=State.PENDING, partition=task.partition,
-                                        bucket=task.bucket, updated_ms=now_ms)
-            return task
+            row = (self._rows.get((current.partition, current.bucket or 0), {}).get(key)
+                   if current is not None else None)
+            transition = self._apply(lifecycle.retried(partition, current, row, self._kept.get(key),
+                                                       now_ms, self.bucket_seconds))
+            return None if transition is None or transition.row is None else transition.row.task
 
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
         with self._lock:
@@ -179,63 +177,34 @@ class MemoryScheduleStore(ScheduleStore):
         remnants = self._remnants.get((partition, after.bucket), set())
         for key in [k for k in remnants if _past(
                 Cursor(after.bucket, k.scheduled_ms, k.ordering_id, k.uniqueness_key), after, inclusive)]:
-            remnants.discard(key)
-            current = self._status.get(key)
-            state = settled_state(current, partition, after.bucket)
-            if current is not None and state is not None:
-                self._status[key] = replace(current, state=state)
+            self._apply(lifecycle.settled(self._status.get(key), partition, after.bucket, key, None,
+                                          clock.now_ms()))
 
     def drop_bucket(self, partition: int, bucket: int) -> None:
         with self._lock:
             self._index.get(partition, set()).discard(bucket)
 
-    def _update_status(self, key: TaskKey, **changes: object) -> None:
-        current = self._status.get(key)
-        if current is not None:
-            self._status[key] = replace(current, **changes)  # type: ignore[arg-type]
-
     def mark_released(self, task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> None:
         with self._lock:
-            self._update_row(task, attempts=attempt, lease_until_ms=lease_until_ms)
-            self._update_status(task.key, state=State.RELEASED, attempts=attempt, updated_ms=now_ms)
+            self._apply(lifecycle.released(task, attempt, lease_until_ms, now_ms))
 
     def mark_retry(self, task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                    now_ms: int) -> None:
         with self._lock:
-            self._update_row(task, attempts=attempts, not_before_ms=not_before_ms, lease_until_ms=0)
-            self._update_status(task.key, state=State.PENDING, attempts=attempts, last_error=error,
-                                updated_ms=now_ms)
+            self._apply(lifecycle.retry_later(task, attempts, not_before_ms, error, now_ms))
 
     def finish(self, task: StoredTask, state: State, error: str | None, now_ms: int,
                keep_row: bool = False, run: RunTimes | None = None) -> None:
         with self._lock:
-            if keep_row:
-                self._update_row(task, blocked=True, lease_until_ms=0)
-            else:
-                self._delete_row(task.partition, task.bucket, task.key)
-                if state is State.FAILED:
-                    self._kept[task.key] = task.envelope
-            released, started, finished = run or RunTimes()
-            changes: dict[str, object] = {"state": state, "updated_ms": now_ms, "released_ms": released,
-                                          "started_ms": started, "finished_ms": finished}
-            if error is not None:
-                changes["last_error"] = error
-            self._update_status(task.key, **changes)
+            current = self._status.get(task.key)
+            self._apply(lifecycle.blocked(task, error, current, now_ms, run) if keep_row
+                        else lifecycle.finished(task, state, error, current, now_ms, run))
 
     def record_outcome(self, partition: int, key: TaskKey, attempt: int, succeeded: bool,
                        error: str | None, now_ms: int, run: RunTimes | None = None,
                        generation: int = 0) -> None:
         with self._lock:
-            changes: dict[str, object] = {
-                "outcome": "succeeded" if succeeded else "failed", "outcome_attempt": attempt,
-                "outcome_generation": generation,
-                "updated_ms": now_ms, "started_ms": (run or RunTimes()).started_ms,
-                "finished_ms": (run or RunTimes()).finished_ms}
-            if succeeded:
-                changes["state"] = State.SUCCEEDED
-            else:
-                changes["last_error"] = error
-            self._update_status(key, **changes)
+            self._apply(lifecycle.reported(key, attempt, succeeded, error, now_ms, run, generation))
 
     def acquire_lease(self, partition: int, owner: str, ttl_ms: int, now_ms: int) -> Lease | None:
         with self._lock:

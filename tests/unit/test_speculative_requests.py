@@ -10,11 +10,13 @@ from cassandra.policies import ConstantSpeculativeExecutionPolicy, TokenAwarePol
 
 from celery_scheduler.store import cassandra_leases, cql
 from celery_scheduler.store.cqlsession import LWT_PROFILE, LWT_TIMEOUT_SECONDS, idempotent, profiles
+from celery_scheduler.store.lifecycle import Expiry
 
 
 def test_every_statement_but_a_conditional_one_may_be_sent_twice() -> None:
-    writes = [cql.DELETE_ROW, cql.PENDING_STATUS, cql.FINAL_STATUS, cql.FAILED_STATUS,
-              cql.RETRIED_STATUS, cql.INSERT_ROW, cql.SELECT_STATUSES]
+    writes = [cql.DELETE_ROW, cql.INSERT_ROW, cql.SELECT_STATUSES,
+              *(cql.status_write(("state", "attempts"), expiry) for expiry in Expiry),
+              cql.row_update(("attempts", "lease_until_ms"))]
     assert all(idempotent(statement) for statement in writes)
     leases = [cassandra_leases._INSERT, cassandra_leases._TAKE, cassandra_leases._EXTEND]
     assert not any(idempotent(statement) for statement in leases)
