@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterable
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.claims import Claims
-from celery_scheduler.dispatcher.leases import LeaseUpkeep
+from celery_scheduler.dispatcher.leases import Leases
 from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
@@ -80,7 +81,7 @@ GATE_WARN_EVERY_MS = 30_000
 CONFIRM_CANCEL_EVERY_MS = 1000
 
 
-class Engine(LeaseUpkeep, Settling):
+class Engine(Settling):
     """Loads, releases and completes tasks for the partitions this dispatcher owns."""
 
     def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
@@ -91,7 +92,9 @@ class Engine(LeaseUpkeep, Settling):
                  prepare_many: PrepareMany | None = None,
                  publish_prepared: PublishPrepared | None = None,
                  confirm: Callable[[float], None] | None = None,
-                 switch_interval: Callable[[float], None] | None = None) -> None:
+                 switch_interval: Callable[[float], None] | None = None,
+                 rng: random.Random | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.publish = publish
         # the dispatcher sends a step's releases in one round trip where the broker allows
@@ -101,7 +104,12 @@ class Engine(LeaseUpkeep, Settling):
         self._sends_early = sends_early or (lambda task: False)
         self.owner = owner
         self.settings = settings or EngineSettings()
+        # The engine's only sources of time and chance: the wall clock (epoch ms, what tasks
+        # are due by), a monotonic clock (seconds, what leases are measured by) and the
+        # random source of retry jitter.
         self.clock = clock or now_ms
+        self._monotonic = monotonic
+        self._rng = rng or random.Random()
         # a release's start lease, and a running task's run lease (see celery_scheduler.heartbeat)
         self._start_lease_ms = int(self.settings.start_lease_seconds * 1000)
         self._run_lease_ms = int(self.settings.lease_seconds * 1000)
@@ -122,18 +130,10 @@ class Engine(LeaseUpkeep, Settling):
         self._thread: threading.Thread | None = None
         self.released_count = 0
         self.completed_count = 0
-        self.last_loop_mono = time.monotonic()
-        # Read by the ingest thread: the partitions whose lease this engine holds (or held
-        # last, while the store could not be asked). Only the engine thread changes it.
-        self._writable: set[int] = set()
-        # Per partition ever leased: the time its writes are fenced at (monotonic): its
-        # lease's end while held, the moment it was given up after; read by the store's
-        # threads (see write_fence), replaced whole.
-        self._fences: dict[int, float] = {}
-        self._renewals_failing = False
-        self._takes_failing = None
-        self._ingest_mono: float | None = None  # the ingest loop's last report, once it runs
-        self._ingest_stalled = False
+        self.last_loop_mono = self._monotonic()
+        # the leases of the partitions assigned, taken, renewed and let go (leases.py)
+        self.leases = Leases(store, self.settings, owner, self.clock, monotonic, self.partitions,
+                             self.timetable)
         self._watch = Watch()
         self._window = Window(self.settings.max_in_flight)
         # the interpreter's switch interval, given the setter (a dispatcher's own process)
@@ -169,7 +169,7 @@ class Engine(LeaseUpkeep, Settling):
         # What the sender sent, all of it taken by the broker: counted at the next step, which
         # it need not wake (a release that was not, or may not have been, sent does).
         self._sent_quietly: collections.deque[Sent] = collections.deque()
-        self._sender = (OnTimeSender(self.publish_many, self._reported, self._lease_certain, self.clock,
+        self._sender = (OnTimeSender(self.publish_many, self._reported, self.leases.certain, self.clock,
                                      self.settings.release_batch, prepare_many=prepare_many,
                                      publish_prepared=publish_prepared, confirm=confirm)
                         if self._ahead_ms > 0 else None)
@@ -201,6 +201,23 @@ class Engine(LeaseUpkeep, Settling):
     def cancelled(self, key: TaskKey) -> None:
         self.events.put(Cancelled(key))
 
+    def may_persist(self, partition: int) -> bool:
+        """Whether this process may write *partition*'s new tasks (see :class:`Leases`)."""
+        return self.leases.may_persist(partition)
+
+    def leased(self) -> frozenset[int]:
+        """The partitions this process holds the lease of (any thread)."""
+        return self.leases.leased()
+
+    def ingest_alive(self) -> None:
+        """Called by the ingest loop on every pass (see ``ingest_stall_seconds``)."""
+        self.leases.ingest_alive()
+
+    def write_fence(self, partition: int) -> float | None:
+        """The wall-clock time this process's writes of *partition* must not be stamped
+        after (see :meth:`Leases.write_fence`). Called from the store's threads."""
+        return self.leases.write_fence(partition)
+
     def outcome(self, outcome: Outcome) -> None:
         self.outcomes(OutcomeBatch([outcome], {}))
 
@@ -231,7 +248,7 @@ class Engine(LeaseUpkeep, Settling):
             try:
                 self.step()
             except Exception as exc:
-                if outages.failed(type(exc).__name__, time.monotonic()):
+                if outages.failed(type(exc).__name__, self._monotonic()):
                     logger.error("dispatcher step failed (%s); retrying every 1s, and saying so "
                                  "once it works again", exc,
                                  exc_info=not isinstance(exc, StoreUnavailableError))
@@ -239,13 +256,13 @@ class Engine(LeaseUpkeep, Settling):
                 self.stopped.wait(1.0)
                 self._watch.lap("failed")
                 continue
-            for ended in outages.all_recovered(time.monotonic()) if outages else ():
+            for ended in outages.all_recovered(self._monotonic()) if outages else ():
                 logger.warning("dispatcher steps work again (%s): %s", ended.key,
                                ended.describe("they failed"))
         self._revoke(Revocation(list(self.partitions)))
 
     def step(self) -> None:
-        self.last_loop_mono = time.monotonic()
+        self.last_loop_mono = self._monotonic()
         watch = self._watch
         self._drain_events(self._wait_seconds())
         self._confirm_cancels()
@@ -259,10 +276,10 @@ class Engine(LeaseUpkeep, Settling):
         self._store_succeeded(lingering=True)
         watch.lap("release")
         now = self.clock()
-        self._maintain_leases()
+        self.leases.maintain()
         watch.lap("leases")
         for partition in list(self.partitions.values()):
-            if self._may_release(partition) and partition.loader.due_for_fill(now):
+            if self.leases.may_release(partition) and partition.loader.due_for_fill(now):
                 partition.loader.fill(self.timetable, now)
         # A row the fill read may have been written after an earlier task of its ordering id
         # whose place the cursor had passed: that one is known only by its persisted event,
@@ -405,8 +422,7 @@ class Engine(LeaseUpkeep, Settling):
         self._unloaded_beats = {k: b for k, b in self._unloaded_beats.items() if b[0].partition not in gone}
         for number in request.partitions:
             self._outcomes_read.pop(number, None)
-            self._writable.discard(number)
-            self._forget_fence(number)
+            self.leases.let_go(number)
             partition = self.partitions.pop(number, None)
             if partition is not None and partition.lease is not None:
                 try:
@@ -453,7 +469,7 @@ class Engine(LeaseUpkeep, Settling):
         ready: list[Loaded] = []
         for task in list(open_.values()):
             partition = self.partitions.get(task.partition)
-            if partition is None or not self._may_release(partition):
+            if partition is None or not self.leases.may_release(partition):
                 self.timetable.defer(task.key, now + 200)  # lease not (yet) certain
                 del open_[task.key]
                 continue
@@ -515,7 +531,7 @@ class Engine(LeaseUpkeep, Settling):
         for task in ready:
             del open_[task.key]
             partition = self.partitions.get(task.partition)
-            if partition is None or not self._may_release(partition):  # the marking took long
+            if partition is None or not self.leases.may_release(partition):  # the marking took long
                 self.timetable.defer(task.key, now + 200)
                 continue
             assert partition.lease is not None
@@ -534,10 +550,6 @@ class Engine(LeaseUpkeep, Settling):
             return
         results = self.publish_many([(item.task, item.release) for item in sending])
         self._sent(list(zip(sending, results, strict=True)), now)
-
-    def _lease_certain(self, number: int) -> bool:
-        """Whether this process's lease of partition *number* is certainly valid (any thread)."""
-        return time.monotonic() < self._fences.get(number, 0.0)
 
     def _sent(self, results: list[tuple[Sending, Exception | None]], sent_ms: int) -> None:
         """Count what was sent; put back what certainly was not."""

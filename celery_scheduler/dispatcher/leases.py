@@ -9,34 +9,48 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
 from celery_scheduler.dispatcher.timetable import Timetable
 from celery_scheduler.errors import SchedulerError, StoreUnavailableError
-from celery_scheduler.store.base import Lease, ScheduleStore
+from celery_scheduler.store.base import Lease, LeaseTable
 
-__all__ = ["LeaseUpkeep"]
+__all__ = ["Leases"]
 
 logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines are the engine's
 
 
-class LeaseUpkeep:
-    """The engine's lease calls (a mixin of :class:`~celery_scheduler.dispatcher.engine.Engine`)."""
+class Leases:
+    """The leases of the partitions an engine was assigned: its own state, the engine's
+    partitions (shared, the engine adds and removes them) and what it asks the store.
 
-    store: ScheduleStore
-    settings: EngineSettings
-    owner: str
-    clock: Callable[[], int]
-    timetable: Timetable
-    partitions: dict[int, Partition]
-    _writable: set[int]
-    _fences: dict[int, float]
-    _ingest_mono: float | None
-    _ingest_stalled: bool
-    _renewals_failing: bool  # the last renewal failed: said once, until one succeeds
-    _takes_failing: float | None  # since when taking leases fails: said once, and its end
+    Its thread is the engine's, but for :meth:`write_fence`, :meth:`certain`,
+    :meth:`may_persist` and :meth:`leased`, called from other threads (the store's, the
+    on-time sender's, the ingest loop's): only the engine's thread changes what they read.
+    """
+
+    def __init__(self, store: LeaseTable, settings: EngineSettings, owner: str,
+                 clock: Callable[[], int], monotonic: Callable[[], float],
+                 partitions: dict[int, Partition], timetable: Timetable) -> None:
+        self.store = store
+        self.settings = settings
+        self.owner = owner
+        self.clock = clock
+        self._monotonic = monotonic
+        self.partitions = partitions
+        self.timetable = timetable
+        # Read by the ingest thread: the partitions whose lease this engine holds (or held
+        # last, while the store could not be asked). Only the engine thread changes it.
+        self._writable: set[int] = set()
+        # Per partition ever leased: the time its writes are fenced at (monotonic): its
+        # lease's end while held, the moment it was given up after; read by the store's
+        # threads (see write_fence), replaced whole.
+        self._fences: dict[int, float] = {}
+        self._renewals_failing = False  # the last renewal failed: said once, until one succeeds
+        self._takes_failing: float | None = None  # since when taking leases fails: said once
+        self.ingest_mono: float | None = None  # the ingest loop's last report, once it runs
+        self._ingest_stalled = False
 
     def may_persist(self, partition: int) -> bool:
         """Whether this process may write *partition*'s new tasks: it holds the lease.
@@ -57,19 +71,28 @@ class LeaseUpkeep:
 
     def ingest_alive(self) -> None:
         """Called by the ingest loop on every pass (see ``ingest_stall_seconds``)."""
-        self._ingest_mono = time.monotonic()
+        self.ingest_mono = self._monotonic()
 
+    def certain(self, number: int) -> bool:
+        """Whether this process's lease of partition *number* is certainly valid (any thread)."""
+        return self._monotonic() < self._fences.get(number, 0.0)
+
+    def let_go(self, number: int) -> None:
+        """Partition *number* is given up (revoked): not written, its writes fenced from now."""
+        self._writable.discard(number)
+        self.forget_fence(number)
 
     def _lease_end(self, lease_mono: float) -> float:
         """When a lease requested at *lease_mono* ends by our own clock, with a margin."""
         margin = min(2.0, self.settings.partition_lease_seconds / 4)
         return lease_mono + self.settings.partition_lease_seconds - margin
 
-    def _may_release(self, partition: Partition) -> bool:
+    def may_release(self, partition: Partition) -> bool:
+        """Whether the engine may release from *partition*: its lease is certainly ours."""
         if partition.lease is None:
             return False
         # Valid by our own clock, counted from when the request was sent.
-        return time.monotonic() < self._lease_end(partition.lease_mono)
+        return self._monotonic() < self._lease_end(partition.lease_mono)
 
     def write_fence(self, partition: int) -> float | None:
         """The wall-clock time this process's writes of *partition* must not be stamped after.
@@ -83,29 +106,29 @@ class LeaseUpkeep:
         fence = self._fences.get(partition)
         if fence is None:
             return None
-        return time.time() + fence - time.monotonic()
+        return self.clock() / 1000 + fence - self._monotonic()
 
     def _hold(self, number: int, partition: Partition, lease: Lease, mono: float) -> None:
         partition.lease, partition.lease_mono = lease, mono
         self._writable.add(number)
         self._fences = {**self._fences, number: self._lease_end(mono)}
 
-    def _forget_fence(self, number: int) -> None:
+    def forget_fence(self, number: int) -> None:
         """*number*'s lease is given up: writes decided before meet its fence from now on."""
         if number in self._fences:
-            self._fences = {**self._fences, number: min(self._fences[number], time.monotonic())}
+            self._fences = {**self._fences, number: min(self._fences[number], self._monotonic())}
 
     def _drop_lease(self, number: int, partition: Partition) -> None:
-        self._forget_fence(number)
+        self.forget_fence(number)
         self._writable.discard(number)
         self.timetable.drop_partitions([number])
         partition.lease, partition.loader.cursor = None, None
 
     def _ingest_hangs(self) -> bool:
         """Whether the ingest loop has not come back for too long; if so, let go of every lease."""
-        if self._ingest_mono is None:
+        if self.ingest_mono is None:
             return False
-        stalled = time.monotonic() - self._ingest_mono > self.settings.ingest_stall_seconds
+        stalled = self._monotonic() - self.ingest_mono > self.settings.ingest_stall_seconds
         if stalled and not self._ingest_stalled:
             logger.error("the Kafka consumer loop has not come back for %.0fs: giving up the leases "
                          "of partitions %s so that their readers can write and release them",
@@ -120,11 +143,12 @@ class LeaseUpkeep:
         self._ingest_stalled = stalled
         return stalled
 
-    def _maintain_leases(self) -> None:
+    def maintain(self) -> None:
+        """Take the leases of partitions not held, and renew all of them once one is due."""
         if self._ingest_hangs():
             return
         ttl_ms = int(self.settings.partition_lease_seconds * 1000)
-        mono = time.monotonic()
+        mono = self._monotonic()
         wanted = [number for number, partition in self.partitions.items()
                   if partition.lease is None and mono >= partition.next_attempt_mono]
         if wanted:
@@ -139,7 +163,7 @@ class LeaseUpkeep:
             self._renew_leases(held, ttl_ms)
 
     def _take_leases(self, wanted: list[int], ttl_ms: int) -> None:
-        mono = time.monotonic()
+        mono = self._monotonic()
         for number in wanted:
             self.partitions[number].next_attempt_mono = mono + 0.5
         try:
@@ -167,7 +191,7 @@ class LeaseUpkeep:
                 logger.info("leased partition %d (epoch %d)", number, lease.epoch)
 
     def _renew_leases(self, held: list[tuple[int, Partition]], ttl_ms: int) -> None:
-        mono = time.monotonic()
+        mono = self._monotonic()
         try:
             renewed = self.store.renew_leases([partition.lease for _, partition in held
                                                if partition.lease is not None],

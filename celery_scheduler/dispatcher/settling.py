@@ -13,6 +13,7 @@ import logging
 import random
 from collections.abc import Callable
 
+from celery_scheduler.dispatcher import rules
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Window
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
@@ -70,6 +71,7 @@ class Settling:
     completed_count: int
     outcomes_read_until: Callable[[int], int]
     _window: Window
+    _rng: random.Random
     _last_poll_ms: int
     _succeeded: dict[TaskKey, Loaded]
     _store_succeeded_by_ms: int
@@ -258,11 +260,12 @@ class Settling:
 
     def _outcome_stored(self, task: Loaded, status: TaskStatus | None) -> bool:
         """Apply the outcome the worker stored for *task*'s current attempt, if there is one."""
-        if (status is None or not status.outcome or status.outcome_attempt != task.attempts
-                or status.outcome_generation not in (0, task.lease_until_ms)):
+        outcome = rules.stored_outcome(status, task.attempts, task.lease_until_ms)
+        if outcome is None:
             return False
+        assert status is not None
         task.started_ms, task.finished_ms = status.started_ms, status.finished_ms
-        self._apply_outcome(task, status.outcome == "succeeded", status.last_error)
+        self._apply_outcome(task, *outcome)
         return True
 
     def _settle_from_store(self, task: Loaded, status: TaskStatus | None,
@@ -275,7 +278,7 @@ class Settling:
         """
         if self._outcome_stored(task, status):
             return True
-        if status is not None and (status.state.finished or status.state is State.CANCELLED):
+        if rules.ended_elsewhere(status):
             self._drop(task.key)
             return True
         if not task.heard_ms:
@@ -343,19 +346,22 @@ class Settling:
             logger.info("%s was settled as cancelled while released; dropping it", task.key)
             self._drop(task.key)
             return
-        if task.released_ms and now >= self._release_end(task):
-            if not self._outcome_read(task):
+        if not task.released_ms:
+            return
+        end = self._release_end(task)
+        ended = rules.when_lease_ended(now, end, bool(task.heard_ms), self._outcome_read(task))
+        if ended is rules.LeaseEnd.RUNNING:
+            if now >= end:
                 task.next_poll_ms = now + OUTCOME_WAIT_MS  # its outcome may be in the topic, unread
-                return
-            if not task.heard_ms:
-                self._not_started(task, now)
-                released_again[NOT_STARTED].append(task.key)
-                return
-            logger.info("no beat from the worker of %s (attempt %d) within its %.0fs run "
-                        "lease; releasing it again", task.key, task.attempts,
-                        task.run_lease_ms / 1000)
-            released_again[SILENT].append(task.key)
-            self._apply_outcome(task, False, WORKER_LOST)
+            return
+        if ended is rules.LeaseEnd.NOT_STARTED:
+            self._not_started(task, now)
+            released_again[NOT_STARTED].append(task.key)
+            return
+        logger.info("no beat from the worker of %s (attempt %d) within its %.0fs run "
+                    "lease; releasing it again", task.key, task.attempts, task.run_lease_ms / 1000)
+        released_again[SILENT].append(task.key)
+        self._apply_outcome(task, False, WORKER_LOST)
 
     def _not_started(self, task: Loaded, now: int) -> None:
         """*task*'s release certainly did not start: release it again at once, the same
@@ -410,27 +416,24 @@ class Settling:
         if succeeded:
             # Stored with the others of this step, or of the next few, in one round trip
             # (_store_succeeded); its ordering id stays blocked until then.
-            by = now + int(self.settings.finish_linger_seconds * 1000)
-            after = self.timetable.successor_due_ms(task.key)
-            if after is not None:
-                by = min(by, after - self._ahead_ms)
-            self._store_succeeded_by_ms = (min(by, self._store_succeeded_by_ms) if self._succeeded
-                                           else by)
+            self._store_succeeded_by_ms = rules.success_deadline(
+                now, int(self.settings.finish_linger_seconds * 1000),
+                self.timetable.successor_due_ms(task.key), self._ahead_ms,
+                self._store_succeeded_by_ms if self._succeeded else None)
             self._succeeded[task.key] = task
             self.timetable.hold(task.key)
             return
-        policy = task.envelope.retry
-        if task.attempts < policy.max_attempts:
-            backoff = min(policy.backoff_max, policy.backoff * 2 ** (task.attempts - 1))
-            delay_ms = int(backoff * random.uniform(0.5, 1.0) * 1000)  # jitter
-            self.store.mark_retry(task.stored, task.attempts, now + delay_ms, error, now)
-            self.timetable.retry_later(task.key, now + delay_ms)
+        decision = rules.after_failure(task.attempts, task.envelope.retry, self.settings.on_exhausted,
+                                       now, self._rng)
+        if isinstance(decision, rules.RetryAt):
+            self.store.mark_retry(task.stored, task.attempts, decision.not_before_ms, error, now)
+            self.timetable.retry_later(task.key, decision.not_before_ms)
             task.released_ms = task.next_poll_ms = 0
             self.metrics.retried()
             logger.info("attempt %d of %s failed (%s); retrying in %.1fs", task.attempts, task.key,
-                        error, delay_ms / 1000)
+                        error, decision.delay_ms / 1000)
             return
-        block = self.settings.on_exhausted == "block"
+        block = decision is rules.Exhausted.BLOCK
         self.metrics.finished("failed")
         self.store.finish(task.stored, State.FAILED, error, now, keep_row=block, run=task.run)
         if block:

@@ -1241,4 +1241,4 @@ def test_a_revocation_gives_every_partition_up_whatever_a_lease_release_raises(
     assert engine.revoke([0, 1])
     assert engine.partitions == {}
     assert {lease.partition: lease.expires_ms for lease in store.leases()}[1] == 0
-    assert not engine._lease_certain(0) and not engine._lease_certain(1)
+    assert not engine.leases.certain(0) and not engine.leases.certain(1)

@@ -212,7 +212,8 @@ class Simulation:
             return self.publish(holder[0], items)
 
         engine = Engine(self.store, lambda task, release: None, name, self.settings,
-                        clock=self.world.clock, publish_many=publish_many)
+                        clock=self.world.clock, publish_many=publish_many,
+                        monotonic=self.world.monotonic, rng=random.Random(self.rng.random()))
         dispatcher = Dispatcher(name, engine)
         # what its outcome reader has read up to: everything appended before its last read
         engine.outcomes_read_until = lambda partition: dispatcher.read_until.get(partition, 0)
@@ -479,7 +480,6 @@ class Simulation:
 
 
 def _simulate(seed: int, monkeypatch: pytest.MonkeyPatch, through_ingest: bool) -> Simulation:
-    random.seed(seed)  # the engine's retry jitter
     sim = Simulation(seed, through_ingest=through_ingest)
     fake_time = types.SimpleNamespace(monotonic=sim.world.monotonic,
                                       time_ns=lambda: sim.world.ms * 1_000_000,

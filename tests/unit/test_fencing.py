@@ -5,9 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
-from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.memory import MemoryScheduleStore
@@ -61,10 +58,12 @@ def test_the_partition_named_is_the_sending_threads_own() -> None:
     assert seen[0] >= _now_us() - 1_000_000  # the other thread named no partition
 
 
-def test_the_engine_fences_each_partition_at_its_lease_end_and_at_giving_it_up(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_fences_each_partition_at_its_lease_end_and_at_giving_it_up() -> None:
+    paused = [0.0]  # seconds the process was stopped for: both of its clocks move on
     engine = Engine(MemoryScheduleStore(), lambda task, release: None, "d1",
-                    EngineSettings(partition_lease_seconds=10.0, tick_seconds=0))
+                    EngineSettings(partition_lease_seconds=10.0, tick_seconds=0),
+                    clock=lambda: int((time.time() + paused[0]) * 1000),
+                    monotonic=lambda: time.monotonic() + paused[0])
     assert engine.write_fence(0) is None  # no lease yet: nothing to fence
     engine.assign([0, 1])
     started = time.time()
@@ -78,12 +77,10 @@ def test_the_engine_fences_each_partition_at_its_lease_end_and_at_giving_it_up(
     still = engine.write_fence(0)
     assert still is not None and abs(still - fence) < 0.01  # the other keeps its lease end
     assert engine.write_fence(2) is None  # never held
-    later = time.monotonic() + 3600  # an hour later (a long pause): still fenced there
-    monkeypatch.setattr(engine_module.time, "monotonic", lambda: later)
-    monkeypatch.setattr(engine_module.time, "time", lambda: given_up + 3600)
+    paused[0] = 3600  # an hour later (a long pause): still fenced there
     held = engine.write_fence(1)
     assert held is not None and abs(held - given_up) < 0.05
-    monkeypatch.undo()
+    paused[0] = 0
     engine.assign([1])
     engine.step()  # taken back: fenced at the new lease's end
     again = engine.write_fence(1)

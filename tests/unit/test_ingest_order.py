@@ -98,7 +98,7 @@ def test_a_hanging_ingest_loop_gives_the_leases_up() -> None:
     engine.ingest_alive()
     assert engine.may_persist(0) and engine.may_persist(1)
 
-    engine._ingest_mono -= engine.settings.ingest_stall_seconds + 1  # not back for too long
+    engine.leases.ingest_mono -= engine.settings.ingest_stall_seconds + 1  # not back for too long
     engine.step()
     assert not engine.may_persist(0) and not engine.may_persist(1)
     assert all(p.lease is None for p in engine.partitions.values())
@@ -119,7 +119,7 @@ def test_a_late_renewal_alone_does_not_stop_writes_but_a_lost_lease_does() -> No
     store = MemoryScheduleStore()
     engine = leased_engine(store, [0])
     engine.partitions[0].lease_mono -= 60  # renewal long overdue: releasing stops...
-    assert not engine._may_release(engine.partitions[0])
+    assert not engine.leases.may_release(engine.partitions[0])
     assert engine.may_persist(0)  # ...writing does not: the engine still holds the lease
 
     later = Engine(store, lambda task, release: None, "other", clock=lambda: NOW + 60_000)

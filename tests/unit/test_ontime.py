@@ -174,7 +174,7 @@ def test_a_release_whose_lease_is_not_certain_at_its_due_time_is_put_back_unspen
         key = schedule(store, engine, "a", now_ms() + 200)
         engine.step()
         assert engine.timetable.is_in_flight(key)
-        engine._forget_fence(0)  # as if the lease ran out before the due time
+        engine.leases.forget_fence(0)  # as if the lease ran out before the due time
         wait_for(lambda: engine._sender is not None and engine._sender.waiting() == 0)
         time.sleep(0.05)
         engine.step()
