@@ -13,6 +13,11 @@ one trace goes from the code that scheduled the task to the end of each of its r
 - ``celery_scheduler.release_lateness_ms`` (released minus due) and
   ``celery_scheduler.start_lateness_ms`` (started minus due).
 
+The dispatcher records a span when it has stored the task (``celery_scheduler.persist``,
+from the start to the end of the write) and one for each release (``celery_scheduler.release``,
+when it handed the task to the broker), both children of the schedule call's context, so
+the trace shows where the time went between the call and the run.
+
 The context travels in a header of the package's own (``celery_scheduler_trace``), which
 the worker reads: a tracer that instruments Celery's publishing in the dispatcher's process
 (``opentelemetry-instrumentation-celery``) rewrites ``traceparent`` with a span of its own
@@ -25,15 +30,19 @@ as the application set them up.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.errors import ConfigurationError
-from celery_scheduler.wire import HEADER, parse_header
+from celery_scheduler.wire import HEADER, Release, parse_header
 
-__all__ = ["SPAN_ATTRIBUTE", "TRACER_NAME", "TRACE_HEADER", "install", "traced_options"]
+if TYPE_CHECKING:
+    from celery_scheduler.envelope import ScheduleEnvelope
+
+__all__ = ["SPAN_ATTRIBUTE", "TRACER_NAME", "TRACE_HEADER", "DispatcherSpans", "install",
+           "traced_options"]
 
 TRACER_NAME = "celery_scheduler"
 # The run's span, kept on the task's request from task_prerun to task_postrun.
@@ -133,3 +142,65 @@ def install() -> None:
 
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_scheduler.trace_start")
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="celery_scheduler.trace_end")
+
+
+def _envelope_carrier(envelope: ScheduleEnvelope) -> dict[str, str]:
+    """The schedule call's trace context, from the headers a traced call put in *envelope*."""
+    headers = envelope.options.get("headers")
+    carried = headers.get(TRACE_HEADER) if isinstance(headers, Mapping) else None
+    if not isinstance(carried, Mapping):
+        return {}
+    return {str(k): v for k, v in carried.items() if isinstance(v, str)}
+
+
+def _key_attributes(envelope: ScheduleEnvelope, partition: int) -> dict[str, Any]:
+    key = envelope.key
+    return {f"{PREFIX}task_key": str(key), f"{PREFIX}ordering_id": key.ordering_id,
+            f"{PREFIX}uniqueness_key": key.uniqueness_key, f"{PREFIX}partition": partition,
+            f"{PREFIX}scheduled_at_ms": key.scheduled_ms, "celery.task_name": envelope.task}
+
+
+class DispatcherSpans:
+    """The dispatcher's spans of traced tasks: each persist and each release, as children of
+    the schedule call's context. With tracing off, or for a task scheduled outside a trace,
+    it records nothing (a dictionary lookup a task)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def _span(self, name: str, envelope: ScheduleEnvelope, start_ms: int, end_ms: int,
+              attributes: dict[str, Any], error: BaseException | None = None) -> None:
+        carrier = _envelope_carrier(envelope)
+        if not carrier:
+            return
+        trace = _otel("trace")
+        span = trace.get_tracer(TRACER_NAME).start_span(
+            f"{name} {envelope.task}", context=_otel("propagate").extract(carrier),
+            kind=trace.SpanKind.INTERNAL, attributes=attributes, start_time=start_ms * 1_000_000)
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.end(end_time=max(start_ms, end_ms) * 1_000_000)
+
+    def persisted(self, stored: Sequence[tuple[ScheduleEnvelope, int]], start_ms: int, end_ms: int) -> None:
+        """(envelope, partition) of each task written to the store between the two times."""
+        if not self.enabled:
+            return
+        for envelope, partition in stored:
+            self._span("celery_scheduler.persist", envelope, start_ms, end_ms,
+                       _key_attributes(envelope, partition))
+
+    def released(self, sent: Sequence[tuple[ScheduleEnvelope, Release, BaseException | None]],
+                 start_ms: int, end_ms: int) -> None:
+        """Each release handed to the broker between the two times, with its error if it was
+        not taken (or may not have been)."""
+        if not self.enabled:
+            return
+        for envelope, release, error in sent:
+            attributes = {**_key_attributes(envelope, release.partition),
+                          f"{PREFIX}attempt": release.attempt,
+                          f"{PREFIX}released_at_ms": release.marked_ms or start_ms,
+                          f"{PREFIX}release_lateness_ms": (release.marked_ms or start_ms)
+                          - envelope.key.scheduled_ms,
+                          f"{PREFIX}start_lease_until_ms": release.lease_until_ms}
+            self._span("celery_scheduler.release", envelope, start_ms, end_ms, attributes, error)

@@ -52,9 +52,10 @@ from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.signing import Signer
-from celery_scheduler.store.base import Cancel, Operation, Put, Retry, ScheduleStore, StoredTask
+from celery_scheduler.store.base import Cancel, Operation, Put, Retry, StoredTask, TaskWriter
 from celery_scheduler.tasklog.base import TaskLogReader
 from celery_scheduler.tasklog.reader import kafka_errors
+from celery_scheduler.tracing import DispatcherSpans
 
 __all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record"]
 
@@ -149,12 +150,12 @@ class DeadLetters:
 class Ingest:
     """Polls the scheduler topic and persists what it reads."""
 
-    def __init__(self, consumer: TaskLogReader, store: ScheduleStore, engine: Engine,
+    def __init__(self, consumer: TaskLogReader, store: TaskWriter, engine: Engine,
                  dead_letters: DeadLetterSink, partitions: Callable[[], int], *,
                  allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
                  max_bytes: int | None = None, batch_size: int = 1000,
                  linger_seconds: float = 0.0, clock: Clock | None = None,
-                 caught_up: CaughtUp | None = None) -> None:
+                 caught_up: CaughtUp | None = None, spans: DispatcherSpans | None = None) -> None:
         self.consumer = consumer
         self.store = store
         self.engine = engine
@@ -166,6 +167,7 @@ class Ingest:
         self.batch_size = batch_size
         self.linger_seconds = linger_seconds
         self.clock = clock or now_ms
+        self.spans = spans  # traced tasks' persist spans (tracing.py)
         self.persisted_count = 0
         self._failing_since: float | None = None  # batches fail to persist: said once
         self.paused: dict[int, str] = {}  # partition -> topic, paused until its lease is held
@@ -444,8 +446,12 @@ class Ingest:
     def _apply(self, operations: list[Operation]) -> None:
         # Each key's status is read, then written from what was read: the engine must not
         # mark any of them released in between (see claims.py).
+        started = self.clock()
         with self.engine.claims.ingesting(operations):
-            results = self.store.apply(operations, self.clock())
+            results = self.store.apply(operations, started)
+        if self.spans is not None and self.spans.enabled:
+            self.spans.persisted([(r.envelope, r.partition) for r in results if isinstance(r, StoredTask)],
+                                 started, self.clock())
         for operation, result in zip(operations, results, strict=True):
             if isinstance(operation, Cancel):
                 if result:

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from celery_scheduler import registry, wire
 from celery_scheduler import release as releasing
+from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.caught_up import CaughtUp
@@ -56,6 +57,7 @@ from celery_scheduler.tasklog.topics import (
     outcome_group,
     outcome_topic,
 )
+from celery_scheduler.tracing import DispatcherSpans
 
 __all__ = ["Dispatcher", "check", "engine_settings", "open_checked_store", "when_available"]
 
@@ -182,6 +184,7 @@ class Dispatcher:
                                     self.stopping)
         self.metrics = metrics or Metrics()
         self.publisher = releasing.Publisher(app)  # used by one thread only
+        self.spans = DispatcherSpans(s.opentelemetry)  # traced tasks' persist and release spans
         self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
                              metrics=self.metrics, publish_many=self._publish_many,
                              sends_early=_held_by_worker if s.release_eta else None,
@@ -234,7 +237,7 @@ class Dispatcher:
             return Ingest(reader, self.store, self.engine, dead_letters, lambda: self._partitions,
                           allowed=names.__contains__, signer=s.signer,
                           max_bytes=s.max_envelope_bytes, linger_seconds=linger_seconds,
-                          caught_up=caught_up)
+                          caught_up=caught_up, spans=self.spans)
 
         self.ingest = ingest(self.reader, s.ingest_linger_seconds)
         # kept partitions are read while the group forms again: each record is written at
@@ -284,6 +287,17 @@ class Dispatcher:
 
         *prepared* holds what :meth:`_prepare_many` built for each (or None); with
         *confirm_later*, see ``Publisher.publish_many``."""
+        if not self.spans.enabled:
+            return self._publish_routed(items, prepared, confirm_later)
+        started = now_ms()
+        results = self._publish_routed(items, prepared, confirm_later)
+        self.spans.released([(task.envelope, release, result if isinstance(result, Exception) else None)
+                             for (task, release), result in zip(items, results, strict=True)],
+                            started, now_ms())
+        return results
+
+    def _publish_routed(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any] | None,
+                        confirm_later: bool) -> list[Exception | Unconfirmed | None]:
         messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
         if not messages:
             return self.publisher.publish_many([(task.envelope, release) for task, release in items],

@@ -86,3 +86,12 @@ def test_every_run_of_a_task_is_a_span_of_the_trace_that_scheduled_it(
     assert first.status.status_code is trace.StatusCode.ERROR
     assert "payment gateway away" in (first.status.description or "")
     assert second.status.status_code is trace.StatusCode.UNSET
+    # the dispatcher's spans: the task stored once, released twice, in the same trace
+    [persist] = _spans("celery_scheduler.persist tracing.charge")
+    releases = _spans("celery_scheduler.release tracing.charge")
+    assert [(s.attributes or {})["celery_scheduler.attempt"] for s in releases] == [1, 2]
+    for span in (persist, *releases):
+        assert span.context.trace_id == parent.trace_id
+        assert span.parent is not None and span.parent.span_id == parent.span_id
+    assert persist.end_time is not None and releases[0].start_time is not None
+    assert persist.end_time <= releases[0].start_time <= (first.start_time or 0)

@@ -156,3 +156,47 @@ def test_schedule_calls_and_batches_made_in_a_span_carry_it_to_their_records(
     assert carried["outside"] is None
     for customer in ("ada", "bob", "cy"):
         assert carried[customer]["traceparent"].split("-")[1] == trace_id
+
+
+def test_the_dispatcher_records_a_persist_and_each_release_in_the_callers_trace(
+        spans: InMemorySpanExporter) -> None:
+    from celery_scheduler.envelope import ScheduleEnvelope
+
+    settings = get_settings(app_with(True))
+    with trace.get_tracer("test").start_as_current_span("checkout") as checkout:
+        options = dict(tracing.traced_options({"queue": "q"}, settings))
+    key = TaskKey("ada", DUE_MS, "u")
+    traced = ScheduleEnvelope(key, "shop.remind", ["ada"], options=options)
+    untraced = ScheduleEnvelope(TaskKey("bob", DUE_MS, "u"), "shop.remind", ["bob"])
+    spans.clear()
+    dispatcher = tracing.DispatcherSpans(enabled=True)
+    dispatcher.persisted([(traced, 3), (untraced, 3)], DUE_MS - 60_000, DUE_MS - 59_990)
+    first = Release(key, 3, 1, 1, DUE_MS + 8000, marked_ms=DUE_MS + 2)
+    second = Release(key, 3, 2, 1, DUE_MS + 20_000, marked_ms=DUE_MS + 9000)
+    dispatcher.released([(traced, first, None), (untraced, first, None)], DUE_MS + 3, DUE_MS + 4)
+    dispatcher.released([(traced, second, ConnectionError("broker down"))], DUE_MS + 9001, DUE_MS + 9002)
+    persist, released, failed = spans.get_finished_spans()
+    parent = checkout.get_span_context()
+    for span in (persist, released, failed):
+        assert span.context.trace_id == parent.trace_id and span.parent.span_id == parent.span_id
+        assert span.attributes["celery_scheduler.task_key"] == str(key)
+    assert persist.name == "celery_scheduler.persist shop.remind"
+    assert (persist.start_time, persist.end_time) == ((DUE_MS - 60_000) * 10**6, (DUE_MS - 59_990) * 10**6)
+    assert released.name == "celery_scheduler.release shop.remind"
+    assert released.attributes["celery_scheduler.release_lateness_ms"] == 2
+    assert failed.attributes["celery_scheduler.attempt"] == 2
+    assert failed.status.status_code is trace.StatusCode.ERROR and "broker down" in failed.status.description
+
+
+def test_with_tracing_off_the_dispatcher_records_nothing(spans: InMemorySpanExporter) -> None:
+    from celery_scheduler.envelope import ScheduleEnvelope
+
+    settings = get_settings(app_with(True))
+    with trace.get_tracer("test").start_as_current_span("checkout"):
+        options = dict(tracing.traced_options({}, settings))
+    traced = ScheduleEnvelope(TaskKey("ada", DUE_MS, "u"), "shop.remind", [], options=options)
+    spans.clear()
+    off = tracing.DispatcherSpans(enabled=False)
+    off.persisted([(traced, 0)], DUE_MS, DUE_MS)
+    off.released([(traced, Release(traced.key, 0, 1, 1), None)], DUE_MS, DUE_MS)
+    assert spans.get_finished_spans() == ()
