@@ -40,7 +40,7 @@ from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Switching, Watch, Window
-from celery_scheduler.dispatcher.settling import Settling
+from celery_scheduler.dispatcher.settling import Settler
 from celery_scheduler.dispatcher.state import (
     Assigned,
     Cancelled,
@@ -62,15 +62,13 @@ from celery_scheduler.metrics import Metrics
 from celery_scheduler.outages import Outages
 from celery_scheduler.release import publish_each
 from celery_scheduler.store.base import ScheduleStore, State, StoredTask
-from celery_scheduler.wire import Beat, Outcome, Release
+from celery_scheduler.wire import Outcome, Release
 
 __all__ = ["Engine", "EngineSettings"]
 
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[Loaded, Release], None]
-# What outcomes_read_until says when outcomes reach the engine as they are reported.
-ALL_READ = 2**63 - 1
 # A task held until its partition's ingest has caught up is looked at again this soon (ms);
 # one held for longer than GATE_WARN_MS past its earliest marking is logged, at most every
 # GATE_WARN_EVERY_MS.
@@ -81,7 +79,7 @@ GATE_WARN_EVERY_MS = 30_000
 CONFIRM_CANCEL_EVERY_MS = 1000
 
 
-class Engine(Settling):
+class Engine:
     """Loads, releases and completes tasks for the partitions this dispatcher owns."""
 
     def __init__(self, store: ScheduleStore, publish: Publish, owner: str,
@@ -113,10 +111,6 @@ class Engine(Settling):
         # a release's start lease, and a running task's run lease (see celery_scheduler.heartbeat)
         self._start_lease_ms = int(self.settings.start_lease_seconds * 1000)
         self._run_lease_ms = int(self.settings.lease_seconds * 1000)
-        # beats of tasks not loaded (yet), with when they were read: applied when the task
-        # is judged; and the tasks heard running, whose beats hold outcome commits back
-        self._unloaded_beats: dict[TaskKey, tuple[Beat, int]] = {}
-        self._beating: dict[TaskKey, Loaded] = {}
         self.timetable = Timetable()
         # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
         self.claims = Claims()
@@ -124,12 +118,8 @@ class Engine(Settling):
         self.partitions: dict[int, Partition] = {}
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.stopped = threading.Event()
-        self._last_poll_ms = 0
-        self._succeeded: dict[TaskKey, Loaded] = {}  # finished in memory, not yet in the store
-        self._store_succeeded_by_ms = 0  # when those must be stored at the latest
         self._thread: threading.Thread | None = None
         self.released_count = 0
-        self.completed_count = 0
         self.last_loop_mono = self._monotonic()
         # the leases of the partitions assigned, taken, renewed and let go (leases.py)
         self.leases = Leases(store, self.settings, owner, self.clock, monotonic, self.partitions,
@@ -138,18 +128,6 @@ class Engine(Settling):
         self._window = Window(self.settings.max_in_flight)
         # the interpreter's switch interval, given the setter (a dispatcher's own process)
         self._switching = Switching(switch_interval)
-        # Outcomes read from the outcomes topic: the offset read up to, per partition; the
-        # outcomes whose effect could not be stored yet; and the offsets whose outcomes'
-        # effects are all stored, which the reader may commit (replaced whole, never
-        # changed in place: the reader's thread reads it).
-        self._outcomes_read: dict[int, int] = {}
-        self._outcome_retries: list[Outcome] = []
-        self._outcome_retry_ms = self._outcome_retry_delay_ms = 0
-        self._durable_offsets: dict[int, int] = {}
-        # Per partition, the time (ms) before which every outcome reported has been read: a
-        # lease is taken to have ended without an outcome only once that time is past its end.
-        # Outcomes handed over directly (as in memory) are all read at once.
-        self.outcomes_read_until: Callable[[int], int] = lambda partition: ALL_READ
         # What the ingest loop has shown it has applied, per partition (caught_up.py): a task
         # is marked released only once every record acknowledged before its earliest marking
         # time is applied, so that a cancel made before then wins. None: records are applied
@@ -161,6 +139,9 @@ class Engine(Settling):
         self._confirm_cancels_ms = 0
         # Releases marked ahead of their due time are sent by a thread of their own (ontime.py).
         self._ahead_ms = int(self.settings.release_ahead_seconds * 1000)
+        # outcomes, beats and leases that end without an outcome (settling.py)
+        self.settler = Settler(store, self.settings, self.clock, self.timetable, self.partitions,
+                               self.metrics, self._window, self._rng, self._ahead_ms)
         # Marking starts once the first task is this close to its due time, and takes every
         # task due within _ahead_ms: the marks of a fifth of a second of due times share
         # requests, instead of each step marking the few that came into reach since the last.
@@ -200,6 +181,25 @@ class Engine(Settling):
 
     def cancelled(self, key: TaskKey) -> None:
         self.events.put(Cancelled(key))
+
+    def durable_outcome_offsets(self) -> dict[int, int]:
+        """Per partition, the outcomes offset up to which every outcome's effect is stored
+        (read by the outcome reader's thread, which commits it)."""
+        return self.settler.durable_outcome_offsets()
+
+    @property
+    def completed_count(self) -> int:
+        """Keys finished here: succeeded, or failed for good."""
+        return self.settler.completed_count
+
+    @property
+    def outcomes_read_until(self) -> Callable[[int], int]:
+        """Per partition, the time (ms) before which every outcome reported has been read."""
+        return self.settler.outcomes_read_until
+
+    @outcomes_read_until.setter
+    def outcomes_read_until(self, read_until: Callable[[int], int]) -> None:
+        self.settler.outcomes_read_until = read_until
 
     def may_persist(self, partition: int) -> bool:
         """Whether this process may write *partition*'s new tasks (see :class:`Leases`)."""
@@ -273,7 +273,7 @@ class Engine(Settling):
         # success is recorded (just after, when its next task is due; otherwise once the
         # successes have lingered), and its next task goes at the end of that step.
         self._release_due()
-        self._store_succeeded(lingering=True)
+        self.settler.store_succeeded(lingering=True)
         watch.lap("release")
         now = self.clock()
         self.leases.maintain()
@@ -287,11 +287,11 @@ class Engine(Settling):
         # events of the one before). Take those events before releasing anything read.
         self._drain_events(0)
         watch.lap("load")
-        self._poll_outcomes()
+        self.settler.poll_outcomes()
         watch.lap("outcomes")
         self._release_due()
-        self._store_succeeded(lingering=True)
-        self._outcomes_stored()
+        self.settler.store_succeeded(lingering=True)
+        self.settler.outcomes_stored()
         watch.lap("release")
         self.metrics.state(len(self.timetable), self.timetable.in_flight_count(),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
@@ -300,8 +300,9 @@ class Engine(Settling):
     def _wait_seconds(self) -> float:
         now = self.clock()
         wait_ms = int(self.settings.tick_seconds * 1000)
-        if self._succeeded:
-            wait_ms = min(wait_ms, self._store_succeeded_by_ms - now)
+        store_by = self.settler.store_by_ms()
+        if store_by is not None:
+            wait_ms = min(wait_ms, store_by - now)
         next_take = self.timetable.next_take_ms(self._mark_lead_ms)
         if next_take is not None and self.timetable.in_flight_count() < self._window.size():
             wait_ms = min(wait_ms, next_take - now)
@@ -311,7 +312,7 @@ class Engine(Settling):
         while self._sent_quietly:
             sent = self._sent_quietly.popleft()
             self._sent(sent.results, sent.sent_ms)
-        self._retry_outcomes()
+        self.settler.retry_outcomes()
         try:
             event = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
         except queue.Empty:
@@ -333,7 +334,7 @@ class Engine(Settling):
                     self.store, number, page_size=s.page_size, max_loaded=s.max_loaded,
                     lookahead_ms=int(s.lookahead_seconds * 1000)))
             # the reader starts again from the committed offset
-            self._durable_offsets = {n: o for n, o in self._durable_offsets.items() if n not in new}
+            self.settler.assigned(new)
             logger.info("assigned partitions %s", sorted(event.partitions))
         elif isinstance(event, Revocation):
             self._revoke(event)
@@ -344,7 +345,7 @@ class Engine(Settling):
         elif isinstance(event, Sent):
             self._sent(event.results, event.sent_ms)
         else:
-            self._on_outcomes(event)
+            self.settler.on_outcomes(event)
 
     def _on_persisted(self, row: StoredTask) -> None:
         partition = self.partitions.get(row.partition)
@@ -390,7 +391,7 @@ class Engine(Settling):
             return
         self.claims.cancel_noted(key)
         if status is None or status.state is State.CANCELLED:
-            self._drop(key)
+            self.settler.drop(key)
 
     def _confirm_cancels(self) -> None:
         """Read again, each second, the status behind cancels the store could not confirm."""
@@ -409,8 +410,8 @@ class Engine(Settling):
             if self._sender is not None:
                 # what was marked ahead goes at its due time, while the leases are still ours
                 self._sender.settle(request.partitions, self._ahead_ms / 1000 + 5.0)
-            self._store_succeeded()  # while the leases are still ours
-            self._outcomes_stored()  # so the reader commits them before it lets go
+            self.settler.store_succeeded()  # while the leases are still ours
+            self.settler.outcomes_stored()  # so the reader commits them before it lets go
         except SchedulerError:
             logger.warning("could not record finished tasks before a revocation", exc_info=True)
         finally:
@@ -418,10 +419,8 @@ class Engine(Settling):
 
     def _give_up(self, request: Revocation) -> None:
         gone = set(request.partitions)
-        self._outcome_retries = [o for o in self._outcome_retries if o.partition not in gone]
-        self._unloaded_beats = {k: b for k, b in self._unloaded_beats.items() if b[0].partition not in gone}
+        self.settler.forget_partitions(gone)
         for number in request.partitions:
-            self._outcomes_read.pop(number, None)
             self.leases.let_go(number)
             partition = self.partitions.pop(number, None)
             if partition is not None and partition.lease is not None:
@@ -444,7 +443,7 @@ class Engine(Settling):
         # Successes due to be recorded go in the releases' write (see _release_taken) and
         # leave the window with it: counted as in flight here, a full window would write
         # them alone first and release in a second request.
-        room = self._window.size() - self.timetable.in_flight_count() + self._succeeded_due_count()
+        room = self._window.size() - self.timetable.in_flight_count() + self.settler.succeeded_due_count()
         if room <= 0:
             return
         next_take = self.timetable.next_take_ms(self._mark_lead_ms)
@@ -478,7 +477,7 @@ class Engine(Settling):
                 del open_[task.key]
                 continue
             ready.append(task)
-        ready = self._unsettled(ready, open_)
+        ready = self.settler.unsettled(ready, open_)
         if not ready:
             return
         # Keys the ingest loop is putting or cancelling right now are decided once it is done.
@@ -492,7 +491,7 @@ class Engine(Settling):
         lease_ms = self._start_lease_ms
         # Successes due to be recorded share the round trip: one wait for both. Their
         # ordering ids stay held until then, so none of them has a task among these.
-        finishing = self._succeeded_due()
+        finishing = self.settler.succeeded_due()
         try:
             if ready or finishing:
                 # Mark them all released (one round trip for the lot), and only then publish:
@@ -504,7 +503,7 @@ class Engine(Settling):
         finally:
             self.claims.marked(free)
         if finishing:
-            self._succeeded_stored(finishing)
+            self.settler.succeeded_stored(finishing)
         if ready:
             self._send_marked(ready, open_, due, now)
 
@@ -576,4 +575,4 @@ class Engine(Settling):
                            "for their outcome or the end of their lease", len(uncertain),
                            uncertain[0][0].key, uncertain[0][1])
         if failed:
-            self._unpublished(failed, sent_ms)
+            self.settler.unpublished(failed, sent_ms)

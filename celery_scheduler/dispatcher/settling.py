@@ -25,9 +25,12 @@ from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import RunTimes, ScheduleStore, State, TaskStatus
 from celery_scheduler.wire import Beat, Outcome
 
-__all__ = ["Settling"]
+__all__ = ["ALL_READ", "Settler"]
 
 logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines are the engine's
+
+# What outcomes_read_until says when outcomes reach the engine as they are reported.
+ALL_READ = 2**63 - 1
 
 # How long a task whose lease ended waits before it is judged again (ms), while outcomes
 # reported before the end may still be unread.
@@ -59,37 +62,68 @@ def say_released_again(keys: list[TaskKey], why: str) -> None:
     logger.warning("%d task(s) %s; releasing them again: %s%s", len(keys), why, named, more)
 
 
-class Settling:
-    """The engine's outcome handling (a mixin of :class:`~celery_scheduler.dispatcher.engine.Engine`)."""
+class Settler:
+    """What the engine does with outcomes, beats and leases that end: its own state (the
+    outcomes read, the successes not yet stored, the beats heard), and what it shares with
+    the engine (the timetable, the partitions, the flow-control window), which it is given.
 
-    store: ScheduleStore
-    settings: EngineSettings
-    clock: Callable[[], int]
-    timetable: Timetable
-    metrics: Metrics
-    partitions: dict[int, Partition]
-    completed_count: int
-    outcomes_read_until: Callable[[int], int]
-    _window: Window
-    _rng: random.Random
-    _last_poll_ms: int
-    _succeeded: dict[TaskKey, Loaded]
-    _store_succeeded_by_ms: int
-    _ahead_ms: int
-    _outcomes_read: dict[int, int]
-    _outcome_retries: list[Outcome]
-    _outcome_retry_ms: int  # when to try them again
-    _outcome_retry_delay_ms: int  # the current delay between tries; 0 while none failed
-    _durable_offsets: dict[int, int]
-    _unloaded_beats: dict[TaskKey, tuple[Beat, int]]  # each with when it was read
-    _beating: dict[TaskKey, Loaded]  # tasks heard running: their beats hold commits back
+    The engine calls it from its own thread only.
+    """
+
+    def __init__(self, store: ScheduleStore, settings: EngineSettings, clock: Callable[[], int],
+                 timetable: Timetable, partitions: dict[int, Partition], metrics: Metrics,
+                 window: Window, rng: random.Random, ahead_ms: int) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.timetable = timetable
+        self.partitions = partitions
+        self.metrics = metrics
+        self._window = window
+        self._rng = rng
+        self._ahead_ms = ahead_ms
+        self.completed_count = 0  # keys finished here (succeeded, or failed for good)
+        # Per partition, the time (ms) before which every outcome reported has been read: a
+        # lease is taken to have ended without an outcome only once that time is past its end.
+        # Outcomes handed over directly (as in memory) are all read at once.
+        self.outcomes_read_until: Callable[[int], int] = lambda partition: ALL_READ
+        self._last_poll_ms = 0
+        self._succeeded: dict[TaskKey, Loaded] = {}  # finished in memory, not yet in the store
+        self._store_succeeded_by_ms = 0  # when those must be stored at the latest
+        # Outcomes read from the outcomes topic: the offset read up to, per partition; the
+        # outcomes whose effect could not be stored yet; and the offsets whose outcomes'
+        # effects are all stored, which the reader may commit (replaced whole, never
+        # changed in place: the reader's thread reads it).
+        self._outcomes_read: dict[int, int] = {}
+        self._outcome_retries: list[Outcome] = []
+        self._outcome_retry_ms = 0  # when to try them again
+        self._outcome_retry_delay_ms = 0  # the current delay between tries; 0 while none failed
+        self._durable_offsets: dict[int, int] = {}
+        # beats of tasks not loaded (yet), with when they were read: applied when the task
+        # is judged; and the tasks heard running, whose beats hold outcome commits back
+        self._unloaded_beats: dict[TaskKey, tuple[Beat, int]] = {}
+        self._beating: dict[TaskKey, Loaded] = {}
 
     def durable_outcome_offsets(self) -> dict[int, int]:
         """Per partition, the outcomes offset up to which every outcome's effect is stored."""
         return self._durable_offsets
 
+    def store_by_ms(self) -> int | None:
+        """When the successes read so far must be stored at the latest (None: there are none)."""
+        return self._store_succeeded_by_ms if self._succeeded else None
 
-    def _on_outcomes(self, batch: OutcomeBatch) -> None:
+    def assigned(self, partitions: list[int]) -> None:
+        """*partitions* are (again) this engine's: their outcomes are read from the committed offset."""
+        self._durable_offsets = {n: o for n, o in self._durable_offsets.items() if n not in partitions}
+
+    def forget_partitions(self, gone: set[int]) -> None:
+        """*gone* are given up: their outcomes and beats are the next owner's."""
+        self._outcome_retries = [o for o in self._outcome_retries if o.partition not in gone]
+        self._unloaded_beats = {k: b for k, b in self._unloaded_beats.items() if b[0].partition not in gone}
+        for number in gone:
+            self._outcomes_read.pop(number, None)
+
+    def on_outcomes(self, batch: OutcomeBatch) -> None:
         if batch.beats:
             now = self.clock()
             for beat in batch.beats:
@@ -195,13 +229,13 @@ class Settling:
                        "in %.2fs", len(failed), failed[0].key, error, delay / 1000,
                        exc_info=not isinstance(error, StoreUnavailableError))
 
-    def _retry_outcomes(self) -> None:
+    def retry_outcomes(self) -> None:
         """Apply the outcomes a failed write did not store, once their retry is due."""
         if self._outcome_retries and self.clock() >= self._outcome_retry_ms:
             retries, self._outcome_retries = self._outcome_retries, []
-            self._on_outcomes(OutcomeBatch(retries, {}, retried=True))
+            self.on_outcomes(OutcomeBatch(retries, {}, retried=True))
 
-    def _outcomes_stored(self) -> None:
+    def outcomes_stored(self) -> None:
         """Mark the outcomes read so far durable, where all of a partition's are stored."""
         if not self._outcomes_read:
             return
@@ -215,7 +249,7 @@ class Settling:
         self._durable_offsets = durable
 
 
-    def _drop(self, key: TaskKey) -> None:
+    def drop(self, key: TaskKey) -> None:
         """Forget *key* (it will not run here), making room for more of its partition."""
         task = self.timetable.remove(key)
         if task is not None:
@@ -228,7 +262,7 @@ class Settling:
             partition.loader.room_freed(self.timetable.count(number))
 
 
-    def _unsettled(self, tasks: list[Loaded], open_: dict[TaskKey, Loaded]) -> list[Loaded]:
+    def unsettled(self, tasks: list[Loaded], open_: dict[TaskKey, Loaded]) -> list[Loaded]:
         """*tasks* less those released earlier whose outcome the store has (settled here).
 
         The statuses of all of them are read in one go: after a takeover, every ordering id
@@ -279,7 +313,7 @@ class Settling:
         if self._outcome_stored(task, status):
             return True
         if rules.ended_elsewhere(status):
-            self._drop(task.key)
+            self.drop(task.key)
             return True
         if not task.heard_ms:
             logger.info("%s (attempt %d) did not start within its start lease; releasing it "
@@ -292,7 +326,7 @@ class Settling:
             return True
         return False
 
-    def _poll_outcomes(self) -> None:
+    def poll_outcomes(self) -> None:
         """Ask the store about released tasks whose outcome has not come.
 
         Outcomes come from the outcomes topic, so a task this engine released is asked about
@@ -344,7 +378,7 @@ class Settling:
             # the row it left (see settled_state): a released key is never cancelled
             # otherwise. Releasing it again would run a task reported as cancelled.
             logger.info("%s was settled as cancelled while released; dropping it", task.key)
-            self._drop(task.key)
+            self.drop(task.key)
             return
         if not task.released_ms:
             return
@@ -372,30 +406,30 @@ class Settling:
         task.released_ms = task.next_poll_ms = task.heard_ms = 0
         self.timetable.retry_later(task.key, now)
 
-    def _store_succeeded(self, lingering: bool = False) -> None:
+    def store_succeeded(self, lingering: bool = False) -> None:
         """Record the tasks that succeeded since the last call, then forget them.
 
         If *lingering*, only once the first of them has waited ``finish_linger_seconds`` or
         the next task of one's ordering id is about to be marked, whichever comes first. If
         the store fails they stay in flight, and are tried again at the next call.
         """
-        tasks = self._succeeded_due() if lingering else list(self._succeeded.values())
+        tasks = self.succeeded_due() if lingering else list(self._succeeded.values())
         if not tasks:
             return
         self.store.finish_many([task.stored for task in tasks], State.SUCCEEDED, self.clock(),
                                {task.key: task.run for task in tasks})
-        self._succeeded_stored(tasks)
+        self.succeeded_stored(tasks)
 
-    def _succeeded_due(self) -> list[Loaded]:
-        """The successes ``_store_succeeded(lingering=True)`` would record now, for a release's
-        write to carry (then :meth:`_succeeded_stored` once written)."""
-        return list(self._succeeded.values()) if self._succeeded_due_count() else []
+    def succeeded_due(self) -> list[Loaded]:
+        """The successes ``store_succeeded(lingering=True)`` would record now, for a release's
+        write to carry (then :meth:`succeeded_stored` once written)."""
+        return list(self._succeeded.values()) if self.succeeded_due_count() else []
 
-    def _succeeded_due_count(self) -> int:
-        """How many successes :meth:`_succeeded_due` would give now."""
+    def succeeded_due_count(self) -> int:
+        """How many successes :meth:`succeeded_due` would give now."""
         return len(self._succeeded) if self.clock() >= self._store_succeeded_by_ms else 0
 
-    def _succeeded_stored(self, tasks: list[Loaded]) -> None:
+    def succeeded_stored(self, tasks: list[Loaded]) -> None:
         """*tasks*, successes, are recorded in the store: forget them, free their ordering ids."""
         for task in tasks:
             del self._succeeded[task.key]
@@ -415,7 +449,7 @@ class Settling:
         self._window.finished()
         if succeeded:
             # Stored with the others of this step, or of the next few, in one round trip
-            # (_store_succeeded); its ordering id stays blocked until then.
+            # (store_succeeded); its ordering id stays blocked until then.
             self._store_succeeded_by_ms = rules.success_deadline(
                 now, int(self.settings.finish_linger_seconds * 1000),
                 self.timetable.successor_due_ms(task.key), self._ahead_ms,
@@ -446,7 +480,7 @@ class Settling:
             self.completed_count += 1
             logger.error("%s failed %d times; giving up", task.key, task.attempts)
 
-    def _unpublished(self, failed: list[tuple[Loaded, Exception]], now: int) -> None:
+    def unpublished(self, failed: list[tuple[Loaded, Exception]], now: int) -> None:
         """The broker certainly did not take *failed*: undo, and try again in a second.
 
         The attempt is not spent: no message of it exists.

@@ -507,9 +507,9 @@ def test_dispatchers_reading_the_task_log_keep_order_and_lose_nothing_under_faul
 # Each rule of celery_scheduler.heartbeat, broken on purpose: the simulation must then find
 # what the rule prevents (overlapping runs, mostly), or it could not tell that it holds.
 BROKEN_RULES = {
-    "the dispatcher ignores beats": (settling_module.Settling, "_heard",
+    "the dispatcher ignores beats": (settling_module.Settler, "_heard",
                                      lambda self, task, beat, read: None),
-    "outcome commits pass the beats of running tasks": (settling_module.Settling, "_beat_floors",
+    "outcome commits pass the beats of running tasks": (settling_module.Settler, "_beat_floors",
                                                         lambda self: {}),
     "a worker runs on when its beats do not reach Kafka": (RunLease, "expired",
                                                            lambda self, now: False),

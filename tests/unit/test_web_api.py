@@ -159,7 +159,8 @@ def test_failed_and_blocked_tasks_listed_and_a_blocked_one_cancelled_from_the_pa
     failures_left.update({"c1": 10, "c2": 10})
     flaky.schedule_in(10, "c1", "first")
     scheduler.advance(dt.timedelta(minutes=5))  # three attempts: failed for good
-    monkeypatch.setattr(scheduler.engine, "settings",
+    # from now on the dispatcher blocks an ordering id whose task fails its last attempt
+    monkeypatch.setattr(scheduler.engine.settler, "settings",
                         dc_replace(scheduler.engine.settings, on_exhausted="block"))
     flaky.schedule_in(10, "c2", "stuck")
     flaky.schedule_in(20, "c2", "behind")
