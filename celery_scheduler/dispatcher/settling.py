@@ -14,16 +14,16 @@ import random
 from collections.abc import Callable
 
 from celery_scheduler.dispatcher import rules
+from celery_scheduler.dispatcher.beats import Beats
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Window
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import SchedulerError, StoreUnavailableError
-from celery_scheduler.heartbeat import heard_ms, not_started_by_ms, stopped_by_ms
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import RunTimes, ScheduleStore, State, TaskStatus
-from celery_scheduler.wire import Beat, Outcome
+from celery_scheduler.wire import Outcome
 
 __all__ = ["ALL_READ", "Settler"]
 
@@ -42,8 +42,6 @@ OUTCOME_WAIT_MS = 1000
 OUTCOME_RETRY_MS = (250, 1000)
 # Why a task whose worker went silent is released again (its status's last error).
 WORKER_LOST = "no beat from its worker within the run lease (the worker died or lost Kafka)"
-# Beats of tasks not loaded (yet) are kept for when they are, up to this many.
-UNLOADED_BEATS = 100_000
 # Tasks named in the one WARNING line that says which were released again in one pass (each
 # has an INFO line of its own, with its key, for a search of one task's history).
 NAMED_IN_WARNING = 3
@@ -99,10 +97,8 @@ class Settler:
         self._outcome_retry_ms = 0  # when to try them again
         self._outcome_retry_delay_ms = 0  # the current delay between tries; 0 while none failed
         self._durable_offsets: dict[int, int] = {}
-        # beats of tasks not loaded (yet), with when they were read: applied when the task
-        # is judged; and the tasks heard running, whose beats hold outcome commits back
-        self._unloaded_beats: dict[TaskKey, tuple[Beat, int]] = {}
-        self._beating: dict[TaskKey, Loaded] = {}
+        # the beats of running tasks (beats.py)
+        self.beats = Beats(timetable, partitions, clock)
 
     def durable_outcome_offsets(self) -> dict[int, int]:
         """Per partition, the outcomes offset up to which every outcome's effect is stored."""
@@ -119,7 +115,7 @@ class Settler:
     def forget_partitions(self, gone: set[int]) -> None:
         """*gone* are given up: their outcomes and beats are the next owner's."""
         self._outcome_retries = [o for o in self._outcome_retries if o.partition not in gone]
-        self._unloaded_beats = {k: b for k, b in self._unloaded_beats.items() if b[0].partition not in gone}
+        self.beats.forget_partitions(gone)
         for number in gone:
             self._outcomes_read.pop(number, None)
 
@@ -128,7 +124,7 @@ class Settler:
             now = self.clock()
             for beat in batch.beats:
                 if beat.partition in self.partitions:
-                    self._on_beat(beat, now)
+                    self.beats.read(beat, now)
         unknown: list[Outcome] = []
         failed: list[Outcome] = []
         error: SchedulerError | None = None
@@ -167,56 +163,6 @@ class Settler:
             if number in self.partitions:
                 self._outcomes_read[number] = max(offset, self._outcomes_read.get(number, 0))
 
-    def _on_beat(self, beat: Beat, now: int) -> None:
-        task = self.timetable.get(beat.key)
-        if task is not None:
-            self._heard(task, beat, now)
-        elif len(self._unloaded_beats) < UNLOADED_BEATS:
-            kept = self._unloaded_beats.get(beat.key)
-            if kept is None or kept[0].sent_ms <= beat.sent_ms:
-                self._unloaded_beats[beat.key] = (beat, now)
-
-    def _heard(self, task: Loaded, beat: Beat, read_ms: int) -> None:
-        """*beat*, read at *read_ms*: *task*'s current release is running, if it is its."""
-        if not (task.awaiting_outcome and beat.attempt == task.attempts
-                and beat.generation == task.lease_until_ms):
-            return  # an earlier release's, or one finished since
-        task.heard_ms = max(task.heard_ms, heard_ms(beat, read_ms))
-        task.run_lease_ms = beat.run_lease_ms
-        task.beat_offset = max(task.beat_offset, beat.offset)
-        task.started_ms = task.started_ms or beat.started_ms
-        self._beating[task.key] = task
-
-    def _release_end(self, task: Loaded) -> int:
-        """When *task*'s current release, unless an outcome comes, is certainly not running:
-        its start lease's end if it was never heard, its last beat plus the run lease if it was."""
-        kept = self._unloaded_beats.pop(task.key, None)
-        if kept is not None:
-            self._heard(task, *kept)
-        end = not_started_by_ms(task.lease_until_ms)
-        if task.heard_ms:
-            end = max(end, stopped_by_ms(task.heard_ms, task.run_lease_ms))
-        return end
-
-    def _beat_floors(self) -> dict[int, int]:
-        """Per partition, the offset of the earliest latest-beat of a task still heard running
-        (and forget the tasks no longer running)."""
-        floors: dict[int, int] = {}
-        for key, task in list(self._beating.items()):
-            if self.timetable.get(key) is not task or not task.awaiting_outcome or not task.heard_ms:
-                del self._beating[key]
-                continue
-            floors[task.partition] = min(task.beat_offset, floors.get(task.partition, task.beat_offset))
-        if self._unloaded_beats:
-            now = self.clock()
-            for key, (beat, read) in list(self._unloaded_beats.items()):
-                if (beat.partition not in self.partitions
-                        or stopped_by_ms(heard_ms(beat, read), beat.run_lease_ms) < now):
-                    del self._unloaded_beats[key]
-                    continue
-                floors[beat.partition] = min(beat.offset, floors.get(beat.partition, beat.offset))
-        return floors
-
     def _outcomes_not_stored(self, failed: list[Outcome], error: SchedulerError) -> None:
         """Keep *failed* to try again, later each time while the store refuses, in one log line."""
         self._outcome_retries += failed
@@ -241,7 +187,7 @@ class Settler:
             return
         held = {o.partition for o in self._outcome_retries}
         held.update(task.partition for task in self._succeeded.values())
-        floors = self._beat_floors() if self._beating or self._unloaded_beats else {}
+        floors = self.beats.floors() if self.beats.beating or self.beats.unloaded else {}
         durable = dict(self._durable_offsets)
         for number, offset in self._outcomes_read.items():
             if number not in held:
@@ -273,10 +219,10 @@ class Settler:
             return tasks
         now = self.clock()
         unread = {task.key for task in earlier
-                  if self._release_end(task) > now or not self._outcome_read(task)}
+                  if self.beats.release_end(task) > now or not self._outcome_read(task)}
         if unread:  # still running, or their outcomes may be in the topic, unread
             for key in unread:
-                self.timetable.defer(key, max(now + OUTCOME_WAIT_MS, self._release_end(open_[key])))
+                self.timetable.defer(key, max(now + OUTCOME_WAIT_MS, self.beats.release_end(open_[key])))
                 del open_[key]
             earlier = [task for task in earlier if task.key not in unread]
             tasks = [task for task in tasks if task.key not in unread]
@@ -345,10 +291,10 @@ class Settler:
             if task.key in self._succeeded:
                 continue
             if task.next_poll_ms == 0:
-                task.next_poll_ms = self._release_end(task) if task.released_ms else now + first
+                task.next_poll_ms = self.beats.release_end(task) if task.released_ms else now + first
             if now < task.next_poll_ms:
                 continue
-            end = self._release_end(task)
+            end = self.beats.release_end(task)
             if task.released_ms and end > now:  # heard running since: not ended yet
                 task.next_poll_ms = end
                 continue
@@ -367,7 +313,7 @@ class Settler:
 
     def _outcome_read(self, task: Loaded) -> bool:
         """Whether every outcome and beat reported before *task*'s lease ended has been read."""
-        return self.outcomes_read_until(task.partition) >= self._release_end(task)
+        return self.outcomes_read_until(task.partition) >= self.beats.release_end(task)
 
     def _settle_polled(self, task: Loaded, status: TaskStatus | None, now: int,
                        released_again: dict[str, list[TaskKey]]) -> None:
@@ -382,7 +328,7 @@ class Settler:
             return
         if not task.released_ms:
             return
-        end = self._release_end(task)
+        end = self.beats.release_end(task)
         ended = rules.when_lease_ended(now, end, bool(task.heard_ms), self._outcome_read(task))
         if ended is rules.LeaseEnd.RUNNING:
             if now >= end:

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 import pytest
 from confluent_kafka import TopicPartition
 
+from celery_scheduler.dispatcher import beats as beats_module
 from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher import ingest as ingest_module
-from celery_scheduler.dispatcher import settling as settling_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
@@ -507,9 +507,9 @@ def test_dispatchers_reading_the_task_log_keep_order_and_lose_nothing_under_faul
 # Each rule of celery_scheduler.heartbeat, broken on purpose: the simulation must then find
 # what the rule prevents (overlapping runs, mostly), or it could not tell that it holds.
 BROKEN_RULES = {
-    "the dispatcher ignores beats": (settling_module.Settler, "_heard",
+    "the dispatcher ignores beats": (beats_module.Beats, "heard",
                                      lambda self, task, beat, read: None),
-    "outcome commits pass the beats of running tasks": (settling_module.Settler, "_beat_floors",
+    "outcome commits pass the beats of running tasks": (beats_module.Beats, "floors",
                                                         lambda self: {}),
     "a worker runs on when its beats do not reach Kafka": (RunLease, "expired",
                                                            lambda self, now: False),
