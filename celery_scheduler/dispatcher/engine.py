@@ -40,6 +40,7 @@ from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Switching, Watch, Window
+from celery_scheduler.dispatcher.releasing import Releaser
 from celery_scheduler.dispatcher.settling import Settler
 from celery_scheduler.dispatcher.state import (
     Assigned,
@@ -52,11 +53,10 @@ from celery_scheduler.dispatcher.state import (
     PublishMany,
     PublishPrepared,
     Revocation,
-    Sending,
     Sent,
 )
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
-from celery_scheduler.errors import ReleaseNotSentError, SchedulerError, StoreUnavailableError
+from celery_scheduler.errors import SchedulerError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.outages import Outages
@@ -69,12 +69,6 @@ __all__ = ["Engine", "EngineSettings"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[Loaded, Release], None]
-# A task held until its partition's ingest has caught up is looked at again this soon (ms);
-# one held for longer than GATE_WARN_MS past its earliest marking is logged, at most every
-# GATE_WARN_EVERY_MS.
-GATE_RETRY_MS = 50
-GATE_WARN_MS = 5_000
-GATE_WARN_EVERY_MS = 30_000
 # A cancel whose task's status could not be read is read again this often (ms).
 CONFIRM_CANCEL_EVERY_MS = 1000
 
@@ -97,9 +91,6 @@ class Engine:
         self.publish = publish
         # the dispatcher sends a step's releases in one round trip where the broker allows
         self.publish_many: PublishMany = publish_many or (lambda items: publish_each(self.publish, items))
-        # Whether a task marked ahead may be sent before it is due: its message then carries
-        # its due time and the broker's consumer holds it until then (Celery's eta).
-        self._sends_early = sends_early or (lambda task: False)
         self.owner = owner
         self.settings = settings or EngineSettings()
         # The engine's only sources of time and chance: the wall clock (epoch ms, what tasks
@@ -108,9 +99,6 @@ class Engine:
         self.clock = clock or now_ms
         self._monotonic = monotonic
         self._rng = rng or random.Random()
-        # a release's start lease, and a running task's run lease (see celery_scheduler.heartbeat)
-        self._start_lease_ms = int(self.settings.start_lease_seconds * 1000)
-        self._run_lease_ms = int(self.settings.lease_seconds * 1000)
         self.timetable = Timetable()
         # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
         self.claims = Claims()
@@ -119,7 +107,6 @@ class Engine:
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self.released_count = 0
         self.last_loop_mono = self._monotonic()
         # the leases of the partitions assigned, taken, renewed and let go (leases.py)
         self.leases = Leases(store, self.settings, owner, self.clock, monotonic, self.partitions,
@@ -128,12 +115,6 @@ class Engine:
         self._window = Window(self.settings.max_in_flight)
         # the interpreter's switch interval, given the setter (a dispatcher's own process)
         self._switching = Switching(switch_interval)
-        # What the ingest loop has shown it has applied, per partition (caught_up.py): a task
-        # is marked released only once every record acknowledged before its earliest marking
-        # time is applied, so that a cancel made before then wins. None: records are applied
-        # before the engine hears of them (as in memory).
-        self.caught_up: CaughtUp | None = None
-        self._gate_logged_ms = 0
         # Cancels whose task's status the store could not read: held until it answers.
         self._unconfirmed_cancels: dict[TaskKey, int] = {}
         self._confirm_cancels_ms = 0
@@ -142,10 +123,6 @@ class Engine:
         # outcomes, beats and leases that end without an outcome (settling.py)
         self.settler = Settler(store, self.settings, self.clock, self.timetable, self.partitions,
                                self.metrics, self._window, self._rng, self._ahead_ms)
-        # Marking starts once the first task is this close to its due time, and takes every
-        # task due within _ahead_ms: the marks of a fifth of a second of due times share
-        # requests, instead of each step marking the few that came into reach since the last.
-        self._mark_lead_ms = self._ahead_ms * 3 // 5
         # (it builds their messages while they wait, given prepare_many and publish_prepared)
         # What the sender sent, all of it taken by the broker: counted at the next step, which
         # it need not wake (a release that was not, or may not have been, sent does).
@@ -154,6 +131,11 @@ class Engine:
                                      self.settings.release_batch, prepare_many=prepare_many,
                                      publish_prepared=publish_prepared, confirm=confirm)
                         if self._ahead_ms > 0 else None)
+        # what is due taken, marked and sent (releasing.py)
+        self.releaser = Releaser(store, self.settings, self.clock, self.timetable, self.partitions,
+                                 self.leases, self.settler, self.claims, self._window,
+                                 self._switching, self.metrics, self._publish_many,
+                                 sends_early or (lambda task: False), self._sender, self._ahead_ms)
 
     # --- called from other threads -------------------------------------------------------
 
@@ -200,6 +182,23 @@ class Engine:
     @outcomes_read_until.setter
     def outcomes_read_until(self, read_until: Callable[[int], int]) -> None:
         self.settler.outcomes_read_until = read_until
+
+    def _publish_many(self, items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
+        return self.publish_many(items)  # looked up at each call: tests replace it
+
+    @property
+    def caught_up(self) -> CaughtUp | None:
+        """What the ingest loop has applied, per partition (caught_up.py); None: all of it."""
+        return self.releaser.caught_up
+
+    @caught_up.setter
+    def caught_up(self, caught_up: CaughtUp | None) -> None:
+        self.releaser.caught_up = caught_up
+
+    @property
+    def released_count(self) -> int:
+        """Releases sent (taken by the broker, or maybe taken)."""
+        return self.releaser.released_count
 
     def may_persist(self, partition: int) -> bool:
         """Whether this process may write *partition*'s new tasks (see :class:`Leases`)."""
@@ -272,7 +271,7 @@ class Engine:
         # and its release. An ordering id whose task succeeded stays blocked until its
         # success is recorded (just after, when its next task is due; otherwise once the
         # successes have lingered), and its next task goes at the end of that step.
-        self._release_due()
+        self.releaser.release_due()
         self.settler.store_succeeded(lingering=True)
         watch.lap("release")
         now = self.clock()
@@ -289,7 +288,7 @@ class Engine:
         watch.lap("load")
         self.settler.poll_outcomes()
         watch.lap("outcomes")
-        self._release_due()
+        self.releaser.release_due()
         self.settler.store_succeeded(lingering=True)
         self.settler.outcomes_stored()
         watch.lap("release")
@@ -303,7 +302,7 @@ class Engine:
         store_by = self.settler.store_by_ms()
         if store_by is not None:
             wait_ms = min(wait_ms, store_by - now)
-        next_take = self.timetable.next_take_ms(self._mark_lead_ms)
+        next_take = self.releaser.next_take_ms()
         if next_take is not None and self.timetable.in_flight_count() < self._window.size():
             wait_ms = min(wait_ms, next_take - now)
         return max(0.0, wait_ms / 1000)
@@ -311,7 +310,7 @@ class Engine:
     def _drain_events(self, wait: float) -> None:
         while self._sent_quietly:
             sent = self._sent_quietly.popleft()
-            self._sent(sent.results, sent.sent_ms)
+            self.releaser.sent(sent.results, sent.sent_ms)
         self.settler.retry_outcomes()
         try:
             event = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
@@ -343,7 +342,7 @@ class Engine:
         elif isinstance(event, Cancelled):
             self._on_cancelled(event.key)
         elif isinstance(event, Sent):
-            self._sent(event.results, event.sent_ms)
+            self.releaser.sent(event.results, event.sent_ms)
         else:
             self.settler.on_outcomes(event)
 
@@ -435,144 +434,3 @@ class Engine:
         logger.info("revoked partitions %s (%d tasks dropped from memory)",
                     sorted(request.partitions), dropped)
         request.done.set()
-
-    # --- release and outcomes -----------------------------------------------------------------
-
-    def _release_due(self) -> None:
-        now = self.clock()
-        # Successes due to be recorded go in the releases' write (see _release_taken) and
-        # leave the window with it: counted as in flight here, a full window would write
-        # them alone first and release in a second request.
-        room = self._window.size() - self.timetable.in_flight_count() + self.settler.succeeded_due_count()
-        if room <= 0:
-            return
-        next_take = self.timetable.next_take_ms(self._mark_lead_ms)
-        if next_take is None or next_take > now:
-            self._switching.released(None)
-            return
-        taken = self.timetable.take_due(now, min(room, self.settings.release_batch), self._ahead_ms)
-        if not taken:
-            return
-        self._switching.released(now - min(task.due_ms for task in taken))
-        # Every task taken is now in flight: whatever fails below, the ones not released,
-        # put off or settled go back to their ordering id's queue, or it would stay blocked.
-        open_ = {task.key: task for task in taken}
-        try:
-            self._release_taken(open_, now)
-        finally:
-            for task in open_.values():
-                if self.timetable.is_in_flight(task.key):
-                    self.timetable.defer(task.key, now + 1000)
-
-    def _release_taken(self, open_: dict[TaskKey, Loaded], now: int) -> None:
-        ready: list[Loaded] = []
-        for task in list(open_.values()):
-            partition = self.partitions.get(task.partition)
-            if partition is None or not self.leases.may_release(partition):
-                self.timetable.defer(task.key, now + 200)  # lease not (yet) certain
-                del open_[task.key]
-                continue
-            if not self._ingested_before(task, now):
-                self.timetable.defer(task.key, now + GATE_RETRY_MS)
-                del open_[task.key]
-                continue
-            ready.append(task)
-        ready = self.settler.unsettled(ready, open_)
-        if not ready:
-            return
-        # Keys the ingest loop is putting or cancelling right now are decided once it is done.
-        free = self.claims.take_for_release(task.key for task in ready)
-        for task in ready:
-            if task.key not in free:
-                self.timetable.defer(task.key, now + 200)
-                del open_[task.key]
-        ready = [task for task in ready if task.key in free]
-        due = {task.key: task.due_ms for task in ready}
-        lease_ms = self._start_lease_ms
-        # Successes due to be recorded share the round trip: one wait for both. Their
-        # ordering ids stay held until then, so none of them has a task among these.
-        finishing = self.settler.succeeded_due()
-        try:
-            if ready or finishing:
-                # Mark them all released (one round trip for the lot), and only then publish:
-                # a task another dispatcher could see as not released must not be running.
-                # One marked ahead is sent at its due time: its start lease counts from then.
-                self.store.mark_released_and_succeeded(
-                    [(t.stored, t.attempts + 1, max(now, due[t.key]) + lease_ms) for t in ready],
-                    [t.stored for t in finishing], now, {t.key: t.run for t in finishing})
-        finally:
-            self.claims.marked(free)
-        if finishing:
-            self.settler.succeeded_stored(finishing)
-        if ready:
-            self._send_marked(ready, open_, due, now)
-
-    def _ingested_before(self, task: Loaded, now: int) -> bool:
-        """Whether every record of *task*'s partition acknowledged before the task could
-        first be marked released (its scheduled time less the release-ahead) has been applied."""
-        if self.caught_up is None:
-            return True
-        since = task.key.scheduled_ms - self._ahead_ms
-        if self.caught_up.covers(task.partition, since, now):
-            return True
-        if now - since > GATE_WARN_MS and now - self._gate_logged_ms > GATE_WARN_EVERY_MS:
-            self._gate_logged_ms = now
-            logger.warning("holding %s (due %.1fs ago) until the ingest loop has read partition "
-                           "%d as far as Kafka holds: a cancel of it may still be unread",
-                           task.key, (now - task.due_ms) / 1000, task.partition)
-        return False
-
-    def _send_marked(self, ready: list[Loaded], open_: dict[TaskKey, Loaded], due: dict[TaskKey, int],
-                     now: int) -> None:
-        """Publish *ready*, just marked released, each at its *due* time or now if that passed."""
-        sending: list[Sending] = []
-        lease_ms = self._start_lease_ms
-        for task in ready:
-            del open_[task.key]
-            partition = self.partitions.get(task.partition)
-            if partition is None or not self.leases.may_release(partition):  # the marking took long
-                self.timetable.defer(task.key, now + 200)
-                continue
-            assert partition.lease is not None
-            attempt, at = task.attempts + 1, max(now, due[task.key])
-            task.attempts, task.lease_until_ms, task.released_ms = attempt, at + lease_ms, at
-            if attempt == 1 and not task.first_released_ms:  # kept by a release sent again
-                task.first_released_ms = at
-            task.next_poll_ms, task.heard_ms, task.beat_offset = 0, 0, -1
-            release = Release(task.key, task.partition, attempt, partition.lease.epoch, at + lease_ms,
-                              due[task.key], self._run_lease_ms, now)
-            sending.append(Sending(task, release, due[task.key], self._sends_early(task)))
-        if not sending:
-            return
-        if self._sender is not None:
-            self._sender.hand(sending)  # sent on time; Sent comes back as an event
-            return
-        results = self.publish_many([(item.task, item.release) for item in sending])
-        self._sent(list(zip(sending, results, strict=True)), now)
-
-    def _sent(self, results: list[tuple[Sending, Exception | None]], sent_ms: int) -> None:
-        """Count what was sent; put back what certainly was not."""
-        failed: list[tuple[Loaded, Exception]] = []
-        uncertain: list[tuple[Loaded, Exception]] = []
-        for item, error in results:
-            task, release = item.task, item.release
-            if isinstance(error, ReleaseNotSentError):
-                # only while it is still this release in flight here (its partition may
-                # have been revoked meanwhile: its next owner decides)
-                if (self.timetable.get(task.key) is task and self.timetable.is_in_flight(task.key)
-                        and task.attempts == release.attempt):
-                    failed.append((task, error))
-                continue
-            if error is not None:
-                uncertain.append((task, error))
-            self.released_count += 1
-            self.metrics.released((sent_ms - item.due_ms) / 1000 if release.attempt == 1 else 0.0)
-        if uncertain:
-            # Sending it again now could make two copies of one release that run at once,
-            # or run beside the next task of the ordering id once the first copy reports: it
-            # stays released, and its outcome or the end of its lease decides, as for any.
-            logger.warning("%d release(s) may have reached the broker, first %s (%s); waiting "
-                           "for their outcome or the end of their lease", len(uncertain),
-                           uncertain[0][0].key, uncertain[0][1])
-        if failed:
-            self.settler.unpublished(failed, sent_ms)

@@ -18,7 +18,8 @@ logger = logging.getLogger("celery_scheduler.dispatcher.engine")  # its lines ar
 class Watched(Protocol):
     """What :class:`Watch` reads of the engine it reports on."""
 
-    released_count: int
+    @property
+    def released_count(self) -> int: ...
 
     @property
     def timetable(self) -> Timetable: ...
