@@ -106,6 +106,11 @@ def _durability(report: Report) -> list[str]:
 
 
 def _body(sections: list[Section]) -> list[str]:
+    from benchmarks.sizing import derive  # it reads these sections: imported here, not above
+
+    sizing = derive(sections)
+    if sizing is not None:
+        sections = [*sections, sizing]
     out: list[str] = []
     targets = [(s, r) for s in sections for r in s.rows if r.met is not None]
     if targets:

@@ -28,7 +28,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from celery.local import PromiseProxy, Proxy
 
-from celery_scheduler import registry
+import celery_scheduler.registry as registry
 from celery_scheduler.arguments import Binder, KeySource
 from celery_scheduler.batch import Call, ScheduledBatch, check_calls
 from celery_scheduler.calls import call_digest, check_options, check_retry, scheduled_ms_of

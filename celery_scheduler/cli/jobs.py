@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from celery_scheduler.cli import _app, _fail, scheduler
+from celery_scheduler.cli.group import _app, _fail, scheduler
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import SchedulerError
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from celery_scheduler.cli import _app, _fail, _key, scheduler
+from celery_scheduler.cli.group import _app, _fail, _key, scheduler
 from celery_scheduler.client import get_client
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import get_settings

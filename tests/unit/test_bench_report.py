@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from benchmarks.report import Report, Section, render, verdict
+from benchmarks.sizing import derive as sizing_derive
 from benchmarks.stats import Figure, percentile, ratio
 
 
@@ -137,3 +138,24 @@ def test_a_group_run_again_alone_replaces_its_own_results_and_says_which_run_it_
     assert "| 5 | `scripts/bench --only 5 --update` (full) | 2030-01-02 00:00 UTC |" in text
     assert "| 5 | rate | 0 /s (n=1) | ≥ 1 | **not met** |" in text  # the new figure, judged
     assert "10 /s" in text and text.count("## 5. scenario 5") == 1
+
+
+def test_the_sizing_section_is_derived_run_by_run_from_the_drains_cpu_per_task() -> None:
+    six = Section("6", "Backlog")
+    six.add("celery_scheduler: CPU per task, dispatcher", Figure.of([0.25, 0.5], "ms", 2))
+    six.add("celery_scheduler: CPU per task, Cassandra", Figure.of([0.2, math.nan], "ms", 2))
+    six.add("Celery alone: CPU per task, workers", Figure.of([1.0, 1.0], "ms", 2))
+    sizing = sizing_derive([six])
+    assert sizing is not None
+    rows = {row.what: row.figure for row in sizing.rows}
+    assert rows["dispatcher: tasks a second one core carries"].values == (4000.0, 2000.0)
+    assert rows["dispatcher: cores for 10,000 tasks/s"].values == (2.5, 5.0)
+    assert str(rows["dispatcher: cores for 100,000 tasks/s"]) == "37.5 cores (25.0 to 50.0, n=2)"
+    cassandra = rows["Cassandra: tasks a second one core carries"]
+    assert cassandra.values[0] == 5000.0 and math.isnan(cassandra.values[1])  # a run not measured
+    assert rows["Celery alone's workers: cores for 10,000 tasks/s"].values == (10.0, 10.0)
+    assert "Kafka: cores for 10,000 tasks/s" not in rows  # no row of it: nothing derived
+    text = render(Report(command="python -m benchmarks", mode="full", started="now", machine={},
+                         load_start="", sections=[six]))
+    assert "## S. Sizing" in text and "dispatcher: cores for 10,000 tasks/s" in text
+    assert sizing_derive([Section("5", "Failover")]) is None

@@ -6,7 +6,7 @@ against Kafka."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -14,68 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
 from celery_scheduler.tasklog import bulk
 from celery_scheduler.tasklog.bulk import BulkProducer
-
-
-class Message:
-    def __init__(self, key: str, value: bytes) -> None:
-        self._key, self._value = key, value
-
-    def key(self) -> bytes:
-        return self._key.encode()
-
-    def value(self) -> bytes:
-        return self._value
-
-
-class FakeProducer:
-    """Holds what it is given until the test delivers, fails or purges it."""
-
-    made: ClassVar[list[FakeProducer]] = []
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
-        self.held: list[tuple[str, bytes, Any]] = []
-        self.room = 10**9  # records it takes before BufferError
-        self.fatal_once = False
-        self.headers: list[Any] = []
-        FakeProducer.made.append(self)
-
-    def produce(self, topic: str, value: bytes | None = None, key: str | None = None,
-                partition: int = -1, on_delivery: Any = None, timestamp: int = 0,
-                headers: Any = None) -> None:
-        if self.fatal_once:
-            self.fatal_once = False
-            error = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
-            raise KafkaException(error)
-        if self.room <= 0:
-            raise BufferError("queue full")
-        self.room -= 1
-        assert key is not None and value is not None
-        self.held.append((key, value, on_delivery))
-        self.headers.append(headers)
-
-    def deliver(self, count: int | None = None) -> None:
-        done, self.held = self.held[:count], self.held[len(self.held[:count]):]
-        self.room += len(done)  # nothing reported: delivery.report.only.error
-
-    def fail(self, key: str, code: int = KafkaError._MSG_TIMED_OUT) -> None:
-        for record in [r for r in self.held if r[0] == key]:
-            self.held.remove(record)
-            record[2](KafkaError(code, "timed out"), Message(record[0], record[1]))
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return len(self.held)
-
-    def purge(self) -> None:
-        for key, value, callback in self.held:
-            callback(KafkaError(KafkaError._PURGE_QUEUE, "purged"), Message(key, value))
-        self.held = []
-
-    def __len__(self) -> int:
-        return len(self.held)
+from tests.unit.fakes import FakeProducer
 
 
 def _translate(error: KafkaError, key: str) -> Exception:
@@ -85,7 +24,7 @@ def _translate(error: KafkaError, key: str) -> Exception:
 @pytest.fixture
 def producer(monkeypatch: pytest.MonkeyPatch) -> Iterator[BulkProducer]:
     FakeProducer.made = []
-    monkeypatch.setattr(bulk, "Producer", FakeProducer)
+    monkeypatch.setattr(bulk, "Producer", lambda config: FakeProducer(config, hold=True))
     monkeypatch.setattr(bulk, "FULL_WAIT", 0.001)
     yield BulkProducer({"bootstrap.servers": "x", "error_cb": print, "linger.ms": 0}, "topic",
                        0.2, _translate)
@@ -104,7 +43,7 @@ def test_records_go_in_order_and_the_batch_is_done_once_the_producer_is_empty(
         producer: BulkProducer) -> None:
     batch = producer.publish(RECORDS)
     fake = FakeProducer.made[-1]
-    assert [key for key, _, _ in fake.held] == ["o0", "o1", "o2", "o3", "o4"]
+    assert [record.key for record in fake.held] == ["o0", "o1", "o2", "o3", "o4"]
     assert not batch.done()
     fake.deliver()
     assert batch.done()
@@ -137,14 +76,14 @@ def test_a_full_queue_is_waited_for_and_nothing_is_produced_or_made_twice(
     delivered: list[str] = []
 
     def poll(timeout: float = 0) -> int:  # the broker takes what is queued, or the oldest
-        delivered.extend(key for key, _, _ in fake.held[:per_poll])
+        delivered.extend(record.key for record in fake.held[:per_poll])
         fake.deliver(per_poll)
         return 0
 
     monkeypatch.setattr(fake, "poll", poll)
     records = Lazy()
     producer.publish(records)
-    delivered.extend(key for key, _, _ in fake.held)
+    delivered.extend(record.key for record in fake.held)
     assert delivered == ["o0", "o1", "o2", "o3", "o4"]
     assert len(records.made_with) == 5  # one a full queue refused is not made again
 
@@ -153,12 +92,13 @@ def test_records_are_made_one_at_a_time_as_they_are_produced(producer: BulkProdu
     records = Lazy()
     producer.publish(records)
     assert records.made_with == [0, 1, 2, 3, 4]
-    assert [key for key, _, _ in FakeProducer.made[-1].held] == ["o0", "o1", "o2", "o3", "o4"]
+    assert [record.key for record in FakeProducer.made[-1].held] == ["o0", "o1", "o2", "o3", "o4"]
 
 
 def test_each_record_gets_the_headers_made_from_it(producer: BulkProducer) -> None:
     producer.publish(RECORDS[:2], lambda key, value: {"sig": key.encode() + value})
-    assert FakeProducer.made[-1].headers == [[("sig", b"o0v0")], [("sig", b"o1v1")]]
+    headers = [record.headers for record in FakeProducer.made[-1].produced]
+    assert headers == [[("sig", b"o0v0")], [("sig", b"o1v1")]]
 
 
 def test_a_queue_that_stays_full_says_how_many_were_produced(producer: BulkProducer) -> None:
@@ -188,7 +128,7 @@ def test_a_wait_that_times_out_gives_the_rest_up_and_replaces_the_producer(
     assert batch.failed() == RECORDS[2:]
     assert producer.replaced == 1 and FakeProducer.made[-1] is not stuck
     again = producer.publish(RECORDS[:1])  # the next batch goes to the new producer
-    assert [key for key, _, _ in FakeProducer.made[-1].held] == ["o0"] and not again.done()
+    assert [record.key for record in FakeProducer.made[-1].held] == ["o0"] and not again.done()
 
 
 def test_a_fatal_error_replaces_the_producer_once(producer: BulkProducer) -> None:
@@ -196,7 +136,7 @@ def test_a_fatal_error_replaces_the_producer_once(producer: BulkProducer) -> Non
     first.fatal_once = True
     producer.publish(RECORDS[:2])
     assert producer.replaced == 1
-    assert [key for key, _, _ in FakeProducer.made[-1].held] == ["o0", "o1"]
+    assert [record.key for record in FakeProducer.made[-1].held] == ["o0", "o1"]
 
 
 def test_an_error_that_is_not_fatal_is_raised(producer: BulkProducer,

@@ -23,7 +23,7 @@ from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import Cancel, Cursor, State, StoredTask, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.wire import Beat, Outcome, Release
-from tests.unit.fakes import NOW, leased_engine
+from tests.unit.fakes import NOW, OutageStore, leased_engine
 
 
 @pytest.fixture
@@ -690,20 +690,9 @@ def test_leases_are_taken_and_renewed_all_at_once(clock: Clock) -> None:
     assert not h.engine.may_persist(3) and h.engine.may_persist(0)
 
 
-class _LeaseDownStore(MemoryScheduleStore):
-    """A store whose lease renewals fail while ``down`` is set."""
-
-    down = False
-
-    def renew_leases(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if self.down:
-            raise StoreUnavailableError("Cassandra could not renew leases: down")
-        return super().renew_leases(*args, **kwargs)
-
-
 def test_renewals_failing_through_an_outage_are_said_once_and_their_end_too(
         clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
-    store = _LeaseDownStore()
+    store = OutageStore("renew_leases")
     h = Harness(store, clock)
     h.step()
     caplog.set_level("INFO", "celery_scheduler.dispatcher.engine")
@@ -920,30 +909,9 @@ def test_a_task_read_by_a_fill_waits_for_an_earlier_one_known_only_by_its_event(
     assert [key for key, _ in h.released if key.ordering_id == "a"] == [earlier]
 
 
-class _DownStore(MemoryScheduleStore):
-    """A store whose status reads and retry markings fail while ``down`` is set."""
-
-    down = False
-
-    def statuses(self, keys):  # type: ignore[no-untyped-def]
-        if self.down:
-            raise StoreUnavailableError("Cassandra could not read statuses: down")
-        return super().statuses(keys)
-
-    def status(self, key):  # type: ignore[no-untyped-def]
-        if self.down:
-            raise StoreUnavailableError("Cassandra could not read a status: down")
-        return super().status(key)
-
-    def mark_retry(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if self.down:
-            raise StoreUnavailableError("Cassandra could not schedule a retry: down")
-        return super().mark_retry(*args, **kwargs)
-
-
 def test_a_store_outage_while_settling_an_adopted_task_does_not_block_its_ordering_id(
         clock: Clock) -> None:
-    store = _DownStore()
+    store = OutageStore("statuses", "status", "mark_retry")
     envelope = ScheduleEnvelope(TaskKey("a", NOW, "u"), "t", retry=RetryPolicy(5, 1.0, 10.0))
     stored = store.put(0, envelope, NOW)
     assert stored is not None
@@ -959,7 +927,7 @@ def test_a_store_outage_while_settling_an_adopted_task_does_not_block_its_orderi
 
 
 def test_a_broker_and_store_outage_at_once_does_not_block_the_ordering_id(clock: Clock) -> None:
-    store = _DownStore()
+    store = OutageStore("statuses", "status", "mark_retry")
     h = Harness(store, clock)
     broker_down = [True]
 
@@ -990,23 +958,23 @@ def _batch(outcomes: list[Outcome], offset: int) -> OutcomeBatch:
 def test_an_outcome_offset_is_durable_only_once_its_effect_is_stored(clock: Clock) -> None:
     """The reader may commit an outcome's offset only after the success it reports is
     recorded in the store: a dispatcher dying before that leaves it to be read again."""
-    store = _FlakyFinishStore()
+    store = OutageStore("finish_many")
     h = Harness(store, clock)
     key = h.schedule("a", 0)
     h.step()
-    store.failing = True
+    store.down = True
     h.engine.outcomes(_batch([Outcome(key, 0, 1, True, None)], 41))
     with pytest.raises(StoreUnavailableError):
         h.step()
     assert h.engine.durable_outcome_offsets() == {}
-    store.failing = False
+    store.down = False
     h.step()
     assert store.status(key).state is State.SUCCEEDED  # type: ignore[union-attr]
     assert h.engine.durable_outcome_offsets() == {0: 41}
 
 
 def test_a_failed_outcome_whose_retry_could_not_be_stored_holds_its_offset(clock: Clock) -> None:
-    store = _DownStore()
+    store = OutageStore("statuses", "status", "mark_retry")
     h = Harness(store, clock)
     key = h.schedule("a", 0)
     h.step()
@@ -1025,7 +993,7 @@ def test_a_failed_outcome_whose_retry_could_not_be_stored_holds_its_offset(clock
 
 def test_outcomes_the_store_keeps_refusing_are_tried_less_often_in_one_log_line_each(
         clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
-    store = _DownStore()
+    store = OutageStore("statuses", "status", "mark_retry")
     h = Harness(store, clock)
     keys = [h.schedule(ordering_id, 0) for ordering_id in "abc"]
     h.step()
@@ -1134,15 +1102,6 @@ def test_the_window_follows_the_outcome_rate(store: MemoryScheduleStore, clock: 
     h.step()
     # 200 came back in about a second: the window is twice that rate, 100 of it in flight
     assert 380 <= len(h.released) <= 400
-
-
-class _FlakyFinishStore(MemoryScheduleStore):
-    failing = False
-
-    def finish_many(self, tasks, state, now_ms, runs=None):  # type: ignore[no-untyped-def]
-        if self.failing:
-            raise StoreUnavailableError("Cassandra could not mark tasks: down")
-        super().finish_many(tasks, state, now_ms, runs)
 
 
 def test_an_earlier_task_that_finds_no_room_is_not_overtaken_by_a_later_one_loaded(

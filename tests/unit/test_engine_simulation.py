@@ -66,7 +66,7 @@ class World:
 
 
 @dataclass
-class Message:
+class BrokerMessage:
     key: TaskKey
     release: Release
     duration_ms: int
@@ -83,7 +83,7 @@ class Run:
 class Worker:
     started: int = 0
     busy_until: int = 0
-    running: Message | None = None
+    running: BrokerMessage | None = None
     lease: RunLease | None = None
     dies_at: int = 0  # killed (SIGKILL) then, mid-run (0: not)
     cut_off_until: int = 0  # what it produces reaches Kafka only from then on
@@ -169,7 +169,7 @@ class Simulation:
         self.dead_letters = MemoryDeadLetters()
         self.world = World()
         self.store = FlakyStore(self.rng, crashes=through_ingest)
-        self.queue: deque[Message] = deque()
+        self.queue: deque[BrokerMessage] = deque()
         self.workers = [Worker() for _ in range(3)]
         self.runs: list[Run] = []
         # outcomes "topic": per partition a log, and the offset committed for it
@@ -245,7 +245,7 @@ class Simulation:
             # mostly short; some run for several run leases
             duration = (self.rng.randrange(10, 400) if self.rng.random() < 0.97
                         else self.rng.randrange(LEASE_MS, 3 * LEASE_MS))
-            self.queue.append(Message(task.key, release, duration))
+            self.queue.append(BrokerMessage(task.key, release, duration))
 
     def _work(self) -> None:
         now = self.world.ms

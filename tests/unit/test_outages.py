@@ -10,6 +10,7 @@ import pytest
 from celery_scheduler.outages import Outages
 from celery_scheduler.repeats import QuietRepeats
 from celery_scheduler.tasklog.kafka_log import KafkaLog
+from tests.unit.fakes import SecondsClock
 
 REFUSED = ("[thrd:127.0.0.1:9092/bootstrap]: 127.0.0.1:9092/bootstrap: Connect to "
            "ipv4#127.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT)")
@@ -41,23 +42,15 @@ def test_a_source_that_reports_only_failures_ends_once_quiet_and_a_long_one_is_r
     assert (ended.lasted, ended.hidden) == (120.0, 118)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def kafka_log(caplog: pytest.LogCaptureFixture) -> tuple[KafkaLog, Clock]:
+def kafka_log(caplog: pytest.LogCaptureFixture) -> tuple[KafkaLog, SecondsClock]:
     caplog.set_level(logging.DEBUG, logger="test.kafka")
-    clock = Clock()
+    clock = SecondsClock()
     return KafkaLog(logging.getLogger("test.kafka"), clock, quiet=5), clock
 
 
 def test_librdkafka_lines_of_an_outage_shown_once_per_client_and_broker(
-        kafka_log: tuple[KafkaLog, Clock], caplog: pytest.LogCaptureFixture) -> None:
+        kafka_log: tuple[KafkaLog, SecondsClock], caplog: pytest.LogCaptureFixture) -> None:
     log, clock = kafka_log
     for second in range(10):  # two clients, each trying the broker every second
         clock.now = float(second)
@@ -107,7 +100,7 @@ def test_the_watcher_thread_ends_a_quiet_outage_on_its_own(caplog: pytest.LogCap
 def test_another_librarys_repeated_warnings_are_shown_once_and_counted(
         caplog: pytest.LogCaptureFixture) -> None:
     quiet = QuietRepeats(quiet=5.0)
-    clock = Clock()
+    clock = SecondsClock()
     quiet.repeats.clock = clock
     record = logging.LogRecord  # what a handler's filter is given
 

@@ -8,8 +8,6 @@ polled, as the Kafka client does; the clock is the test's.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from confluent_kafka import KafkaError
 
@@ -17,45 +15,7 @@ from celery_scheduler import worker
 from celery_scheduler.config import Settings
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.wire import Outcome
-
-
-class FakeProducer:
-    """Reports each record at the next poll: delivered, or failed with *error*."""
-
-    def __init__(self, error: KafkaError | None = None) -> None:
-        self.error = error
-        self.silent = False  # reports nothing, as a client waiting for a leader it does not know
-        self.produced: list[bytes] = []
-        self._unreported: list[Any] = []
-        self.purged = False
-
-    def produce(self, topic: str, value: bytes, key: bytes, partition: int, on_delivery: Any) -> None:
-        self.produced.append(value)
-        self._unreported.append(on_delivery)
-
-    def poll(self, timeout: float = 0) -> int:
-        if self.silent:
-            return 0
-        reports, self._unreported = self._unreported, []
-        for report in reports:
-            report(self.error, None)
-        return len(reports)
-
-    def purge(self) -> None:
-        self.purged, self.silent = True, False
-        self.error = KafkaError(KafkaError._PURGE_QUEUE)
-
-    def flush(self, timeout: float = 0) -> int:
-        return self.poll() * 0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.unit.fakes import FakeProducer, SecondsClock
 
 TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
 
@@ -75,7 +35,7 @@ def made(monkeypatch: pytest.MonkeyPatch) -> Made:
     made = Made()
 
     def new(self: worker.OutcomeProducer) -> FakeProducer:
-        made.append(FakeProducer(made.error))
+        made.append(FakeProducer(error=made.error))
         return made[-1]
 
     monkeypatch.setattr(worker.OutcomeProducer, "_new_producer", new)
@@ -83,7 +43,7 @@ def made(monkeypatch: pytest.MonkeyPatch) -> Made:
 
 
 def test_a_producer_whose_outcomes_keep_failing_is_replaced(made: Made) -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
     first = made[0]
     first.error = TIMED_OUT
@@ -96,7 +56,7 @@ def test_a_producer_whose_outcomes_keep_failing_is_replaced(made: Made) -> None:
     producer.send(_outcome(4))
     assert producer.replaced == 1 and first.purged and len(made) == 2
     # what the first did not deliver goes again, before the new outcome
-    assert made[1].produced == [_outcome(n).encode() for n in (1, 2, 3, 4)]
+    assert made[1].values() == [_outcome(n).encode() for n in (1, 2, 3, 4)]
     # the replaced producer's late failures do not count against the new one
     clock.now += worker.REPLACE_AFTER_SECONDS * 2
     producer.send(_outcome(5))
@@ -105,7 +65,7 @@ def test_a_producer_whose_outcomes_keep_failing_is_replaced(made: Made) -> None:
 
 
 def test_one_success_ends_a_run_of_failures(made: Made) -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
     made[0].error = TIMED_OUT
     producer.send(_outcome(1))  # reported at once: failing from now
@@ -118,7 +78,7 @@ def test_one_success_ends_a_run_of_failures(made: Made) -> None:
 
 
 def test_a_producer_that_reports_nothing_while_records_wait_is_replaced(made: Made) -> None:
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
     first = made[0]
     first.silent = True
@@ -130,12 +90,12 @@ def test_a_producer_that_reports_nothing_while_records_wait_is_replaced(made: Ma
     clock.now += worker.STUCK_AFTER_SECONDS
     producer.poll()  # the beats' thread polls: no outcome needed to find it stuck
     assert producer.replaced == 1 and first.purged and len(made) == 2
-    assert made[1].produced == [_outcome(n).encode() for n in (1, 2)]  # sent again
+    assert made[1].values() == [_outcome(n).encode() for n in (1, 2)]  # sent again
 
 
 def test_a_producer_idle_for_long_is_not_stuck(made: Made) -> None:
     """Its last reports were only not served yet: nothing waits once they are."""
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
     producer.send(_outcome(1))  # served at the next poll
     clock.now += worker.STUCK_AFTER_SECONDS * 10
@@ -145,48 +105,48 @@ def test_a_producer_idle_for_long_is_not_stuck(made: Made) -> None:
 
 
 def test_a_fatal_error_replaces_the_producer_at_the_next_outcome(made: Made) -> None:
-    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=SecondsClock(1000.0))
     producer._on_error(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
     producer.send(_outcome(1))
-    assert producer.replaced == 1 and made[0].purged and made[1].produced == [_outcome(1).encode()]
+    assert producer.replaced == 1 and made[0].purged and made[1].values() == [_outcome(1).encode()]
 
 
 def test_an_outcome_goes_once_more_through_the_next_producer_not_again_and_again(made: Made,
                                                                                ) -> None:
     made.error = TIMED_OUT  # Kafka delivers nothing
-    clock = Clock()
+    clock = SecondsClock(1000.0)
     producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
     producer.send(_outcome(1))
     producer.send(_outcome(2))
     clock.now += worker.REPLACE_AFTER_SECONDS + 1
     producer.send(_outcome(3))
     assert producer.replaced == 1
-    assert made[1].produced == [_outcome(n).encode() for n in (1, 2, 3)]
+    assert made[1].values() == [_outcome(n).encode() for n in (1, 2, 3)]
     clock.now += worker.REPLACE_AFTER_SECONDS + 1
     producer.send(_outcome(4))
     # 1 and 2 failed their second try: lost (their tasks run again at lease end); 3 goes on
     assert producer.replaced == 2
-    assert made[2].produced == [_outcome(n).encode() for n in (3, 4)]
+    assert made[2].values() == [_outcome(n).encode() for n in (3, 4)]
 
 
 def test_an_outcome_that_timed_out_goes_again_as_soon_as_the_producer_delivers(made: Made) -> None:
     """A broker restart longer than the delivery timeout: the producer recovers, so it is
     not replaced, and the outcome it dropped meanwhile is sent again by it."""
-    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=SecondsClock(1000.0))
     made[0].error = TIMED_OUT
     producer.send(_outcome(1))  # timed out
-    assert made[0].produced == [_outcome(1).encode()]
+    assert made[0].values() == [_outcome(1).encode()]
     made[0].error = None  # the broker is back
     producer.send(_outcome(2))  # delivered: 1 goes again
-    assert made[0].produced == [_outcome(n).encode() for n in (1, 2, 1)]
+    assert made[0].values() == [_outcome(n).encode() for n in (1, 2, 1)]
     producer.send(_outcome(3))
     producer.flush(0)
-    assert made[0].produced == [_outcome(n).encode() for n in (1, 2, 1, 3)]
+    assert made[0].values() == [_outcome(n).encode() for n in (1, 2, 1, 3)]
     assert producer.replaced == 0 and len(made) == 1
 
 
 def test_an_outcome_that_fails_its_second_send_is_not_sent_a_third_time(made: Made) -> None:
-    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    producer = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=SecondsClock(1000.0))
     made[0].error = TIMED_OUT
     producer.send(_outcome(1))
     made[0].error = None
@@ -196,14 +156,14 @@ def test_an_outcome_that_fails_its_second_send_is_not_sent_a_third_time(made: Ma
     made[0].error = None
     producer.send(_outcome(3))
     producer.flush(0)
-    assert made[0].produced == [_outcome(n).encode() for n in (1, 2, 1, 3)]
+    assert made[0].values() == [_outcome(n).encode() for n in (1, 2, 1, 3)]
 
 
 def test_outcomes_gather_into_requests_unless_the_options_say_otherwise(made: Made) -> None:
-    default = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=Clock())
+    default = worker.OutcomeProducer(Settings(kafka_topic="t"), clock=SecondsClock(1000.0))
     assert default._config["linger.ms"] == worker.OUTCOME_LINGER_MS == 50
     told = worker.OutcomeProducer(Settings(kafka_topic="t", kafka_options={"linger.ms": 2}),
-                                  clock=Clock())
+                                  clock=SecondsClock(1000.0))
     assert told._config["linger.ms"] == 2
     # the delivery guarantees are not the options' to weaken
     assert told._config["acks"] == "all" and told._config["enable.idempotence"] is True
