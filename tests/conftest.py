@@ -3,7 +3,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.services import RABBITMQ, REPO, require
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="session")
@@ -97,13 +97,12 @@ def start_worker(
             )
         worker = WorkerProcess(process, log_path)
         workers.append(worker)
-        deadline = time.monotonic() + 60
-        while "ready." not in worker.log():
+        def ready() -> bool:
             if process.poll() is not None:
                 pytest.fail(f"celery worker exited with {process.returncode}:\n{worker.log()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"celery worker not ready after 60s:\n{worker.log()}")
-            time.sleep(0.2)
+            return "ready." in worker.log()
+
+        wait_until(ready, 60, lambda: f"the celery worker ready:\n{worker.log()}", every=0.2)
         return worker
 
     yield start

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
 from tests.services import REPO, drop_scheduler
+from tests.waiting import wait_until
 
 APP = "tests.apps.dispatching"
 
@@ -58,13 +58,12 @@ class Scheduler:
         return self.logs[process.pid].read_text(errors="replace")
 
     def wait_for_log(self, process: subprocess.Popen[bytes], text: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log_of(process):
-            if process.poll() is not None:
+        def seen() -> bool:
+            if process.poll() is not None and text not in self.log_of(process):
                 pytest.fail(f"process exited with {process.returncode}:\n{self.log_of(process)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"{text!r} not seen after {timeout}s:\n{self.log_of(process)[-5000:]}")
-            time.sleep(0.1)
+            return text in self.log_of(process)
+
+        wait_until(seen, timeout, lambda: f"{text!r} in the log:\n{self.log_of(process)[-5000:]}")
 
     def dispatcher(self, *extra: str, wait: bool = True, extra_env: dict[str, str] | None = None
                    ) -> subprocess.Popen[bytes]:
@@ -99,13 +98,12 @@ class Scheduler:
         return [e for e in self.executions() if e["event"] == "start"]
 
     def wait_for_starts(self, count: int, timeout: float = 60, what: str = "executions") -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.starts()) < count:
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {p.args[-1] if p.args else p.pid}\n{self.log_of(p)[-3000:]}"
-                                 for p in self.processes)
-                pytest.fail(f"{len(self.starts())} of {count} {what} after {timeout}s\n{logs}")
-            time.sleep(0.1)
+        def shown() -> str:
+            logs = "\n".join(f"--- {p.args[-1] if p.args else p.pid}\n{self.log_of(p)[-3000:]}"
+                             for p in self.processes)
+            return f"{count} {what} ({len(self.starts())} so far)\n{logs}"
+
+        wait_until(lambda: len(self.starts()) >= count, timeout, shown)
 
     def stop_all(self, *, kill_workers: bool = False) -> None:
         """Stop every process; *kill_workers*: SIGKILL the workers instead of a warm shutdown.

@@ -134,10 +134,3 @@ def dead_letters(bootstrap: str, topic: str, count: int, timeout: float = 45) ->
     finally:
         consumer.close()
     return found
-
-
-def wait_until(condition: Any, timeout: float, what: Any) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not reached after {timeout}s: {what()}"
-        time.sleep(0.2)

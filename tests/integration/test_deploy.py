@@ -16,10 +16,10 @@ from tests.integration.test_dispatch import (
     distinct_runs,
     schedule_grid,
     seqs_in_order,
-    wait_until,
 )
 from tests.services import REPO
 from tests.unit.test_deploy_docs import CHECK_BOUND_SECONDS, HAND_OVER_BOUND_SECONDS
+from tests.waiting import wait_until
 
 
 def test_a_dispatcher_stopped_with_sigterm_hands_over_and_exits_within_the_bound(
@@ -30,7 +30,7 @@ def test_a_dispatcher_stopped_with_sigterm_hands_over_and_exits_within_the_bound
     scheduler.worker()
     ordering_ids = schedule_grid(schedule, ordering_ids=12, per_id=25, spacing=0.4, duration=0.0,
                                  delay=2.0)
-    time.sleep(5)  # mid-stream: it is releasing tasks
+    scheduler.wait_for_starts(60, timeout=60)  # mid-stream: it is releasing tasks
     asked = time.monotonic()
     leaving.terminate()
     leaving.wait(timeout=60)

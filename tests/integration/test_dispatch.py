@@ -8,7 +8,6 @@ import json
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -18,6 +17,7 @@ from celery_scheduler.store.base import State
 from celery_scheduler.wire import HEADER, Release
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.services import REPO
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
@@ -124,13 +124,6 @@ def wait_for_states(handles: list, state: State, timeout: float = 20) -> None:
         return [getattr(h.status(), "state", None) for h in handles]
 
     wait_until(lambda: all(s is state for s in states()), timeout, states)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, show: Callable[[], object]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not reached after {timeout}s: {show()}"
-        time.sleep(0.2)
 
 
 def schedule_grid(schedule, ordering_ids: int, per_id: int, spacing: float, duration: float,
@@ -256,7 +249,8 @@ def test_cancelled_task_never_runs(scheduler: Scheduler, schedule) -> None:
     kept = schedule.record.schedule(("c", 1), {}, at=utc(start + 0.2))
     doomed.cancel()
     wait_for_states([kept], State.SUCCEEDED, timeout=30)
-    time.sleep(1)
+    # had the cancelled task been released, it would have run first: it is the earlier task
+    # of the same ordering id
     assert [s["seq"] for s in scheduler.starts()] == [1]
     assert doomed.status().state is State.CANCELLED
 
@@ -362,9 +356,11 @@ def test_rebalance_moves_partitions_without_loss(scheduler: Scheduler, schedule)
     scheduler.worker()
     ordering_ids = schedule_grid(schedule, ordering_ids=12, per_id=30, spacing=0.4, duration=0.0)
 
-    time.sleep(3)
+    scheduler.wait_for_starts(30)  # mid-stream
     second = scheduler.dispatcher()  # joins, and waits until partitions moved to it
-    time.sleep(2)
+    released = len(scheduler.starts())
+    # the two release side by side for a while (unless the stream ended meanwhile)
+    scheduler.wait_for_starts(min(released + 30, 12 * 30))
     second.terminate()  # leaves cleanly: they move back
     second.wait(timeout=30)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from celery_scheduler.config import get_settings
 from tests.examples_web import DJANGO_DIR, FLASK_DIR, django_database, django_project, flask_app
 from tests.integration.dispatch_fixtures import AppProcesses as ExampleProcesses
 from tests.services import drop_scheduler
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -51,14 +51,12 @@ def run_example(kafka_bootstrap: str, cassandra_contact: str, redis_url: str, un
         drop_scheduler(unique_name, unique_name)
 
 
-def wait_until(what: str, check: Callable[[], Any], processes: ExampleProcesses) -> Any:
-    deadline = time.monotonic() + TIMEOUT
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.args[5]}\n{processes.log_of(p)[-3000:]}" for p in processes.processes)
-            pytest.fail(f"{what} not seen after {TIMEOUT}s\n{logs}")
-        time.sleep(0.2)
-    return value
+def wait_for(what: str, check: Callable[[], Any], processes: ExampleProcesses) -> Any:
+    def shown() -> str:
+        logs = "\n".join(f"--- {p.args[5]}\n{processes.log_of(p)[-3000:]}" for p in processes.processes)
+        return f"{what}\n{logs}"
+
+    return wait_until(check, TIMEOUT, shown, every=0.2)
 
 
 def send_one_cancel_one(create: Callable[[float], int], cancel: Callable[[int], None],
@@ -67,8 +65,8 @@ def send_one_cancel_one(create: Callable[[float], int], cancel: Callable[[int], 
     cancelled, sent = create(3), create(4)
     cancel(cancelled)
 
-    wait_until("the reminder sent", lambda: status(sent)["sent_at"], processes)
-    wait_until("its task succeeded", lambda: status(sent)["status"] == "succeeded", processes)
+    wait_for("the reminder sent", lambda: status(sent)["sent_at"], processes)
+    wait_for("its task succeeded", lambda: status(sent)["status"] == "succeeded", processes)
     # the user's reminders run in order: the cancelled one would have run before this one
     assert status(cancelled)["sent_at"] is None
     assert status(cancelled)["status"] == "cancelled"

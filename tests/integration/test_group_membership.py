@@ -10,7 +10,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,18 +19,11 @@ from celery_scheduler.config import get_settings
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.service import Dispatcher
 from tests.integration.dispatch_fixtures import Scheduler, schedule, scheduler  # noqa: F401
+from tests.waiting import wait_until
 
 
 def _held(dispatcher: Dispatcher) -> list[int]:
     return sorted(n for n, p in dict(dispatcher.engine.partitions).items() if p.lease is not None)
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not within {timeout}s")
-        time.sleep(0.1)
 
 
 def _dispatcher(scheduler: Scheduler) -> Dispatcher:  # noqa: F811
@@ -88,7 +81,7 @@ def test_a_dispatcher_out_of_its_group_joins_it_again(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="celery_scheduler.dispatcher.service")
     every = list(range(dispatcher.partition_count))
-    _wait(lambda: _held(dispatcher) == every, 60, "leases of every partition")
+    wait_until(lambda: _held(dispatcher) == every, 60, "leases of every partition")
     first = dispatcher.consumer
 
     # Out of the group, as a consumer that lost its session and never got back is: it holds
@@ -102,12 +95,12 @@ def test_a_dispatcher_out_of_its_group_joins_it_again(
         return poll_once(timeout)
 
     dispatcher.ingest.poll_once = leave_then_poll  # type: ignore[method-assign]
-    _wait(lambda: not _held(dispatcher), 30, "the partitions handed over")
+    wait_until(lambda: not _held(dispatcher), 30, "the partitions handed over")
 
-    _wait(lambda: dispatcher.membership.rejoins == 1, 30, "a new consumer")
+    wait_until(lambda: dispatcher.membership.rejoins == 1, 30, "a new consumer")
     assert dispatcher.consumer is not first
     assert any("seems to be out of the group" in r.getMessage() for r in caplog.records)
-    _wait(lambda: _held(dispatcher) == every, 60, "leases of every partition again")
+    wait_until(lambda: _held(dispatcher) == every, 60, "leases of every partition again")
 
     # and it releases again: a task scheduled now runs on a worker
     scheduler.worker()
@@ -125,14 +118,14 @@ def test_a_dispatcher_goes_on_releasing_from_partitions_its_group_session_lost(
     dispatcher, lose = losing
     caplog.set_level(logging.INFO, logger="celery_scheduler.dispatcher.service")
     every = list(range(dispatcher.partition_count))
-    _wait(lambda: _held(dispatcher) == every, 60, "leases of every partition")
+    wait_until(lambda: _held(dispatcher) == every, 60, "leases of every partition")
     epochs = {n: p.lease.epoch for n, p in dict(dispatcher.engine.partitions).items() if p.lease}
     scheduler.worker()
     queue = scheduler.env["CELERY_SCHEDULER_TEST_QUEUE"]
     due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=6)
     for ordering_id in ("a", "b", "c"):
         schedule.record.schedule((ordering_id, 0), at=due, queue=queue)
-    _wait(lambda: dispatcher.ingest.persisted_count >= 3, 30, "the tasks persisted")
+    wait_until(lambda: dispatcher.ingest.persisted_count >= 3, 30, "the tasks persisted")
 
     # Kafka ends the session: the consumer's partitions are lost, and it is out of the group
     # (left on the thread that reads it, which serves the callback)
@@ -150,7 +143,7 @@ def test_a_dispatcher_goes_on_releasing_from_partitions_its_group_session_lost(
         return poll_once(timeout)
 
     dispatcher.ingest.poll_once = leave_then_poll  # type: ignore[method-assign]
-    _wait(lambda: dispatcher.membership.kept == every, 30, "the partitions lost and kept")
+    wait_until(lambda: dispatcher.membership.kept == every, 30, "the partitions lost and kept")
     assert any("ended this dispatcher's group session" in r.getMessage() for r in caplog.records)
 
     # still unassigned, it releases the tasks when due: they run on time
@@ -171,14 +164,14 @@ def test_a_dispatcher_goes_on_releasing_from_partitions_its_group_session_lost(
     rejoin.set()
     # (judged from the callbacks' record: the consumer is not asked from this thread, where
     # a call during its rebalance can block)
-    _wait(lambda: not dispatcher.membership.kept
+    wait_until(lambda: not dispatcher.membership.kept
           and dispatcher.membership.unassigned_for(time.monotonic()) == 0.0, 60,
           "the partitions assigned again")
     assert {n: p.lease.epoch for n, p in dict(dispatcher.engine.partitions).items()
             if p.lease} == epochs
     assert not any("handed over" in r.getMessage() for r in caplog.records)
     due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
-    _wait(lambda: dispatcher.kept.partitions == [], 10, "the kept partitions' consumer closed")
+    wait_until(lambda: dispatcher.kept.partitions == [], 10, "the kept partitions' consumer closed")
     schedule.record.schedule(("a", 1), at=due, queue=queue)
     scheduler.wait_for_starts(5, timeout=60)
     # ("d", 0) was read again by the group's consumer, and not run again

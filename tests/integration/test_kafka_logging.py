@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable
 from contextlib import closing
 
@@ -20,6 +19,7 @@ from confluent_kafka import Consumer
 
 from celery_scheduler.errors import TaskLogUnavailableError
 from celery_scheduler.tasklog.kafka import KafkaTaskLog, client_config, create_topic
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,11 +47,12 @@ def refused_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
 
 def wait_for_refused(caplog: pytest.LogCaptureFixture, poll: Callable[[], object] = lambda: None
                      ) -> list[logging.LogRecord]:
-    deadline = time.monotonic() + 10
-    while not (records := refused_records(caplog)) and time.monotonic() < deadline:
+    def refused() -> list[logging.LogRecord]:
         poll()
-        time.sleep(0.05)
-    return records
+        return refused_records(caplog)
+
+    return wait_until(refused, 10, "librdkafka's connection-refused line in Python logging",
+                      every=0.05)
 
 
 def assert_logged_not_printed(records: list[logging.LogRecord], capfd: pytest.CaptureFixture[str]

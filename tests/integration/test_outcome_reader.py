@@ -21,7 +21,7 @@ from celery_scheduler.dispatcher.outcomes import OutcomeBatch, OutcomeReader
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.tasklog.kafka import client_config, create_topic
 from celery_scheduler.wire import Outcome
-from tests.integration.raw_topic import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

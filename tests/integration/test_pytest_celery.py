@@ -6,7 +6,6 @@ real Kafka, Cassandra and Redis. It is how a user's own integration tests can lo
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from celery_scheduler import State, scheduled_task
 from celery_scheduler.config import get_settings
 from celery_scheduler.environment import drop
+from tests.waiting import wait_until
 
 pytest_plugins = ["celery.contrib.pytest"]
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
@@ -62,14 +62,10 @@ def test_a_real_dispatcher_releases_to_celerys_embedded_worker_in_order(
     handles = [task.schedule_at(due + dt.timedelta(milliseconds=10 * step), customer, step)
                for step in range(5) for customer in ("ada", "bob")]
 
-    deadline = time.monotonic() + 60
-    while len(runs) < len(handles) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: len(runs) >= len(handles), 60, lambda: runs)
     assert sorted(runs) == sorted((c, s) for s in range(5) for c in ("ada", "bob"))
     for customer in ("ada", "bob"):  # in order per ordering id
         assert [step for who, step in runs if who == customer] == list(range(5))
     # the worker's outcomes reached the dispatcher, which stored them
-    while time.monotonic() < deadline and any(
-            (h.status() is None or h.status().state is not State.SUCCEEDED) for h in handles):
-        time.sleep(0.2)
-    assert {h.status().state for h in handles} == {State.SUCCEEDED}
+    wait_until(lambda: all(getattr(h.status(), "state", None) is State.SUCCEEDED for h in handles),
+               30, lambda: [h.status() for h in handles])

@@ -19,19 +19,12 @@ from celery import Celery
 
 from tests.conftest import WorkerProcess
 from tests.integration.private_redis import PrivateRedis
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.redis]
 
 HELD = 3
 
-
-def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def holding_worker_through_a_restart(start_worker: Callable[..., WorkerProcess], private_redis: PrivateRedis,
@@ -43,7 +36,7 @@ def holding_worker_through_a_restart(start_worker: Callable[..., WorkerProcess],
     sender = Celery("sender", broker=f"{private_redis.base_url}/1", set_as_current=False)
     for seq in range(HELD):
         sender.send_task("dispatching.record", ("held", seq), countdown=60, queue=queue)
-    assert wait_for(lambda: worker.log().count("] received") == HELD, 20), worker.log()
+    wait_until(lambda: worker.log().count("] received") == HELD, 20, worker.log)
     private_redis.stop()
     time.sleep(2)  # the worker sees the connection fail
     private_redis.start()
@@ -55,10 +48,10 @@ def test_a_worker_holding_eta_messages_survives_a_redis_restart_and_takes_new_ta
         tmp_path: Path) -> None:
     execlog = tmp_path / "executions.jsonl"
     worker, sender = holding_worker_through_a_restart(start_worker, private_redis, unique_name, execlog)
-    assert wait_for(lambda: worker.log().count("Connected to redis") >= 2, 30), worker.log()
+    wait_until(lambda: worker.log().count("Connected to redis") >= 2, 30, worker.log)
     sender.send_task("dispatching.record", ("after", 0), queue=unique_name)
-    assert wait_for(lambda: execlog.exists() and any(
-        json.loads(line)["o"] == "after" for line in execlog.read_text().splitlines()), 30), worker.log()
+    wait_until(lambda: execlog.exists() and any(
+        json.loads(line)["o"] == "after" for line in execlog.read_text().splitlines()), 30, worker.log)
     assert worker.process.poll() is None, worker.log()
     assert "Unrecoverable error" not in worker.log()
 
@@ -70,5 +63,5 @@ def test_the_same_worker_without_the_fix_exits(start_worker: Callable[..., Worke
         start_worker, private_redis, unique_name, tmp_path / "executions.jsonl",
         CELERY_SCHEDULER_TEST_WITHOUT_REDIS_FIX="1")
     # if this fails, kombu fixed the bug: redis_worker_fix can go
-    assert wait_for(lambda: worker.process.poll() is not None, 30), worker.log()
+    wait_until(lambda: worker.process.poll() is not None, 30, worker.log)
     assert "Unrecoverable error" in worker.log() and "hostname" in worker.log(), worker.log()

@@ -29,7 +29,7 @@ from celery_scheduler.store import open_store
 from celery_scheduler.store.base import Cursor, Lease, ScheduleStore, State, bucket_of
 from celery_scheduler.store.cassandra import CassandraScheduleStore
 from tests.integration.cassandra_cluster import CassandraCluster, cassandra_cluster  # noqa: F401
-from tests.integration.raw_topic import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cassandra
 

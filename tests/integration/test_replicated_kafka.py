@@ -23,7 +23,8 @@ from celery_scheduler.errors import TaskLogError
 from tests.integration import dispatch_fixtures
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.kafka_cluster import KafkaCluster, kafka_cluster  # noqa: F401
-from tests.integration.raw_topic import own_scheduler, scheduling_client, wait_until
+from tests.integration.raw_topic import own_scheduler, scheduling_client
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 

@@ -20,7 +20,8 @@ from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import State
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.raw_topic import PARTITIONS, read_topic
-from tests.integration.test_dispatch import check_order_and_no_overlap, wait_until
+from tests.integration.test_dispatch import check_order_and_no_overlap
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 UTC = dt.timezone.utc

@@ -37,9 +37,9 @@ from tests.integration.raw_topic import (
     envelope,
     own_scheduler,
     scheduling_client,
-    wait_until,
 )
 from tests.services import CASSANDRA, REPO
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 

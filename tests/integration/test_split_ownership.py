@@ -13,7 +13,6 @@ nothing from Kafka; the reader is a real dispatcher subprocess.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +25,7 @@ from celery_scheduler.store import open_store
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.dispatch_fixtures import schedule as schedule  # the fixtures
 from tests.integration.dispatch_fixtures import scheduler as scheduler
-from tests.integration.test_dispatch import wait_until
+from tests.waiting import wait_until
 
 
 def test_a_lease_holder_that_reads_nothing_never_runs_a_later_task_first(
@@ -50,20 +49,27 @@ def test_a_lease_holder_that_reads_nothing_never_runs_a_later_task_first(
         # a task of another ordering id in the same partition, due after seq 0: the holder
         # loads it, and its cursor is then past where seq 0 will be written
         partition = partition_for("split", settings.kafka_partitions)
-        anchor = next(o for o in (f"anchor-{n}" for n in range(1000))
-                      if partition_for(o, settings.kafka_partitions) == partition)
+        anchor, marker = [o for o in (f"anchor-{n}" for n in range(1000))
+                          if partition_for(o, settings.kafka_partitions) == partition][:2]
         now = datetime.now(UTC)
-        at_ms = int((now + timedelta(seconds=6)).timestamp() * 1000)
-        stored = store.put(partition, ScheduleEnvelope(key=TaskKey(anchor, at_ms, "seq-0"),
-                                                       task="dispatching.record", args=[anchor, 0]),
-                           at_ms - 6000)
-        assert stored is not None
-        # the holder wrote it while it still read Kafka: its ingest told the engine, which
-        # loads the row now rather than at its next safety fill (up to ten seconds away, as
-        # long as this wait: the holder would load the anchor then, or release it first)
-        stale.persisted(stored)
+
+        def written_by_the_holder(ordering_id: str, seconds: float) -> None:
+            at_ms = int((now + timedelta(seconds=seconds)).timestamp() * 1000)
+            stored = store.put(partition, ScheduleEnvelope(
+                key=TaskKey(ordering_id, at_ms, "seq-0"), task="dispatching.record",
+                args=[ordering_id, 0]), at_ms - 6000)
+            assert stored is not None
+            # the holder wrote it while it still read Kafka: its ingest told the engine,
+            # which loads the row now rather than at its next safety fill (up to ten seconds
+            # away: the holder would load the anchor then, or release it first)
+            stale.persisted(stored)
+
+        written_by_the_holder(anchor, 6)
         wait_until(lambda: stale.timetable.count(partition) == 1, 10,
                    lambda: f"the holder did not load the anchor task (released {released})")
+        # due after seq 1, of an ordering id of its own: once the holder released it, it has
+        # passed seq 1's due time with seq 1 in its window
+        written_by_the_holder(marker, 11)
 
         reader = scheduler.dispatcher(wait=False)
         scheduler.wait_for_log(reader, "assigned partitions [0, 1, 2, 3, 4, 5]")
@@ -71,7 +77,8 @@ def test_a_lease_holder_that_reads_nothing_never_runs_a_later_task_first(
         dispatching.record.schedule_at(now + timedelta(seconds=3), "split", 0)
         dispatching.record.schedule_at(now + timedelta(seconds=10), "split", 1)
 
-        time.sleep(16)  # seq 1 is due, and the holder's load window has passed it
+        wait_until(lambda: (marker, "seq-0") in released, 30,
+                   lambda: f"the holder did not release the marker task (released {released})")
         split = [unique for ordering_id, unique in released if ordering_id == "split"]
         assert split == [], f"the lease holder released {split} of an ordering id it never read"
     finally:

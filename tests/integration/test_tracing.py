@@ -5,7 +5,6 @@ one a run, a failed first attempt and its retry alike."""
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from celery_scheduler.config import get_settings
 from celery_scheduler.environment import drop
 from tests.integration.test_pytest_celery import scheduler_config
 from tests.tracing import exporter
+from tests.waiting import wait_until
 
 pytest_plugins = ["celery.contrib.pytest"]
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
@@ -63,11 +63,8 @@ def test_every_run_of_a_task_is_a_span_of_the_trace_that_scheduled_it(
     due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
     with trace.get_tracer("shop").start_as_current_span("checkout") as checkout:
         handle = task.schedule_at(due, "ada", 42)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (
-            (status := handle.status()) is None or status.state is not State.SUCCEEDED
-            or len(_spans(RUN)) < 2):
-        time.sleep(0.2)
+    wait_until(lambda: getattr(handle.status(), "state", None) is State.SUCCEEDED
+               and len(_spans(RUN)) >= 2, 60, lambda: (handle.status(), _spans(RUN)))
     assert runs == [42, 42]
     first, second = _spans(RUN)
     parent = checkout.get_span_context()

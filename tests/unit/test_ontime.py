@@ -6,7 +6,6 @@ These run on the real clock: the sender waits in real time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -22,16 +21,11 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.wire import Release
+from tests.waiting import wait_until
 
 AHEAD_MS = 400
 LEASE_MS = 60_000
 
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def loaded(ordering_id: str, due_ms: int, partition: int = 0, **fields: int) -> Loaded:
@@ -122,7 +116,7 @@ def test_a_task_is_marked_ahead_and_sent_at_its_due_time_not_before() -> None:
         status = store.status(key)
         assert status is not None and status.state is State.RELEASED
         assert key not in sends.at  # marked, not sent: it is not due yet
-        wait_for(lambda: key in sends.at)
+        wait_until(lambda: key in sends.at, 5, every=0.005)
         assert sends.at[key] >= due
         task = engine.timetable.get(key)
         assert task is not None
@@ -155,13 +149,13 @@ def test_marking_waits_for_the_first_task_to_come_near_and_takes_all_due_within_
         second = schedule(store, engine, "b", start + 950)
         engine.step()
         assert store.marks == []  # both within a second, neither within 600 ms yet
-        wait_for(lambda: now_ms() >= start + 210)
+        wait_until(lambda: now_ms() >= start + 210, 5, every=0.005)
         engine.step()
         assert store.marks == [2]  # the first came within 600 ms: both marked at once
         for key in (first, second):
             status = store.status(key)
             assert status is not None and status.state is State.RELEASED
-        wait_for(lambda: second in sends.at)
+        wait_until(lambda: second in sends.at, 5, every=0.005)
         assert sends.at[first] >= start + 800 and sends.at[second] >= start + 950
     finally:
         engine.stop()
@@ -175,7 +169,7 @@ def test_a_release_whose_lease_is_not_certain_at_its_due_time_is_put_back_unspen
         engine.step()
         assert engine.timetable.is_in_flight(key)
         engine.leases.forget_fence(0)  # as if the lease ran out before the due time
-        wait_for(lambda: engine._sender is not None and engine._sender.waiting() == 0)
+        wait_until(lambda: engine._sender is not None and engine._sender.waiting() == 0, 5, every=0.005)
         time.sleep(0.05)
         engine.step()
         assert key not in sends.at
@@ -244,13 +238,13 @@ def test_a_task_its_worker_holds_is_sent_once_marked_carrying_its_due_time() -> 
         due = now_ms() + AHEAD_MS // 2
         early, held = schedule(store, engine, "a", due), schedule(store, engine, "topic", due)
         engine.step()
-        wait_for(lambda: early in releases)
+        wait_until(lambda: early in releases, 5, every=0.005)
         sent_at, release = releases[early]
         assert sent_at < due  # gone to the broker before it is due ...
         assert release.not_before_ms == due  # ... saying when it may start
         assert release.lease_until_ms == due + LEASE_MS  # its start lease still counts from its due time
         assert held not in releases  # one the broker's consumer would not hold waits for its time
-        wait_for(lambda: held in releases)
+        wait_until(lambda: held in releases, 5, every=0.005)
         assert releases[held][0] >= due and releases[held][1].not_before_ms == due
     finally:
         engine.stop()
@@ -385,7 +379,7 @@ def test_a_release_due_while_an_earlier_one_awaits_its_confirm_is_sent_on_time_a
         sender.hand([Sending(loaded(name, start + offset), Release(TaskKey(name, start + offset, "u"),
                                                                    0, 1, 1, 0), start + offset)
                      for name, offset in (("first", 50), ("second", 150), ("third", 250))])
-        wait_for(lambda: len(broker.published) == 3)
+        wait_until(lambda: len(broker.published) == 3, 5, every=0.005)
         # each went at its due time, though none of them has been confirmed (the first is
         # not, until the test says so)
         assert all(at >= start + offset for (_, at), offset in zip(broker.published, (50, 150, 250),
@@ -393,7 +387,7 @@ def test_a_release_due_while_an_earlier_one_awaits_its_confirm_is_sent_on_time_a
         assert sent == [] and not sender.settle([0], timeout=0.05)
         broker.answer["second"] = None  # confirmed first: reported only after the first
         broker.answer["third"] = ReleaseNotSentError("refused")
-        wait_for(lambda: not broker.answer)
+        wait_until(lambda: not broker.answer, 5, every=0.005)
         time.sleep(0.05)
         assert sent == []
         broker.answer["first"] = None
@@ -415,7 +409,7 @@ def test_a_stopping_sender_reports_the_releases_never_confirmed_as_uncertain() -
                           publish_prepared=broker.publish_prepared, confirm=broker.confirm)
     due = now_ms()
     sender.hand([Sending(loaded("o", due), Release(TaskKey("o", due, "u"), 0, 1, 1, 0), due)])
-    wait_for(lambda: len(broker.published) == 1)
+    wait_until(lambda: len(broker.published) == 1, 5, every=0.005)
     stop_started = time.monotonic()
     sender.stop(timeout=10.0)
     assert time.monotonic() - stop_started < 5.0
