@@ -195,6 +195,26 @@ def _column_value(name: str, value: Any) -> Any:
 
 
 @functools.cache
+def _converted(names: tuple[str, ...]) -> tuple[int, ...]:
+    """Which of *names* hold a value its column takes otherwise (see _column_value)."""
+    return tuple(i for i, name in enumerate(names)
+                 if name in _NONE_IF_ZERO or name in ("state", "envelope"))
+
+
+def _columns(pairs: tuple[tuple[str, object], ...]) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The names of *pairs* and their values as the columns take them (on the hot path: a
+    release and a success go through here, so only the values that differ are converted)."""
+    names, values = zip(*pairs, strict=True)
+    converted = _converted(names)
+    if not converted:
+        return names, values
+    columns = list(values)
+    for i in converted:
+        columns[i] = _column_value(names[i], columns[i])
+    return names, tuple(columns)
+
+
+@functools.cache
 def row_update(fields: tuple[str, ...]) -> str:
     """The CQL that sets *fields* (StoredTask names) of a schedule row."""
     sets = ", ".join(f"{_ROW_COLUMNS[name]} = ?" for name in fields)
@@ -222,32 +242,33 @@ def transition_statements(layout: StatusLayout, transition: Transition, ttl: int
 
     *ttl*: seconds a final status is kept.
     """
-    key = transition.key
+    key, row, status, expiry = transition.key, transition.row, transition.status, transition.expiry
     statements: Statements = []
-    row = transition.row
     if row is not None:
         row_pk = (row.partition, row.bucket, key.scheduled_ms, key.ordering_id, key.uniqueness_key)
-        if row.kind is RowKind.INSERT:
-            assert row.task is not None
-            if row.moved_from is not None:
-                statements.append((DELETE_ROW, (*row.moved_from, *row_pk[2:])))
-            envelope = row.data if row.data is not None else encode(row.task.envelope)
-            statements.append((INSERT_ROW, (*row_pk, row.task.envelope.task, envelope, row.task.attempts)))
-        elif row.kind is RowKind.DELETE:
+        kind = row.kind
+        if kind is RowKind.UPDATE:
+            names, values = _columns(row.fields)
+            statements.append((row_update(names), (*values, *row_pk)))
+        elif kind is RowKind.DELETE:
             statements.append((DELETE_ROW, row_pk))
         else:
-            statements.append((row_update(tuple(name for name, _ in row.fields)),
-                               (*(_column_value(name, value) for name, value in row.fields), *row_pk)))
-    if transition.status:
-        cql = status_write(tuple(name for name, _ in transition.status), transition.expiry)
-        values = tuple(_column_value(name, value) for name, value in transition.status)
-        status_pk = layout.primary_key(key)
-        if transition.expiry is Expiry.KEEP:
-            statements.append((cql, (*values, *status_pk)))
-        elif transition.expiry is Expiry.REPORT:
-            statements.append((cql, (ttl, *values, *status_pk)))
+            task = row.task
+            assert task is not None
+            if row.moved_from is not None:
+                statements.append((DELETE_ROW, (*row.moved_from, *row_pk[2:])))
+            envelope = row.data if row.data is not None else encode(task.envelope)
+            statements.append((INSERT_ROW, (*row_pk, task.envelope.task, envelope, task.attempts)))
+    if status:
+        names, values = _columns(status)
+        cql = status_write(names, expiry)
+        if expiry is Expiry.KEEP:
+            statements.append((cql, (*values, *layout.primary_key(key))))
+        elif expiry is Expiry.REPORT:
+            statements.append((cql, (ttl, *values, *layout.primary_key(key))))
         else:
-            statements.append((cql, (*status_pk, *values, ttl if transition.expiry is Expiry.FINAL else 0)))
+            statements.append((cql, (*layout.primary_key(key), *values,
+                                     ttl if expiry is Expiry.FINAL else 0)))
     return statements
 
 

@@ -31,6 +31,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
@@ -105,8 +106,7 @@ class RowKind(enum.Enum):
     DELETE = "delete"  # the row goes
 
 
-@dataclass(frozen=True, slots=True)
-class RowWrite:
+class RowWrite(NamedTuple):
     """What a transition does to the key's row in the schedule at (partition, bucket).
 
     ``fields`` names :class:`StoredTask` fields (``attempts``, ``not_before_ms``,
@@ -131,8 +131,7 @@ class Expiry(enum.Enum):
     REPORT = "report"  # the status TTL, for these fields only (a worker's report)
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
+class Transition(NamedTuple):
     """One event applied to one key: its new state, its row and its status fields.
 
     ``status`` names :class:`TaskStatus` fields and their values, and ``envelope``: the task
