@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import durability, machine, results
+from benchmarks import durability, machine, results, sizing
 from benchmarks.context import Context
 from benchmarks.harness import KAFKA, POSTGRES, REDIS_URL, REPO
 from benchmarks.report import Report, Section, render, render_many
@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     report.duration_s = time.monotonic() - started
     if keep:
         results.save(report, groups)
-        text = render_many(results.load(), list(SCENARIOS))
+        text = render_many(results.load(), list(SCENARIOS), sizing.derived)
     else:
-        text = render(report)
+        text = render(report, sizing.derived)
     if output is not None:
         output.write_text(text)
         print(f"[bench] wrote {output} in {report.duration_s / 60:.1f} min", file=sys.stderr)

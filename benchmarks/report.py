@@ -8,6 +8,7 @@ sections, and the Runs table says which run, on which code, each group comes fro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from benchmarks.stats import Figure
@@ -105,12 +106,16 @@ def _durability(report: Report) -> list[str]:
     return out + [f"| {_cell(service)} | {_cell(text)} |" for service, text in report.durability.items()]
 
 
-def _body(sections: list[Section]) -> list[str]:
-    from benchmarks.sizing import derive  # it reads these sections: imported here, not above
+# Sections computed from the measured ones (benchmarks.sizing), given by the caller.
+Derived = Callable[[list["Section"]], list["Section"]]
 
-    sizing = derive(sections)
-    if sizing is not None:
-        sections = [*sections, sizing]
+
+def _no_derived(sections: list[Section]) -> list[Section]:
+    return []
+
+
+def _body(sections: list[Section], derived: Derived) -> list[str]:
+    sections = [*sections, *derived(sections)]
     out: list[str] = []
     targets = [(s, r) for s in sections for r in s.rows if r.met is not None]
     if targets:
@@ -128,8 +133,8 @@ def _body(sections: list[Section]) -> list[str]:
     return out
 
 
-def render(report: Report) -> str:
-    """The whole BENCHMARKS.md text of one run."""
+def render(report: Report, derived: Derived = _no_derived) -> str:
+    """The whole BENCHMARKS.md text of one run, with the sections *derived* from its own."""
     out = [*INTRO, "", "## Run", "",
            f"- command: `{report.command}` ({report.mode} mode)",
            f"- started: {report.started}, took {report.duration_s / 60:.1f} min"]
@@ -142,10 +147,10 @@ def render(report: Report) -> str:
                    "a faster machine, compare between runs): " + _probes(report.probes))
     if report.versions:
         out.append("- versions: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()))
-    return "\n".join(out + _durability(report) + _body(report.sections)) + "\n"
+    return "\n".join(out + _durability(report) + _body(report.sections, derived)) + "\n"
 
 
-def render_many(reports: list[Report], order: list[str]) -> str:
+def render_many(reports: list[Report], order: list[str], derived: Derived = _no_derived) -> str:
     """BENCHMARKS.md from the scenario groups of one or more runs, each *reports* entry one
     group's result (its ``probes`` name the group); sections in *order* of their groups.
 
@@ -167,7 +172,7 @@ def render_many(reports: list[Report], order: list[str]) -> str:
                         newest.load_start, newest.load_end, newest.duration_s, newest.versions,
                         sections, {g: ms for r in ranked for g, ms in r.probes.items()},
                         newest.durability, newest.code)
-        return render(merged)
+        return render(merged, derived)
     out = [*INTRO, "", "## Runs", "",
            "The scenario groups come from these runs (a group run again alone replaces its own "
            "sections; compare figures within one run):", "",
@@ -184,4 +189,4 @@ def render_many(reports: list[Report], order: list[str]) -> str:
     if newest.versions:
         out.append("- versions (newest run): "
                    + ", ".join(f"{k} {v}" for k, v in newest.versions.items()))
-    return "\n".join(out + _durability(newest) + _body(sections)) + "\n"
+    return "\n".join(out + _durability(newest) + _body(sections, derived)) + "\n"

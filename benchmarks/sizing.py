@@ -15,7 +15,7 @@ import math
 from benchmarks.report import Section
 from benchmarks.stats import Figure
 
-__all__ = ["PARTS", "RATES", "derive"]
+__all__ = ["PARTS", "RATES", "derive", "derived"]
 
 # The parts a deployment sizes, as scenario 6's rows name them, and the rates sized for.
 PARTS = ("dispatcher", "Kafka", "Cassandra", "Redis", "workers")
@@ -63,3 +63,9 @@ def derive(sections: list[Section]) -> Section | None:
         "headroom: below about 60% of a machine's cores at the peak rate (docs/production.md).",
     ]
     return sizing
+
+
+def derived(sections: list[Section]) -> list[Section]:
+    """The sections BENCHMARKS.md derives from *sections* (what ``render`` is given)."""
+    sizing = derive(sections)
+    return [] if sizing is None else [sizing]

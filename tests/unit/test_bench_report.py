@@ -7,6 +7,7 @@ from pathlib import Path
 
 from benchmarks.report import Report, Section, render, verdict
 from benchmarks.sizing import derive as sizing_derive
+from benchmarks.sizing import derived as sizing_derived
 from benchmarks.stats import Figure, percentile, ratio
 
 
@@ -156,6 +157,6 @@ def test_the_sizing_section_is_derived_run_by_run_from_the_drains_cpu_per_task()
     assert rows["Celery alone's workers: cores for 10,000 tasks/s"].values == (10.0, 10.0)
     assert "Kafka: cores for 10,000 tasks/s" not in rows  # no row of it: nothing derived
     text = render(Report(command="python -m benchmarks", mode="full", started="now", machine={},
-                         load_start="", sections=[six]))
+                         load_start="", sections=[six]), sizing_derived)
     assert "## S. Sizing" in text and "dispatcher: cores for 10,000 tasks/s" in text
     assert sizing_derive([Section("5", "Failover")]) is None
