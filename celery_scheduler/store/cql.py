@@ -201,17 +201,16 @@ def _converted(names: tuple[str, ...]) -> tuple[int, ...]:
                  if name in _NONE_IF_ZERO or name in ("state", "envelope"))
 
 
-def _columns(pairs: tuple[tuple[str, object], ...]) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    """The names of *pairs* and their values as the columns take them (on the hot path: a
-    release and a success go through here, so only the values that differ are converted)."""
-    names, values = zip(*pairs, strict=True)
+def _columns(names: tuple[str, ...], values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """*values* (of the fields *names*) as the columns take them (on the hot path: a release
+    and a success go through here, so only the values that differ are converted)."""
     converted = _converted(names)
     if not converted:
-        return names, values
+        return values
     columns = list(values)
     for i in converted:
         columns[i] = _column_value(names[i], columns[i])
-    return names, tuple(columns)
+    return tuple(columns)
 
 
 @functools.cache
@@ -242,14 +241,14 @@ def transition_statements(layout: StatusLayout, transition: Transition, ttl: int
 
     *ttl*: seconds a final status is kept.
     """
-    key, row, status, expiry = transition.key, transition.row, transition.status, transition.expiry
+    key, row, names, expiry = (transition.key, transition.row, transition.status_names,
+                               transition.expiry)
     statements: Statements = []
     if row is not None:
         row_pk = (row.partition, row.bucket, key.scheduled_ms, key.ordering_id, key.uniqueness_key)
         kind = row.kind
         if kind is RowKind.UPDATE:
-            names, values = _columns(row.fields)
-            statements.append((row_update(names), (*values, *row_pk)))
+            statements.append((row_update(row.names), (*_columns(row.names, row.values), *row_pk)))
         elif kind is RowKind.DELETE:
             statements.append((DELETE_ROW, row_pk))
         else:
@@ -259,8 +258,8 @@ def transition_statements(layout: StatusLayout, transition: Transition, ttl: int
                 statements.append((DELETE_ROW, (*row.moved_from, *row_pk[2:])))
             envelope = row.data if row.data is not None else encode(task.envelope)
             statements.append((INSERT_ROW, (*row_pk, task.envelope.task, envelope, task.attempts)))
-    if status:
-        names, values = _columns(status)
+    if names:
+        values = _columns(names, transition.status_values)
         cql = status_write(names, expiry)
         if expiry is Expiry.KEEP:
             statements.append((cql, (*values, *layout.primary_key(key))))

@@ -109,17 +109,24 @@ class RowKind(enum.Enum):
 class RowWrite(NamedTuple):
     """What a transition does to the key's row in the schedule at (partition, bucket).
 
-    ``fields`` names :class:`StoredTask` fields (``attempts``, ``not_before_ms``,
-    ``lease_until_ms``, ``blocked``) and their new values; 0 times are "none".
+    ``names`` are :class:`StoredTask` fields (``attempts``, ``not_before_ms``,
+    ``lease_until_ms``, ``blocked``) an update sets, ``values`` their new values; 0 times
+    are "none". (Names and values apart: each kind of transition has constant names, so
+    the stores look up what to write by them once.)
     """
 
     kind: RowKind
     partition: int
     bucket: int
-    fields: tuple[tuple[str, object], ...] = ()
+    names: tuple[str, ...] = ()
+    values: tuple[object, ...] = ()
     task: StoredTask | None = None
     data: bytes | None = None  # the task's bytes as read from the task log (INSERT)
     moved_from: tuple[int, int] | None = None  # (partition, bucket) of the row it replaces
+
+    @property
+    def fields(self) -> dict[str, object]:
+        return dict(zip(self.names, self.values, strict=True))
 
 
 class Expiry(enum.Enum):
@@ -134,16 +141,37 @@ class Expiry(enum.Enum):
 class Transition(NamedTuple):
     """One event applied to one key: its new state, its row and its status fields.
 
-    ``status`` names :class:`TaskStatus` fields and their values, and ``envelope``: the task
-    kept with a failed key's status for an operator's retry (None: none kept any more).
+    ``status_names`` are :class:`TaskStatus` fields, and ``envelope``: the task kept with a
+    failed key's status for an operator's retry (None: none kept any more);
+    ``status_values`` their new values.
     """
 
     key: TaskKey
     event: Event
     state: State | None  # None: its status is not written (a remnant of another key's row)
     row: RowWrite | None
-    status: tuple[tuple[str, object], ...]
+    status_names: tuple[str, ...]
+    status_values: tuple[object, ...]
     expiry: Expiry
+
+    @property
+    def status(self) -> dict[str, object]:
+        return dict(zip(self.status_names, self.status_values, strict=True))
+
+
+Pairs = tuple[tuple[str, object], ...]
+
+
+def _transition(key: TaskKey, event: Event, state: State | None, row: RowWrite | None,
+                status: Pairs, expiry: Expiry) -> Transition:
+    """A transition from (name, value) pairs: for the transitions that are not on a hot path."""
+    names, values = (tuple(zip(*status, strict=True)) or ((), ())) if status else ((), ())
+    return Transition(key, event, state, row, names, values, expiry)
+
+
+def _update(partition: int, bucket: int, fields: Pairs, task: StoredTask | None = None) -> RowWrite:
+    names, values = zip(*fields, strict=True)
+    return RowWrite(RowKind.UPDATE, partition, bucket, names, values, task)
 
 
 @dataclass(frozen=True)
@@ -202,14 +230,14 @@ def may_retry(current: TaskStatus | None) -> bool:
     return current is not None and next_state(current.state, Event.RETRY) is not None
 
 
-def _times(run: RunTimes | None) -> tuple[tuple[str, object], ...]:
+def _times(run: RunTimes | None) -> Pairs:
     released, started, ended = run or RunTimes()
     return (("released_ms", released), ("started_ms", started), ("finished_ms", ended))
 
 
 def _whole(current: TaskStatus, state: State, now_ms: int, *, partition: int | None = None,
            bucket: int | None = None, attempts: int | None = None,
-           last_error: str | None = None) -> tuple[tuple[str, object], ...]:
+           last_error: str | None = None) -> Pairs:
     """The fields every final or retried status is written with, from *current* unless given."""
     return (("state", state), ("task", current.task),
             ("partition", current.partition if partition is None else partition),
@@ -217,6 +245,23 @@ def _whole(current: TaskStatus, state: State, now_ms: int, *, partition: int | N
             ("attempts", current.attempts if attempts is None else attempts),
             ("last_error", current.last_error if last_error is None else last_error),
             ("updated_ms", now_ms))
+
+
+# The names each transition on a dispatcher's hot path writes, in the order of its values.
+SCHEDULED = ("state", "task", "partition", "bucket", "attempts", "last_error", "outcome",
+             "outcome_attempt", "updated_ms")
+RELEASED_ROW = ("attempts", "lease_until_ms")
+RELEASED = ("state", "attempts", "updated_ms")
+RETRY_LATER_ROW = ("attempts", "not_before_ms", "lease_until_ms")
+RETRY_LATER = ("state", "attempts", "last_error", "updated_ms")
+FINISHED = ("state", "task", "partition", "bucket", "attempts", "last_error", "updated_ms",
+            "released_ms", "started_ms", "finished_ms")
+FINISHED_KEPT = (*FINISHED, "envelope")
+BLOCKED_ROW = ("blocked", "lease_until_ms")
+REPORTED_SUCCESS = ("state", "outcome", "outcome_attempt", "outcome_generation", "updated_ms",
+                    "started_ms", "finished_ms")
+REPORTED_FAILURE = ("outcome", "outcome_attempt", "outcome_generation", "last_error",
+                    "updated_ms", "started_ms", "finished_ms")
 
 
 # --- decided from the key's status -----------------------------------------------------------
@@ -232,9 +277,8 @@ def scheduled(partition: int, envelope: ScheduleEnvelope, current: TaskStatus | 
     return Transition(key, Event.SCHEDULE, State.PENDING,
                       RowWrite(RowKind.INSERT, partition, plan.bucket, task=task, data=data,
                                moved_from=plan.moved_from),
-                      (("state", State.PENDING), ("task", envelope.task), ("partition", partition),
-                       ("bucket", plan.bucket), ("attempts", 0), ("last_error", None),
-                       ("outcome", None), ("outcome_attempt", 0), ("updated_ms", now_ms)),
+                      SCHEDULED, (State.PENDING, envelope.task, partition, plan.bucket, 0, None,
+                                  None, 0, now_ms),
                       Expiry.NEVER)
 
 
@@ -248,9 +292,9 @@ def cancelled(current: TaskStatus | None, now_ms: int, *, row_kept: bool = True)
     assert current is not None and current.bucket is not None
     if current.state is State.FAILED and not row_kept:
         return None  # failed and gone: nothing to cancel
-    return Transition(current.key, Event.CANCEL, State.CANCELLED,
-                      RowWrite(RowKind.DELETE, current.partition, current.bucket),
-                      _whole(current, State.CANCELLED, now_ms) + _times(None), Expiry.FINAL)
+    return _transition(current.key, Event.CANCEL, State.CANCELLED,
+                       RowWrite(RowKind.DELETE, current.partition, current.bucket),
+                       _whole(current, State.CANCELLED, now_ms) + _times(None), Expiry.FINAL)
 
 
 def retried(partition: int, current: TaskStatus | None, row: StoredTask | None,
@@ -264,9 +308,9 @@ def retried(partition: int, current: TaskStatus | None, row: StoredTask | None,
         return None
     assert current is not None
     if row is not None:
-        write = RowWrite(RowKind.UPDATE, row.partition, row.bucket,
-                         (("blocked", False), ("not_before_ms", 0), ("lease_until_ms", 0)),
-                         task=StoredTask(row.partition, row.bucket, row.envelope, row.attempts))
+        write = _update(row.partition, row.bucket,
+                        (("blocked", False), ("not_before_ms", 0), ("lease_until_ms", 0)),
+                        StoredTask(row.partition, row.bucket, row.envelope, row.attempts))
     elif kept is not None:
         bucket = write_bucket(current.key.scheduled_ms, now_ms, bucket_seconds)
         write = RowWrite(RowKind.INSERT, partition, bucket,
@@ -277,7 +321,7 @@ def retried(partition: int, current: TaskStatus | None, row: StoredTask | None,
     status = (*_whole(current, State.PENDING, now_ms, partition=write.partition, bucket=write.bucket),
               ("outcome", current.outcome), ("outcome_attempt", current.outcome_attempt),
               ("envelope", None))
-    return Transition(current.key, Event.RETRY, State.PENDING, write, status, Expiry.NEVER)
+    return _transition(current.key, Event.RETRY, State.PENDING, write, status, Expiry.NEVER)
 
 
 def settled(status: TaskStatus | None, partition: int, bucket: int, key: TaskKey,
@@ -288,14 +332,14 @@ def settled(status: TaskStatus | None, partition: int, bucket: int, key: TaskKey
     write = RowWrite(RowKind.DELETE, partition, bucket)
     state = settled_state(status, partition, bucket)
     if state is None or status is None:
-        return Transition(key, Event.SETTLE, None, write, (), Expiry.KEEP)
+        return Transition(key, Event.SETTLE, None, write, (), (), Expiry.KEEP)
     if error is not None:
         state = State.FAILED
-    return Transition(key, Event.SETTLE, state, write,
-                      _whole(status, state, now_ms, partition=partition, bucket=bucket,
-                             last_error=error)
-                      + _times(RunTimes(status.released_ms, status.started_ms, status.finished_ms)),
-                      Expiry.FINAL)
+    return _transition(key, Event.SETTLE, state, write,
+                       _whole(status, state, now_ms, partition=partition, bucket=bucket,
+                              last_error=error)
+                       + _times(RunTimes(status.released_ms, status.started_ms, status.finished_ms)),
+                       Expiry.FINAL)
 
 
 # --- decided by the dispatcher that holds the key's partition ----------------------------------
@@ -303,22 +347,18 @@ def settled(status: TaskStatus | None, partition: int, bucket: int, key: TaskKey
 def released(task: StoredTask, attempt: int, lease_until_ms: int, now_ms: int) -> Transition:
     """*task* handed to the workers for its *attempt*-th time, leased until a time."""
     return Transition(task.key, Event.RELEASE, State.RELEASED,
-                      RowWrite(RowKind.UPDATE, task.partition, task.bucket,
-                               (("attempts", attempt), ("lease_until_ms", lease_until_ms))),
-                      (("state", State.RELEASED), ("attempts", attempt), ("updated_ms", now_ms)),
-                      Expiry.KEEP)
+                      RowWrite(RowKind.UPDATE, task.partition, task.bucket, RELEASED_ROW,
+                               (attempt, lease_until_ms)),
+                      RELEASED, (State.RELEASED, attempt, now_ms), Expiry.KEEP)
 
 
 def retry_later(task: StoredTask, attempts: int, not_before_ms: int, error: str | None,
                 now_ms: int) -> Transition:
     """An attempt of *task* failed with attempts left: pending again from *not_before_ms*."""
     return Transition(task.key, Event.RETRY_LATER, State.PENDING,
-                      RowWrite(RowKind.UPDATE, task.partition, task.bucket,
-                               (("attempts", attempts), ("not_before_ms", not_before_ms),
-                                ("lease_until_ms", 0))),
-                      (("state", State.PENDING), ("attempts", attempts), ("last_error", error),
-                       ("updated_ms", now_ms)),
-                      Expiry.KEEP)
+                      RowWrite(RowKind.UPDATE, task.partition, task.bucket, RETRY_LATER_ROW,
+                               (attempts, not_before_ms, 0)),
+                      RETRY_LATER, (State.PENDING, attempts, error, now_ms), Expiry.KEEP)
 
 
 def finished(task: StoredTask, state: State, error: str | None, current: TaskStatus | None,
@@ -326,15 +366,22 @@ def finished(task: StoredTask, state: State, error: str | None, current: TaskSta
     """*task* succeeded, or failed for good (its row goes; a failed one keeps its task for a
     retry), with the times of its last attempt. Its last error is *error*, or the one
     *current* (its status) holds."""
-    if state not in (State.SUCCEEDED, State.FAILED):
+    names: tuple[str, ...]
+    if state is State.SUCCEEDED:
+        event, names = Event.SUCCEED, FINISHED
+    elif state is State.FAILED:
+        event, names = Event.GIVE_UP, FINISHED_KEPT
+    else:
         raise ValueError(f"a task finishes succeeded or failed, not {state.value}")
-    event = Event.SUCCEED if state is State.SUCCEEDED else Event.GIVE_UP
     last_error = error if error is not None else (current.last_error if current else None)
-    status = _final(task, state, last_error, now_ms) + _times(run)
+    released_ms, started_ms, finished_ms = run or RunTimes()
+    values: tuple[object, ...] = (state, task.envelope.task, task.partition, task.bucket,
+                                  task.attempts, last_error, now_ms, released_ms, started_ms,
+                                  finished_ms)
     if state is State.FAILED:
-        status += (("envelope", task.envelope),)
+        values = (*values, task.envelope)
     return Transition(task.key, event, state, RowWrite(RowKind.DELETE, task.partition, task.bucket),
-                      status, Expiry.FINAL)
+                      names, values, Expiry.FINAL)
 
 
 def blocked(task: StoredTask, error: str | None, current: TaskStatus | None, now_ms: int,
@@ -342,17 +389,13 @@ def blocked(task: StoredTask, error: str | None, current: TaskStatus | None, now
     """*task*'s last attempt failed, and its ordering id waits for an operator: failed, its
     row kept (blocked) so that the later tasks of its ordering id stay behind it."""
     last_error = error if error is not None else (current.last_error if current else None)
+    released_ms, started_ms, finished_ms = run or RunTimes()
     return Transition(task.key, Event.BLOCK, State.FAILED,
-                      RowWrite(RowKind.UPDATE, task.partition, task.bucket,
-                               (("blocked", True), ("lease_until_ms", 0))),
-                      _final(task, State.FAILED, last_error, now_ms) + _times(run), Expiry.NEVER)
-
-
-def _final(task: StoredTask, state: State, last_error: str | None, now_ms: int
-           ) -> tuple[tuple[str, object], ...]:
-    return (("state", state), ("task", task.envelope.task), ("partition", task.partition),
-            ("bucket", task.bucket), ("attempts", task.attempts), ("last_error", last_error),
-            ("updated_ms", now_ms))
+                      RowWrite(RowKind.UPDATE, task.partition, task.bucket, BLOCKED_ROW, (True, 0)),
+                      FINISHED, (State.FAILED, task.envelope.task, task.partition, task.bucket,
+                                 task.attempts, last_error, now_ms, released_ms, started_ms,
+                                 finished_ms),
+                      Expiry.NEVER)
 
 
 def reported(key: TaskKey, attempt: int, succeeded: bool, error: str | None, now_ms: int,
@@ -361,12 +404,8 @@ def reported(key: TaskKey, attempt: int, succeeded: bool, error: str | None, now
     when: the dispatcher acts on it when it next reads the key (a success is final at once)."""
     _, started, ended = run or RunTimes()
     if succeeded:
-        status: tuple[tuple[str, object], ...] = (
-            ("state", State.SUCCEEDED), ("outcome", "succeeded"), ("outcome_attempt", attempt),
-            ("outcome_generation", generation), ("updated_ms", now_ms), ("started_ms", started),
-            ("finished_ms", ended))
-        return Transition(key, Event.REPORT_SUCCESS, State.SUCCEEDED, None, status, Expiry.REPORT)
-    status = (("outcome", "failed"), ("outcome_attempt", attempt), ("outcome_generation", generation),
-              ("last_error", error), ("updated_ms", now_ms), ("started_ms", started),
-              ("finished_ms", ended))
-    return Transition(key, Event.REPORT_FAILURE, State.RELEASED, None, status, Expiry.REPORT)
+        return Transition(key, Event.REPORT_SUCCESS, State.SUCCEEDED, None, REPORTED_SUCCESS,
+                          (State.SUCCEEDED, "succeeded", attempt, generation, now_ms, started, ended),
+                          Expiry.REPORT)
+    return Transition(key, Event.REPORT_FAILURE, State.RELEASED, None, REPORTED_FAILURE,
+                      ("failed", attempt, generation, error, now_ms, started, ended), Expiry.REPORT)

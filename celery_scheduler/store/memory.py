@@ -82,8 +82,8 @@ class MemoryScheduleStore(ScheduleStore):
             if stored is None:  # an update re-creates the row, without its task
                 self._remnants.setdefault((row.partition, row.bucket), set()).add(key)
             else:
-                self._set_row(replace(stored, **dict(row.fields)))  # type: ignore[arg-type]
-        fields = dict(transition.status)
+                self._set_row(replace(stored, **row.fields))  # type: ignore[arg-type]
+        fields = transition.status
         if "envelope" in fields:
             envelope = fields.pop("envelope")
             if isinstance(envelope, ScheduleEnvelope):

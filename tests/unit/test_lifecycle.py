@@ -113,7 +113,7 @@ def test_a_row_left_by_a_late_write_settles_its_key_as_the_report_says() -> None
     unreadable = lifecycle.settled(status(State.PENDING), 2, TASK.bucket, KEY, "bad bytes", NOW)
     assert unreadable.state is State.FAILED and dict(unreadable.status)["last_error"] == "bad bytes"
     elsewhere = lifecycle.settled(status(State.PENDING), 3, TASK.bucket, KEY, None, NOW)
-    assert elsewhere.state is None and elsewhere.status == ()  # only the remnant goes
+    assert elsewhere.state is None and elsewhere.status == {}  # only the remnant goes
 
 
 def test_every_function_leads_where_the_table_says() -> None:
