@@ -223,4 +223,19 @@ class Releaser:
                            "for their outcome or the end of their lease", len(uncertain),
                            uncertain[0][0].key, uncertain[0][1])
         if failed:
-            self.settler.unpublished(failed, sent_ms)
+            self._unpublished(failed, sent_ms)
+
+    def _unpublished(self, failed: list[tuple[Loaded, Exception]], now: int) -> None:
+        """The broker certainly did not take *failed*: undo, and try again in a second.
+
+        The attempt is not spent: no message of it exists.
+        """
+        logger.warning("could not publish %d task(s) to Celery, first %s (%s); retrying in 1s",
+                       len(failed), failed[0][0].key, failed[0][1])
+        for task, _ in failed:  # memory first: the store may be down too
+            task.attempts, task.released_ms = task.attempts - 1, 0
+            if task.attempts == 0:
+                task.first_released_ms = 0
+            self.timetable.retry_later(task.key, now + 1000)
+        for task, error in failed:
+            self.store.mark_retry(task.stored, task.attempts, now + 1000, f"broker: {error}", now)

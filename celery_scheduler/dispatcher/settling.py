@@ -425,18 +425,3 @@ class Settler:
             self._room_freed(task.partition)
             self.completed_count += 1
             logger.error("%s failed %d times; giving up", task.key, task.attempts)
-
-    def unpublished(self, failed: list[tuple[Loaded, Exception]], now: int) -> None:
-        """The broker certainly did not take *failed*: undo, and try again in a second.
-
-        The attempt is not spent: no message of it exists.
-        """
-        logger.warning("could not publish %d task(s) to Celery, first %s (%s); retrying in 1s",
-                       len(failed), failed[0][0].key, failed[0][1])
-        for task, _ in failed:  # memory first: the store may be down too
-            task.attempts, task.released_ms = task.attempts - 1, 0
-            if task.attempts == 0:
-                task.first_released_ms = 0
-            self.timetable.retry_later(task.key, now + 1000)
-        for task, error in failed:
-            self.store.mark_retry(task.stored, task.attempts, now + 1000, f"broker: {error}", now)
