@@ -36,7 +36,7 @@ from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import Leases
-from celery_scheduler.dispatcher.loader import PartitionLoader, loaded_from
+from celery_scheduler.dispatcher.loader import PartitionLoader
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Switching, Watch, Window
@@ -348,28 +348,8 @@ class Engine:
 
     def _on_persisted(self, row: StoredTask) -> None:
         partition = self.partitions.get(row.partition)
-        if partition is None:
-            return
-        existing = self.timetable.get(row.key)
-        if existing is not None:
-            self.timetable.add(loaded_from(row))  # a new version of a loaded key
-        elif partition.loader.passed(row.position):
-            if self.timetable.count(row.partition) < self.settings.max_loaded:
-                self.timetable.add(loaded_from(row))
-            else:
-                # No room: the cursor goes back to read it again. Later tasks of its ordering
-                # id already here would be released before it: they leave memory too, to be
-                # read again after it.
-                task = loaded_from(row)
-                later = self.timetable.waiting_after(task)
-                for evicted in later:
-                    self.timetable.remove(evicted.key)
-                for position in [row.position] + [t.stored.position for t in later]:
-                    partition.loader.rewind(position)
-                partition.loader.dirty = True
-        elif partition.loader.written_ahead(
-                row, room=self.timetable.count(row.partition) < self.settings.max_loaded):
-            self.timetable.add(loaded_from(row))  # within what is loaded: no need to read it
+        if partition is not None:
+            partition.loader.persisted(row, self.timetable)
 
     def _on_cancelled(self, key: TaskKey) -> None:
         self._unconfirmed_cancels.pop(key, None)

@@ -86,6 +86,28 @@ class PartitionLoader:
         self.dirty = True
         return False
 
+    def persisted(self, row: StoredTask, timetable: Timetable) -> None:
+        """The ingest loop of this process wrote *row* to this partition: into *timetable* now
+        if it falls within what is loaded, else read when the cursor gets there."""
+        if timetable.get(row.key) is not None:
+            timetable.add(loaded_from(row))  # a new version of a loaded key
+        elif self.passed(row.position):
+            if timetable.count(self.partition) < self.max_loaded:
+                timetable.add(loaded_from(row))
+            else:
+                # No room: the cursor goes back to read it again. Later tasks of its ordering
+                # id already here would be released before it: they leave memory too, to be
+                # read again after it.
+                task = loaded_from(row)
+                later = timetable.waiting_after(task)
+                for evicted in later:
+                    timetable.remove(evicted.key)
+                for position in [row.position] + [t.stored.position for t in later]:
+                    self.rewind(position)
+                self.dirty = True
+        elif self.written_ahead(row, room=timetable.count(self.partition) < self.max_loaded):
+            timetable.add(loaded_from(row))  # within what is loaded: no need to read it
+
     def room_freed(self, loaded: int) -> None:
         """A task of this partition left memory, *loaded* remain: read on if the last fill
         ran out of room, once there is room for a page (see ``PARTIAL_REFILL_MS``).
