@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.dispatcher.cancels import Cancels
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import Leases
@@ -61,7 +62,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.outages import Outages
 from celery_scheduler.release import publish_each
-from celery_scheduler.store.base import ScheduleStore, State, StoredTask
+from celery_scheduler.store.base import ScheduleStore, StoredTask
 from celery_scheduler.wire import Outcome, Release
 
 __all__ = ["Engine", "EngineSettings"]
@@ -69,8 +70,6 @@ __all__ = ["Engine", "EngineSettings"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[Loaded, Release], None]
-# A cancel whose task's status could not be read is read again this often (ms).
-CONFIRM_CANCEL_EVERY_MS = 1000
 
 
 class Engine:
@@ -115,15 +114,15 @@ class Engine:
         self._window = Window(self.settings.max_in_flight)
         # the interpreter's switch interval, given the setter (a dispatcher's own process)
         self._switching = Switching(switch_interval)
-        # Cancels whose task's status the store could not read: held until it answers.
-        self._unconfirmed_cancels: dict[TaskKey, int] = {}
-        self._confirm_cancels_ms = 0
-        # Releases marked ahead of their due time are sent by a thread of their own (ontime.py).
+        # how far ahead of its due time a release is marked (scheduler_release_ahead_seconds)
         self._ahead_ms = int(self.settings.release_ahead_seconds * 1000)
         # outcomes, beats and leases that end without an outcome (settling.py)
         self.settler = Settler(store, self.settings, self.clock, self.timetable, self.partitions,
                                self.metrics, self._window, self._rng, self._ahead_ms)
-        # (it builds their messages while they wait, given prepare_many and publish_prepared)
+        # cancels the ingest loop applied, dropped once the store confirms them (cancels.py)
+        self.cancels = Cancels(store, self.claims, self.timetable, self.settler.drop, self.clock)
+        # Releases marked ahead of their due time are sent by a thread of their own (ontime.py),
+        # which builds their messages while they wait, given prepare_many and publish_prepared.
         # What the sender sent, all of it taken by the broker: counted at the next step, which
         # it need not wake (a release that was not, or may not have been, sent does).
         self._sent_quietly: collections.deque[Sent] = collections.deque()
@@ -264,7 +263,7 @@ class Engine:
         self.last_loop_mono = self._monotonic()
         watch = self._watch
         self._drain_events(self._wait_seconds())
-        self._confirm_cancels()
+        self.cancels.confirm()
         watch.lap("events")
         # Tasks already loaded and due go first: recording successes, lease upkeep and
         # schedule reads are store round trips that would otherwise stand between a due time
@@ -340,7 +339,7 @@ class Engine:
         elif isinstance(event, Persisted):
             self._on_persisted(event.row)
         elif isinstance(event, Cancelled):
-            self._on_cancelled(event.key)
+            self.cancels.cancelled(event.key)
         elif isinstance(event, Sent):
             self.releaser.sent(event.results, event.sent_ms)
         else:
@@ -350,36 +349,6 @@ class Engine:
         partition = self.partitions.get(row.partition)
         if partition is not None:
             partition.loader.persisted(row, self.timetable)
-
-    def _on_cancelled(self, key: TaskKey) -> None:
-        self._unconfirmed_cancels.pop(key, None)
-        task = self.timetable.get(key)
-        if task is None or self.timetable.is_in_flight(key):
-            self.claims.cancel_noted(key)
-            return
-        # This engine does not mark a task released while its cancel is read and written,
-        # nor until it gets here (see claims.py); but a marking by the partition's previous
-        # owner may have overwritten the cancel, and then the task must still run. Only a
-        # status that is still cancelled drops it. If the store cannot say, the task stays
-        # held and its status is read again (_confirm_cancels): released now, it could run
-        # though its cancel was written.
-        try:
-            status = self.store.status(key)
-        except SchedulerError:
-            self._unconfirmed_cancels[key] = task.partition
-            return
-        self.claims.cancel_noted(key)
-        if status is None or status.state is State.CANCELLED:
-            self.settler.drop(key)
-
-    def _confirm_cancels(self) -> None:
-        """Read again, each second, the status behind cancels the store could not confirm."""
-        now = self.clock()
-        if not self._unconfirmed_cancels or now < self._confirm_cancels_ms:
-            return
-        self._confirm_cancels_ms = now + CONFIRM_CANCEL_EVERY_MS
-        for key in list(self._unconfirmed_cancels):
-            self._on_cancelled(key)
 
     def _revoke(self, request: Revocation) -> None:
         # Whatever fails on the way, every partition is given up: one still held here would
@@ -410,7 +379,7 @@ class Engine:
                                    exc_info=not isinstance(exc, SchedulerError))
         dropped = self.timetable.drop_partitions(request.partitions)
         self.claims.forget_partitions(request.partitions)
-        self._unconfirmed_cancels = {k: p for k, p in self._unconfirmed_cancels.items() if p not in gone}
+        self.cancels.forget_partitions(gone)
         logger.info("revoked partitions %s (%d tasks dropped from memory)",
                     sorted(request.partitions), dropped)
         request.done.set()
