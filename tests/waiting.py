@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
-__all__ = ["wait_until"]
+from celery_scheduler.store.base import State
+
+__all__ = ["wait_for_states", "wait_until"]
 
 T = TypeVar("T")
 
@@ -33,3 +35,11 @@ def wait_until(condition: Callable[[], T], timeout: float,
             pytest.fail(f"not reached after {timeout}s: {shown}", pytrace=False)
         time.sleep(every)
     return value
+
+
+def wait_for_states(handles: list[Any], state: State, timeout: float = 20) -> None:
+    """Wait until the status of every one of *handles* (schedule handles) is *state*."""
+    def states() -> list[State | None]:
+        return [getattr(h.status(), "state", None) for h in handles]
+
+    wait_until(lambda: all(s is state for s in states()), timeout, states)

@@ -17,7 +17,7 @@ from celery_scheduler.store.base import State
 from celery_scheduler.wire import HEADER, Release
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.services import REPO
-from tests.waiting import wait_until
+from tests.waiting import wait_for_states, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
@@ -117,13 +117,6 @@ def run_on_time(scheduler: Scheduler, schedule, env: dict[str, str] | None = Non
     # completion is recorded: every key ends up succeeded
     wait_for_states(handles, State.SUCCEEDED)
     return scheduler.starts()
-
-
-def wait_for_states(handles: list, state: State, timeout: float = 20) -> None:
-    def states() -> list[State | None]:
-        return [getattr(h.status(), "state", None) for h in handles]
-
-    wait_until(lambda: all(s is state for s in states()), timeout, states)
 
 
 def schedule_grid(schedule, ordering_ids: int, per_id: int, spacing: float, duration: float,

@@ -18,7 +18,7 @@ from celery_scheduler import schedule_message
 from celery_scheduler.messages import KEY_HEADER
 from celery_scheduler.store.base import State
 from tests.integration.dispatch_fixtures import Scheduler
-from tests.integration.test_dispatch import wait_for_states
+from tests.waiting import wait_for_states
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 UTC = dt.timezone.utc

@@ -68,7 +68,7 @@ def test_status_shows_every_partition_and_inspect_one_key(scheduler: Scheduler,
 
 def test_list_finds_failed_and_released_tasks(scheduler: Scheduler,
                                               schedule: Callable[..., Any]) -> None:
-    from tests.integration.test_dispatch import wait_for_states
+    from tests.waiting import wait_for_states
 
     scheduler.dispatcher()
     scheduler.worker()
@@ -88,7 +88,7 @@ def test_list_finds_failed_and_released_tasks(scheduler: Scheduler,
 
 def test_retry_runs_a_blocked_task_again_and_its_ordering_id_moves_on(
         scheduler: Scheduler, schedule: Callable[..., Any]) -> None:
-    from tests.integration.test_dispatch import wait_for_states
+    from tests.waiting import wait_for_states
 
     scheduler.env["CELERY_SCHEDULER_TEST_ON_EXHAUSTED"] = "block"
     scheduler.dispatcher()
@@ -131,7 +131,7 @@ def test_a_failed_task_that_was_given_up_is_retried_from_the_api(
     from fastapi.testclient import TestClient
 
     from celery_scheduler.web import create_app
-    from tests.integration.test_dispatch import wait_for_states
+    from tests.waiting import wait_for_states
 
     scheduler.dispatcher()
     scheduler.worker()

@@ -39,7 +39,7 @@ from tests.integration.raw_topic import (
     scheduling_client,
 )
 from tests.services import CASSANDRA, REPO
-from tests.waiting import wait_until
+from tests.waiting import wait_for_states, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 
@@ -58,11 +58,6 @@ def now_utc() -> Any:
     import datetime as dt
 
     return dt.datetime.now(dt.timezone.utc)
-
-
-def wait_for_state(handles: list[Any], state: State, timeout: float = 45) -> None:
-    wait_until(lambda: all(getattr(h.status(), "state", None) is state for h in handles), timeout,
-               lambda: [h.status() for h in handles])
 
 
 class Canary:
@@ -108,7 +103,7 @@ def test_topic_records_can_neither_unpickle_nor_run_unscheduled_tasks(
         assert (args, kwargs, message["headers"]["task"]) == (["acct", 3], {}, "dispatching.record")
 
         scheduler.worker()
-        wait_for_state([handle], State.SUCCEEDED)
+        wait_for_states([handle], State.SUCCEEDED, 45)
         reasons = dead_letters(kafka_bootstrap, topic, len(attacks))
         assert {source: reasons.get(source, "")[:len(why)] for source, why in attacks.items()} == attacks
         assert not opened.exists(), "a pickled record was unpickled"
@@ -144,15 +139,15 @@ def test_signing_key_rotation_end_to_end(secured: None, kafka_bootstrap: str, re
         scheduler.worker()
         # 1. everyone signs with k1
         dispatcher = restart_dispatcher(scheduler, None, ["k1"], "k1")
-        wait_for_state([schedule_signed(scheduler, reader, "k1", 1)], State.SUCCEEDED)
+        wait_for_states([schedule_signed(scheduler, reader, "k1", 1)], State.SUCCEEDED, 45)
         # 2. k2 added everywhere and made active; a producer not yet updated still signs with k1
         dispatcher = restart_dispatcher(scheduler, dispatcher, ["k1", "k2"], "k2")
-        wait_for_state([schedule_signed(scheduler, reader, "k1", 2),
-                        schedule_signed(scheduler, reader, "k2", 3)], State.SUCCEEDED)
+        wait_for_states([schedule_signed(scheduler, reader, "k1", 2),
+                         schedule_signed(scheduler, reader, "k2", 3)], State.SUCCEEDED, 45)
         # 3. k1 removed: what it signs is refused from now on
         restart_dispatcher(scheduler, dispatcher, ["k2"], "k2")
         stale = schedule_signed(scheduler, reader, "k1", 4)
-        wait_for_state([schedule_signed(scheduler, reader, "k2", 5)], State.SUCCEEDED)
+        wait_for_states([schedule_signed(scheduler, reader, "k2", 5)], State.SUCCEEDED, 45)
 
         [reason] = dead_letters(kafka_bootstrap, unique_name, 1).values()
         assert reason == "record is signed with unknown key 'k1'"
@@ -202,7 +197,7 @@ def test_a_redis_password_from_config_works_end_to_end(
         dispatcher = scheduler.dispatcher("--loglevel", "DEBUG")
         worker = scheduler.worker()
         handles = [app.record.schedule(("pw", seq), {}, at=now_utc()) for seq in range(3)]
-        wait_for_state(handles, State.SUCCEEDED)
+        wait_for_states(handles, State.SUCCEEDED, 45)
 
         for process in (dispatcher, worker):
             assert REDIS_PASSWORD not in scheduler.log_of(process)
@@ -284,7 +279,7 @@ def test_kafka_sasl_settings_from_config_work_end_to_end(
         dispatcher = scheduler.dispatcher("--loglevel", "DEBUG")
         worker = scheduler.worker()
         handle = app.record.schedule(("sasl", 1), {}, at=now_utc())
-        wait_for_state([handle], State.SUCCEEDED)
+        wait_for_states([handle], State.SUCCEEDED, 45)
 
         scheduler.env["CELERY_SCHEDULER_TEST_KAFKA_OPTIONS"] = json.dumps(sasl("wrong-password"))
         check = scheduler.cli("dispatch", "--check")

@@ -11,7 +11,7 @@ import pytest
 
 from celery_scheduler.store.base import State
 from tests.integration.dispatch_fixtures import Scheduler
-from tests.integration.test_dispatch import wait_for_states
+from tests.waiting import wait_for_states
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
               pytest.mark.filterwarnings("ignore::ResourceWarning"),
