@@ -48,7 +48,7 @@ from celery_scheduler.store.cql import (
     transition_statements,
     translate_errors,
 )
-from celery_scheduler.store.cqlsession import CONCURRENCY, CqlSession
+from celery_scheduler.store.cqlsession import CONCURRENCY, CqlSession, again_if_cut_off
 from celery_scheduler.store.lifecycle import Transition
 from celery_scheduler.store.status_layout import StatusLayout
 
@@ -215,9 +215,9 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, ScheduleStore):
                     for (shard, slot), group in self.layout.partitions(dict.fromkeys(keys)).items()
                     for start in range(0, len(group), STATUSES_A_REQUEST)]
         with translate_errors(f"read the status of {len(keys)} task(s)"):
-            answers = execute_concurrent_with_args(self._cql.session,
-                                                   self._cql.prepare(SELECT_STATUSES), requests,
-                                                   concurrency=CONCURRENCY, raise_on_first_error=True)
+            answers = again_if_cut_off(lambda: execute_concurrent_with_args(
+                self._cql.session, self._cql.prepare(SELECT_STATUSES), requests,
+                concurrency=CONCURRENCY, raise_on_first_error=True))
         found: dict[TaskKey, TaskStatus | None] = {}
         for _, result in answers:
             for row in result:

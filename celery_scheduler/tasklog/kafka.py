@@ -49,6 +49,17 @@ BULK_LINGER_MS = 5
 # own default is 10 s (Java clients use 1 s): after a broker restart it kept a dispatcher out
 # of its group, and a worker's outcomes unsent, for up to 10 s after the broker was back.
 RECONNECT_BACKOFF_MAX_MS = 1000
+# A broker that stalls (SIGSTOP, a long GC pause, a hung disk) keeps its connections open,
+# so clients wait on it until a request times out: librdkafka's socket.timeout.ms is 60 s,
+# and it learns of a new leader only from a failed request or its metadata refresh, every
+# 5 minutes by default. Through a 30 s stall of one of three brokers, the partitions it led
+# took neither produce nor fetch for the whole 30 s, although the controller fences a
+# silent broker and moves its leadership after about 9 s (broker.session.timeout.ms). With
+# a request given up after SOCKET_TIMEOUT_MS, just past that fencing, and the leaders asked
+# for every METADATA_REFRESH_MS, produce and fetch went on 8-10 s into the stall. Both are
+# overridden by the same keys in ``scheduler_kafka_options``.
+SOCKET_TIMEOUT_MS = 10_000
+METADATA_REFRESH_MS = 3000
 
 
 def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,7 +72,9 @@ def client_config(bootstrap_servers: str, options: Mapping[str, Any]) -> dict[st
     :func:`forward_logs` after its requests.
     """
     return {"bootstrap.servers": bootstrap_servers, "logger": KAFKA_LOG,
-            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS, **options}
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+            "socket.timeout.ms": SOCKET_TIMEOUT_MS,
+            "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS, **options}
 
 
 def forward_logs(client: AdminClient | Producer) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from cassandra.policies import HostStateListener
+from cassandra.pool import Host
 
 from celery_scheduler.config import Settings
 from celery_scheduler.envelope import ScheduleEnvelope
@@ -28,6 +30,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import Cursor, Lease, ScheduleStore, State, bucket_of
 from celery_scheduler.store.cassandra import CassandraScheduleStore
+from celery_scheduler.store.cqlsession import HEARTBEAT_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
 from tests.integration.cassandra_cluster import CassandraCluster, cassandra_cluster  # noqa: F401
 from tests.waiting import wait_until
 
@@ -166,18 +169,50 @@ def test_a_restarted_node_serves_all_that_was_acknowledged(
 
 
 STALLED = 2  # not the node restarted above: its peers have long seen it up
-READS, PUTS = 48, 12
+READS, PUTS, RENEWALS = 48, 12, 20
 # A request waits this long at most with a node stalled: the driver sends it to another
 # replica after half a second (SPECULATE_AFTER_SECONDS); without that, a third of them waited
 # the whole request timeout (10 s) for the stalled coordinator and failed.
 STALLED_BOUND_SECONDS = 2.5
+# The driver marks a node down that answers no heartbeat: one goes out after
+# HEARTBEAT_SECONDS of silence and waits HEARTBEAT_TIMEOUT_SECONDS (with the driver's
+# defaults, 30 s and 30 s: a 30 s stall went unseen). The bound leaves a second for the
+# heartbeat thread's round.
+MARKED_DOWN_WITHIN = HEARTBEAT_SECONDS * 2 + HEARTBEAT_TIMEOUT_SECONDS + 1
+# A lease renewal is a lightweight transaction, never sent twice: one coordinated by the
+# stalled node fails after LWT_TIMEOUT_SECONDS. Once the node is marked down none is.
+RENEWAL_BOUND_SECONDS = 0.5
 
 
-def test_a_stalled_node_slows_no_request_by_more_than_a_second_or_two(
+class DownTimes(HostStateListener):  # type: ignore[misc]
+    """When the driver marked each host down (time.monotonic())."""
+
+    def __init__(self) -> None:
+        self.at: dict[Host, float] = {}
+
+    def on_down(self, host: Host) -> None:
+        self.at.setdefault(host, time.monotonic())
+
+    def on_up(self, host: Host) -> None:
+        pass
+
+    def on_add(self, host: Host) -> None:
+        pass
+
+    def on_remove(self, host: Host) -> None:
+        pass
+
+
+def test_a_stalled_node_slows_no_request_by_more_than_a_second_or_two_and_is_marked_down(
         cassandra_cluster: CassandraCluster, outage: Outage) -> None:  # noqa: F811
     store = outage.store
     check_everything_reads_back(outage, store)  # every node is up, and the driver knows it
+    stalled = next(host for host in store._cluster.metadata.all_hosts()
+                   if host.address == cassandra_cluster.address(STALLED))
+    downs = DownTimes()
+    store._cluster.register_listener(downs)
     cassandra_cluster.stop(STALLED)
+    stopped = time.monotonic()
     try:
         keys = list(outage.acknowledged)
         reads: list[float] = []
@@ -192,9 +227,24 @@ def test_a_stalled_node_slows_no_request_by_more_than_a_second_or_two(
             assert store.put(n % PARTITIONS, task, now_ms()) is not None
             puts.append(time.monotonic() - started)
             outage.acknowledged[task.key] = State.PENDING
+        wait_until(lambda: stalled in downs.at, MARKED_DOWN_WITHIN,
+                   lambda: f"the driver still has the stalled {stalled} up")
+        marked_down = downs.at[stalled] - stopped
+        renewals: list[float] = []
+        for _ in range(RENEWALS):
+            started = time.monotonic()
+            renewed = store.renew_leases(outage.leases, LEASE_MS, now_ms())
+            renewals.append(time.monotonic() - started)
+            assert None not in renewed
+            outage.leases = [lease for lease in renewed if lease is not None]
     finally:
         cassandra_cluster.cont(STALLED)
+    resumed = time.monotonic()
+    wait_until(lambda: stalled.is_up, 30, lambda: f"the driver has not found {stalled} again")
     print(f"node {STALLED} stalled: slowest of {READS} reads {max(reads):.2f}s, "
-          f"of {PUTS} puts {max(puts):.2f}s")
+          f"of {PUTS} puts {max(puts):.2f}s; marked down after {marked_down:.1f}s, slowest of "
+          f"{RENEWALS} lease renewals after that {max(renewals):.2f}s; up again "
+          f"{time.monotonic() - resumed:.1f}s after it woke")
     assert max(reads) < STALLED_BOUND_SECONDS and max(puts) < STALLED_BOUND_SECONDS
+    assert marked_down < MARKED_DOWN_WITHIN and max(renewals) < RENEWAL_BOUND_SECONDS
     check_everything_reads_back(outage, store)

@@ -128,3 +128,40 @@ def test_a_killed_broker_loses_no_accepted_task_and_scheduling_goes_on(
     address = kafka_cluster.bootstrap.split(",")[victim - 1]  # broker id N is the Nth address
     said = [r.getMessage() for r in caplog.records if r.name == "celery_scheduler.kafka"]
     assert any(address in line for line in said), f"nothing about {address} in {said[:10]}"
+
+
+STALL = 25.0  # seconds the leader of partition 0 is stopped
+# The controller fences a silent broker after broker.session.timeout.ms (9 s) and moves its
+# leadership; clients find the new leader once a request to the stalled one times out
+# (socket.timeout.ms, 10 s here) or their metadata refresh (3 s here) names it. With
+# librdkafka's defaults (60 s and 5 minutes), every call to the stalled broker's partitions
+# waited out the whole stall.
+STALLED_CALL_BOUND = 15.0
+
+
+def test_a_stalled_broker_holds_no_call_for_the_whole_stall_and_nothing_is_lost(
+        kafka_cluster: KafkaCluster, replicated: Scheduler) -> None:  # noqa: F811
+    topic = replicated.env["CELERY_SCHEDULER_TEST_TOPIC"]
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    wait_for_full_isr(admin, topic, timeout=60)
+    victim = check_replication(admin, topic)
+    replicated.dispatcher()
+    replicated.worker()
+    calls = Calls()
+    with scheduling_client(replicated.env, kafka_produce_timeout=60.0) as app:
+        seq = schedule_for(app, 4, calls, 0)
+        kafka_cluster.stop(victim)  # SIGSTOP: its connections stay open and silent
+        try:
+            schedule_for(app, STALL, calls, seq)
+        finally:
+            kafka_cluster.cont(victim)
+        expected = {(o, s) for o, s, _ in calls.accepted}
+        wait_until(lambda: expected <= {(s["o"], s["seq"]) for s in replicated.starts()}, 90,
+                   lambda: sorted(expected - {(s["o"], s["seq"]) for s in replicated.starts()})[:20])
+    print(f"{len(calls.accepted)} accepted, {len(calls.refused)} refused while broker {victim} "
+          f"was stalled for {STALL:.0f}s; slowest schedule call {calls.slowest:.2f}s")
+    assert not calls.refused, calls.refused
+    assert calls.slowest < STALLED_CALL_BOUND
+    for ordering_id in ORDERING_IDS:
+        ran = [s["seq"] for s in replicated.starts() if s["o"] == ordering_id]
+        assert ran == sorted(ran), f"{ordering_id} out of order: {ran}"
