@@ -41,9 +41,10 @@ from typing import Any, cast
 from celery.schedules import crontab, schedule, solar
 
 from celery_scheduler.errors import PeriodicEntryError
-from celery_scheduler.keys import TaskKey, to_epoch_ms
+from celery_scheduler.keys import MAX_MS, TaskKey, to_epoch_ms
 
-__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "entries", "key", "occurrences", "to_fire"]
+__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "entries", "key", "missed", "next_occurrence",
+           "occurrences", "to_fire"]
 
 PERIODIC_PREFIX = "periodic:"
 # The keys celery beat reads in an entry; the options that are the package's own.
@@ -220,14 +221,28 @@ def key(entry: Entry, occurrence_ms: int) -> TaskKey:
     return TaskKey(entry.ordering_id, occurrence_ms + _jitter(entry, occurrence_ms), unique)
 
 
+def missed(entry: Entry, last_ms: int | None, now_ms: int, tz: dt.tzinfo) -> list[int]:
+    """The occurrences after *last_ms* (the last one scheduled; None for a new entry, which
+    has missed nothing) up to *now_ms* that still run, as the entry's ``catch_up`` says."""
+    if last_ms is None or entry.catch_up is CatchUp.NONE:
+        return []
+    found = occurrences(entry, last_ms, now_ms, tz)
+    return found[-1:] if entry.catch_up is CatchUp.LAST else found
+
+
+def next_occurrence(entry: Entry, after_ms: int, tz: dt.tzinfo) -> int:
+    """The entry's first occurrence after *after_ms*."""
+    spec = entry.schedule
+    if isinstance(spec, crontab):
+        return next(_crontab(spec, after_ms, MAX_MS, tz))
+    every_ms = max(1, int(_every(spec).total_seconds() * 1000))
+    return next(_interval(every_ms, after_ms, MAX_MS))
+
+
 def to_fire(entry: Entry, last_ms: int | None, now_ms: int, ahead_ms: int, tz: dt.tzinfo
             ) -> list[int]:
     """The occurrences to schedule now: those missed since *last_ms* (the last occurrence
     already scheduled; None for a new entry, which catches nothing up), as the entry's
-    ``catch_up`` says, then those due up to *ahead_ms* from *now_ms*."""
-    missed = [] if last_ms is None else occurrences(entry, last_ms, now_ms, tz)
-    if entry.catch_up is CatchUp.LAST:
-        missed = missed[-1:]
-    elif entry.catch_up is CatchUp.NONE:
-        missed = []
-    return missed + occurrences(entry, now_ms, now_ms + ahead_ms, tz)
+    ``catch_up`` says, then those due up to *ahead_ms* from *now_ms* not scheduled yet."""
+    after = now_ms if last_ms is None else max(now_ms, last_ms)
+    return missed(entry, last_ms, now_ms, tz) + occurrences(entry, after, now_ms + ahead_ms, tz)

@@ -1,0 +1,142 @@
+"""Which occurrences of the periodic entries (``beat_schedule``) this dispatcher schedules, and
+when: pure, no clock and no I/O.
+
+An entry belongs to the partition of its ordering id (``periodic:<name>``), so exactly one
+dispatcher fires it: the one that may write that partition (it holds the partition's lease).
+An occurrence is scheduled as a task with the key :func:`celery_scheduler.periodic.key`
+gives it, written through the same path as a schedule record read from Kafka, so the key's
+dedupe makes an occurrence written twice (by an owner that died before it noted it, then by
+the next) run once.
+
+What was fired last is kept in the store for each entry, and read when the partition is
+taken: a new owner fires neither what the last one fired nor, for a new entry, what fell due
+before it existed; after a time with no owner, the entry's ``catch_up`` says which missed
+occurrences still run. Fired occurrences are noted only once the store acknowledged their
+tasks, so a crash between the two fires them again, under the same keys.
+
+Each entry's next occurrence waits in a heap, so a step costs one comparison when nothing is
+due, whatever the number of entries.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.periodic import Entry, key, missed, next_occurrence
+
+__all__ = ["Firing", "Occurrence"]
+
+
+class Occurrence(NamedTuple):
+    """One run of *entry*, at *at_ms* (its occurrence, before jitter), in *partition*."""
+
+    entry: Entry
+    partition: int
+    at_ms: int
+
+    @property
+    def key(self) -> TaskKey:
+        return key(self.entry, self.at_ms)
+
+
+class Firing:
+    """The periodic entries of the partitions this process may write, and their next times.
+
+    *partition_of* maps an ordering id to its partition; *ahead_ms* is how long before its
+    time an occurrence is scheduled (time for its task to be written and loaded).
+    """
+
+    def __init__(self, entries: Sequence[Entry], partition_of: Callable[[str], int],
+                 tz: dt.tzinfo, ahead_ms: int) -> None:
+        self._tz = tz
+        self._ahead_ms = ahead_ms
+        self._entries: dict[int, list[Entry]] = {}
+        for entry in entries:
+            self._entries.setdefault(partition_of(entry.ordering_id), []).append(entry)
+        self._partition = {entry.name: partition for partition, group in self._entries.items()
+                           for entry in group}
+        self._by_name = {entry.name: entry for entry in entries}
+        # partitions whose entries are fired here: what each fired last (None: nothing yet)
+        self._last: dict[int, dict[str, int | None]] = {}
+        # occurrences found missed when a partition was taken, not scheduled yet
+        self._missed: list[Occurrence] = []
+        # the next occurrence of each entry of a taken partition, and a heap of them: an
+        # item whose time is no longer its entry's next is stale, and skipped
+        self._next: dict[str, int] = {}
+        self._heap: list[tuple[int, str]] = []
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The partitions that have entries."""
+        return frozenset(self._entries)
+
+    def to_take(self, writable: Iterable[int]) -> list[int]:
+        """Of *writable* (the partitions this process may write now), those with entries whose
+        last fired times must be read before they fire here."""
+        return sorted(p for p in writable if p in self._entries and p not in self._last)
+
+    def taken(self, partition: int, last_fired: Mapping[str, int], now_ms: int) -> None:
+        """The partition's entries fire here from now; *last_fired* is what the store holds
+        (entries it does not name never fired)."""
+        lasts: dict[str, int | None] = {}
+        for entry in self._entries.get(partition, ()):
+            last = last_fired.get(entry.name)
+            lasts[entry.name] = last
+            self._missed.extend(Occurrence(entry, partition, at)
+                                for at in missed(entry, last, now_ms, self._tz))
+            self._schedule(entry.name, now_ms if last is None else max(now_ms, last))
+        self._last[partition] = lasts
+
+    def _schedule(self, name: str, after_ms: int) -> None:
+        at = next_occurrence(self._by_name[name], after_ms, self._tz)
+        self._next[name] = at
+        heapq.heappush(self._heap, (at, name))
+
+    def dropped(self, partitions: Iterable[int]) -> None:
+        """These partitions fire elsewhere now (their lease was lost or given up)."""
+        gone = {p for p in partitions if p in self._last}
+        for partition in gone:
+            for name in self._last.pop(partition):
+                self._next.pop(name, None)
+        if gone:
+            self._missed = [o for o in self._missed if o.partition not in gone]
+
+    def due(self, now_ms: int) -> list[Occurrence]:
+        """The occurrences to schedule now: those missed, then those up to *ahead_ms* ahead.
+        Each stays due until :meth:`fired` says its task was written."""
+        found = list(self._missed)
+        horizon = now_ms + self._ahead_ms
+        kept: list[tuple[int, str]] = []
+        while self._heap and self._heap[0][0] <= horizon:
+            at, name = heapq.heappop(self._heap)
+            if self._next.get(name) != at:
+                continue  # stale: fired, or its partition dropped
+            kept.append((at, name))
+            found.append(Occurrence(self._by_name[name], self._partition[name], at))
+        for item in kept:
+            heapq.heappush(self._heap, item)
+        return found
+
+    def fired(self, occurrences: Iterable[Occurrence]) -> dict[int, dict[str, int]]:
+        """Note *occurrences* as written; returns what to keep in the store, by partition:
+        each entry's latest occurrence written."""
+        written: dict[int, dict[str, int]] = {}
+        done: set[tuple[str, int]] = set()
+        for occurrence in occurrences:
+            name = occurrence.entry.name
+            done.add((name, occurrence.at_ms))
+            lasts = self._last.get(occurrence.partition)
+            if lasts is None:
+                continue  # dropped meanwhile: its new owner reads what the store holds
+            before = lasts.get(name)
+            if before is None or occurrence.at_ms > before:
+                lasts[name] = occurrence.at_ms
+                written.setdefault(occurrence.partition, {})[name] = occurrence.at_ms
+            if self._next.get(name, occurrence.at_ms + 1) <= occurrence.at_ms:
+                self._schedule(name, occurrence.at_ms)
+        self._missed = [o for o in self._missed if (o.entry.name, o.at_ms) not in done]
+        return written
