@@ -40,7 +40,8 @@ from typing import Any, cast
 
 from celery.schedules import crontab, schedule, solar
 
-from celery_scheduler.errors import PeriodicEntryError
+from celery_scheduler.calls import check_options
+from celery_scheduler.errors import PeriodicEntryError, ScheduleError
 from celery_scheduler.keys import MAX_MS, TaskKey, to_epoch_ms
 
 __all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "entries", "key", "missed", "next_occurrence",
@@ -144,6 +145,10 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -
     _json(name, "kwargs", dict(kwargs))
     _json(name, "options", dict(options))
     try:
+        checked_options = check_options(options)
+    except ScheduleError as exc:
+        raise PeriodicEntryError(name, f"its options: {exc}") from None
+    try:
         catch_up = CatchUp(spec.get("catch_up", CatchUp.LAST.value))
     except ValueError:
         raise PeriodicEntryError(name, f"'catch_up' must be one of "
@@ -155,7 +160,7 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 86_400:
         raise PeriodicEntryError(name, f"'jitter' must be 0 to 86,400 seconds, got {jitter!r}")
     return Entry(name, task, _schedule(name, spec["schedule"], relative), tuple(args),
-                 dict(kwargs), dict(options), catch_up, int(jitter * 1000))
+                 dict(kwargs), checked_options, catch_up, int(jitter * 1000))
 
 
 def entries(beat_schedule: Mapping[str, Any], known_tasks: Collection[str] | None = None

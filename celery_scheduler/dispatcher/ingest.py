@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -324,7 +324,7 @@ class Ingest:
         self._hold_back(unleased)
         try:
             for round_ in rounds:
-                self._apply(list(round_.values()))
+                self.apply(list(round_.values()))
             self.dead_letters.flush()
             for record in last.values():
                 self.written_to[record.partition] = record.offset + 1
@@ -443,9 +443,12 @@ class Ingest:
             return None
         return envelope
 
-    def _apply(self, operations: list[Operation]) -> None:
+    def apply(self, operations: Sequence[Operation]) -> None:
+        """Write *operations* (of distinct keys) and tell the engine what they stored: the
+        write path of every record read, and of periodic occurrences (firer.py)."""
         # Each key's status is read, then written from what was read: the engine must not
         # mark any of them released in between (see claims.py).
+        operations = list(operations)
         started = self.clock()
         with self.engine.claims.ingesting(operations):
             results = self.store.apply(operations, started)

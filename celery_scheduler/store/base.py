@@ -6,6 +6,7 @@
   retries, completions and workers' reports);
 - :class:`LeaseTable`: which dispatcher owns which partition, and the fence on its writes;
 - :class:`OperatorReads`: what the CLI, the HTTP API and the console show;
+- :class:`FiredLog`: what each periodic entry fired last, for the dispatcher that fires it;
 - :class:`StatusReads`, a key's status, which all of them read.
 
 :class:`ScheduleStore` is all of them, with the schema; the stores (``cassandra``,
@@ -37,7 +38,7 @@ from celery_scheduler.store.records import (
     write_bucket,
 )
 
-__all__ = ["Cancel", "Cursor", "Lease", "LeaseTable", "Operation", "OperatorReads", "Put",
+__all__ = ["Cancel", "Cursor", "FiredLog", "Lease", "LeaseTable", "Operation", "OperatorReads", "Put",
            "ReleaseLedger", "Retry", "RunTimes", "ScheduleStore", "State", "StatusReads",
            "StoredTask", "TaskStatus", "TaskWriter", "bucket_of", "droppable", "settled_state",
            "write_bucket"]
@@ -264,7 +265,20 @@ class OperatorReads(StatusReads):
         """The rows of *ordering_id* (in *partition*) still in the schedule, in schedule order."""
 
 
-class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads):
+class FiredLog(abc.ABC):
+    """What each periodic entry fired last (see :mod:`celery_scheduler.dispatcher.firing`),
+    kept with the partition that fires it and written only by its owner."""
+
+    @abc.abstractmethod
+    def last_fired(self, partition: int) -> dict[str, int]:
+        """Each entry of *partition* that ever fired, and its latest occurrence (epoch ms)."""
+
+    @abc.abstractmethod
+    def note_fired(self, partition: int, fired: Mapping[str, int]) -> None:
+        """Keep *fired* (entry name to occurrence, epoch ms) as the entries' latest."""
+
+
+class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, FiredLog):
     """Persists pending tasks by (partition, time), task status by key, and partition leases."""
 
     bucket_seconds: int

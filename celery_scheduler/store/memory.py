@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import replace
 
 from celery_scheduler import clock
@@ -42,6 +43,8 @@ class MemoryScheduleStore(ScheduleStore):
         self._remnants: dict[tuple[int, int], set[TaskKey]] = {}
         # Envelopes of failed tasks whose rows are gone, kept for a retry.
         self._kept: dict[TaskKey, ScheduleEnvelope] = {}
+        # partition -> periodic entry -> its latest occurrence fired
+        self._fired: dict[int, dict[str, int]] = {}
         self._lock = threading.Lock()
 
     def create_schema(self, status_shards: int | None = None) -> int:
@@ -49,11 +52,19 @@ class MemoryScheduleStore(ScheduleStore):
 
     def drop_schema(self) -> bool:
         with self._lock:
-            held = bool(self._rows or self._status or self._leases)
+            held = bool(self._rows or self._status or self._leases or self._fired)
             for table in (self._rows, self._index, self._status, self._leases, self._remnants,
-                          self._kept):
+                          self._kept, self._fired):
                 table.clear()
         return held
+
+    def last_fired(self, partition: int) -> dict[str, int]:
+        with self._lock:
+            return dict(self._fired.get(partition, {}))
+
+    def note_fired(self, partition: int, fired: Mapping[str, int]) -> None:
+        with self._lock:
+            self._fired.setdefault(partition, {}).update(fired)
 
     def _set_row(self, task: StoredTask) -> None:
         self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task

@@ -17,7 +17,7 @@ from typing import Any
 
 from celery_scheduler.errors import ConfigurationError
 
-__all__ = ["LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE", "STATUS_COLUMNS",
+__all__ = ["FIRED_TABLE", "LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE", "STATUS_COLUMNS",
            "check_identifier", "keyspace_statements"]
 
 # Where earlier versions kept statuses, one Cassandra partition a key: ``init`` copies its
@@ -31,6 +31,8 @@ LEASES_TABLE = "leases"
 # before leasing it (see store/cassandra_leases.py), so that one of an earlier version,
 # still running during an upgrade, can never take it.
 OLD_LEASE_TABLE = "partition_lease"
+# What each periodic entry fired last, by the Kafka partition that fires it.
+FIRED_TABLE = "periodic_fired"
 # The columns of a status besides its key, as both tables name them (the old table may
 # lack the last four, added to it after its first version).
 STATUS_COLUMNS = ("state", "task", "partition", "bucket", "attempts", "last_error", "outcome",
@@ -136,6 +138,13 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             epoch bigint,
             expires_at timestamp,
             PRIMARY KEY (ring, partition)
+        )""",
+        # the latest occurrence each periodic entry fired, by the partition firing it
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{FIRED_TABLE} (
+            partition int,
+            entry text,
+            occurrence timestamp,
+            PRIMARY KEY (partition, entry)
         )""",
         # the leases of earlier versions, each retired by the first dispatcher of this
         # version that leases its partition (see OLD_LEASE_TABLE)

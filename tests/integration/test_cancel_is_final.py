@@ -71,7 +71,7 @@ class Dispatcher:
         assert self.task.key in self.engine.timetable and self.released == []
 
     def cancel(self) -> None:
-        self.ingest._apply([Cancel(2, self.task.key)])
+        self.ingest.apply([Cancel(2, self.task.key)])
 
     def apply_falling_due_after_the_read(self, operation: Put | Cancel,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,7 +84,7 @@ class Dispatcher:
             return statuses
 
         monkeypatch.setattr(self.store, "statuses", read_then_step)
-        self.ingest._apply([operation])
+        self.ingest.apply([operation])
         monkeypatch.undo()
         for _ in range(3):
             self.due_step()

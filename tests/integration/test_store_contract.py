@@ -552,6 +552,19 @@ def test_operator_queries_count_backlog_per_bucket_and_list_an_ordering_id(
     assert len(store.statuses_in_state(State.PENDING, 2)) == 2
 
 
+def test_what_periodic_entries_fired_is_kept_by_partition_and_the_latest_wins(
+        store: ScheduleStore) -> None:
+    assert store.last_fired(2) == {}
+    store.note_fired(2, {"nightly": NOW, "hourly": NOW + 3_600_000})
+    store.note_fired(3, {"nightly": NOW - 86_400_000})
+    store.note_fired(2, {})  # nothing fired: nothing written
+    assert store.last_fired(2) == {"nightly": NOW, "hourly": NOW + 3_600_000}
+    store.note_fired(2, {"hourly": NOW + 7_200_000})
+    assert store.last_fired(2) == {"nightly": NOW, "hourly": NOW + 7_200_000}
+    assert store.last_fired(3) == {"nightly": NOW - 86_400_000}
+    assert store.last_fired(4) == {}
+
+
 @pytest.mark.cassandra
 def test_batches_stay_under_cassandras_batch_size_warning(
         cassandra_contact: str, unique_name: str, caplog: pytest.LogCaptureFixture) -> None:

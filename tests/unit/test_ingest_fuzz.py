@@ -71,7 +71,7 @@ def test_every_record_is_stored_or_dead_lettered_never_an_exception(batch: list[
             accepted.append(envelope)
             op = Cancel(partition, envelope.key) if isinstance(envelope, CancelEnvelope) else Put(
                 partition, envelope)
-            runner._apply([op])
+            runner.apply([op])
     # nothing dropped silently: each record was accepted or dead-lettered with a reason
     assert len(accepted) + len(producer.produced) == len(batch)
     assert all(record.header("reason") for record in producer.produced)
@@ -87,7 +87,7 @@ def test_the_fuzzed_path_accepts_good_records_and_stores_them() -> None:
     wrong_partition = Record("t", (good.partition + 1) % PARTITIONS, 1, b"acct", valid("acct", 6, False))
     envelope = runner._check(good)
     assert isinstance(envelope, ScheduleEnvelope)
-    runner._apply([Put(good.partition, envelope)])
+    runner.apply([Put(good.partition, envelope)])
     assert store.status(envelope.key) is not None
     assert runner._check(wrong_partition) is None
     assert b"belongs in partition" in (producer.produced[0].header("reason") or b"")

@@ -1,0 +1,88 @@
+"""The periodic entries this dispatcher fires, scheduled through its own write path.
+
+:mod:`celery_scheduler.dispatcher.firing` decides; this module reads what the store says was
+fired when a partition is taken, writes each due occurrence as a task the way the ingest
+loop writes a schedule record read from Kafka (the key's status read first, the write
+fenced by the partition's lease, the engine told of the row), and then notes the fires. It
+runs on the ingest loop's thread, between two polls: a partition's writes come from one
+thread, and a key the engine is marking is waited for, as for any record (see claims.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.dispatcher.firing import Firing, Occurrence
+from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.outages import Outages
+from celery_scheduler.store.base import FiredLog, Operation, Put
+
+__all__ = ["Firer"]
+
+logger = logging.getLogger(__name__)
+
+
+def envelope_of(occurrence: Occurrence, retry: RetryPolicy, enqueued_ms: int) -> ScheduleEnvelope:
+    """The task of one occurrence: the entry's task, arguments and Celery options."""
+    entry = occurrence.entry
+    return ScheduleEnvelope(key=occurrence.key, task=entry.task, args=list(entry.args),
+                            kwargs=dict(entry.kwargs), options=dict(entry.options),
+                            retry=retry, enqueued_ms=enqueued_ms)
+
+
+class Firer:
+    """Fires the due occurrences of the entries of the partitions this process may write.
+
+    *write* applies operations as the ingest loop does (:meth:`Ingest.apply`); *may_write*
+    says whether this process may write a partition now (its engine holds the lease);
+    *retry_of* gives a task name's retry policy (the scheduled task's, or the settings').
+    """
+
+    def __init__(self, plan: Firing, store: FiredLog,
+                 write: Callable[[Sequence[Operation]], object],
+                 may_write: Callable[[int], bool], retry_of: Callable[[str], RetryPolicy],
+                 clock: Clock | None = None) -> None:
+        self.plan = plan
+        self.store = store
+        self.write = write
+        self.may_write = may_write
+        self.retry_of = retry_of
+        self.clock = clock or now_ms
+        self.fired_count = 0
+        self._outages: Outages[str] = Outages()
+
+    def step(self) -> int:
+        """Fire what is due; how many occurrences were written. A store outage is said once,
+        with its end, and the same occurrences are tried again at the next step."""
+        try:
+            fired = self._step()
+        except SchedulerError as exc:
+            if self._outages.failed(type(exc).__name__, time.monotonic()):
+                logger.warning("could not fire periodic entries (%s); trying again at every "
+                               "step, and saying so once it works", exc)
+            return 0
+        for ended in self._outages.all_recovered(time.monotonic()) if self._outages else ():
+            logger.warning("periodic entries fire again (%s): %s", ended.key,
+                           ended.describe("they failed"))
+        return fired
+
+    def _step(self) -> int:
+        writable = [p for p in self.plan.partitions if self.may_write(p)]
+        self.plan.dropped(p for p in self.plan.partitions if p not in writable)
+        now = self.clock()
+        for partition in self.plan.to_take(writable):
+            self.plan.taken(partition, self.store.last_fired(partition), now)
+        due = self.plan.due(now)
+        if not due:
+            return 0
+        self.write([Put(o.partition, envelope_of(o, self.retry_of(o.entry.task), now)) for o in due])
+        for partition, fired in self.plan.fired(due).items():
+            self.store.note_fired(partition, fired)
+        for occurrence in due:
+            logger.info("fired periodic entry %r for %s", occurrence.entry.name, occurrence.key)
+        self.fired_count += len(due)
+        return len(due)

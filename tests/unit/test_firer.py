@@ -1,0 +1,98 @@
+"""The firer writes due occurrences through the ingest loop's write path and notes them in the
+store: each occurrence becomes one pending task, a new owner goes on where the last one
+stopped, and a store outage loses nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import pytest
+
+from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.dispatcher.firer import Firer
+from celery_scheduler.dispatcher.firing import Firing
+from celery_scheduler.dispatcher.ingest import Ingest
+from celery_scheduler.envelope import RetryPolicy
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.periodic import entry_of
+from celery_scheduler.store.base import State
+from celery_scheduler.store.memory import MemoryScheduleStore
+from tests.unit.fakes import PARTITIONS, OutageStore
+
+UTC = dt.timezone.utc
+NINE = int(dt.datetime(2030, 1, 1, 9, 0, tzinfo=UTC).timestamp() * 1000)
+MINUTE = 60_000
+ENTRY = entry_of("report", {"task": "proj.report", "schedule": 60, "args": [1],
+                            "options": {"queue": "reports"}})
+HOME = partition_for(ENTRY.ordering_id, PARTITIONS)
+
+
+class Clock:
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def firer(store: MemoryScheduleStore, clock: Clock, owner: str = "d1") -> tuple[Firer, Engine]:
+    engine = Engine(store, lambda task, release: None, owner, clock=clock)
+    ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
+                    dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
+                    clock=clock)
+    plan = Firing([ENTRY], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=5_000)
+    return Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(),
+                 clock=clock), engine
+
+
+def pending_times(store: MemoryScheduleStore) -> list[int]:
+    return sorted(s.key.scheduled_ms for s in store.statuses_in_state(State.PENDING, 100)
+                  if s.key.ordering_id == ENTRY.ordering_id)
+
+
+def test_each_due_occurrence_becomes_one_pending_task_of_the_entry() -> None:
+    store, clock = MemoryScheduleStore(), Clock(NINE + 30_000)
+    fire, _ = firer(store, clock)
+    assert fire.step() == 0  # 9:01 is 30 s away
+    clock.ms = NINE + MINUTE - 3_000
+    assert fire.step() == 1
+    assert fire.step() == 0  # written once
+    [status] = store.statuses_in_state(State.PENDING, 10)
+    task = store.task(status.key)
+    assert task is not None
+    envelope = task.envelope
+    assert (envelope.task, envelope.args, envelope.options) == ("proj.report", [1], {"queue": "reports"})
+    assert envelope.key.scheduled_ms == NINE + MINUTE
+    assert store.last_fired(HOME) == {"report": NINE + MINUTE}
+
+
+def test_a_new_owner_goes_on_from_what_the_store_says_was_fired() -> None:
+    store, clock = MemoryScheduleStore(), Clock(NINE)
+    first, _ = firer(store, clock, "d1")
+    for minute in (1, 2):
+        clock.ms = NINE + minute * MINUTE - 3_000
+        first.step()
+    # d1 dies; d2 takes the partition 90 s later (9:03 fell due meanwhile)
+    clock.ms = NINE + 3 * MINUTE + 30_000
+    second, _ = firer(store, clock, "d2")
+    assert second.step() == 1  # 9:03, missed, caught up ("last")
+    clock.ms = NINE + 4 * MINUTE - 3_000
+    assert second.step() == 1
+    assert pending_times(store) == [NINE + m * MINUTE for m in (1, 2, 3, 4)]
+
+
+def test_a_store_outage_is_said_once_and_the_occurrence_fires_once_it_is_over(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store, clock = OutageStore("apply", "last_fired"), Clock(NINE + MINUTE - 3_000)
+    fire, _ = firer(store, clock)
+    store.down = True
+    with caplog.at_level(logging.WARNING, logger="celery_scheduler.dispatcher.firer"):
+        assert fire.step() == 0
+        assert fire.step() == 0
+        store.down = False
+        assert fire.step() == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "could not fire" in m]) == 1
+    assert len([m for m in said if "fire again" in m]) == 1
+    assert pending_times(store) == [NINE + MINUTE]
