@@ -181,6 +181,11 @@ class ScheduledTask(Generic[P, R]):
         # by retry policy and size limit: the encoders of calls without Celery options
         self._encoders: dict[tuple[RetryPolicy, int | None], ScheduleEncoder] = {}
 
+    @property
+    def retry_policy(self) -> RetryPolicy | None:
+        """The retry policy given to ``@scheduled_task`` (None: the settings' policy)."""
+        return self._retry
+
     def _app(self) -> Any:
         """The task's Celery app, without the proxy's cost on every call where it can be saved.
 

@@ -108,6 +108,10 @@ class Settings:
     # the web console and HTTP API (`scheduler serve`): bearer token -> "read" or "write"
     api_tokens: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
+    # periodic entries (app.conf.beat_schedule) fired by the dispatchers, with no celery beat
+    # (celery_scheduler.periodic)
+    periodic: bool = False
+
     # OpenTelemetry: schedule calls carry the caller's trace context, and each run of the
     # task is a span of that trace (celery_scheduler.tracing)
     opentelemetry: bool = False

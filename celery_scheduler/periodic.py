@@ -44,8 +44,8 @@ from celery_scheduler.calls import check_options
 from celery_scheduler.errors import PeriodicEntryError, ScheduleError
 from celery_scheduler.keys import MAX_MS, TaskKey, to_epoch_ms
 
-__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "entries", "key", "missed", "next_occurrence",
-           "occurrences", "to_fire"]
+__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "app_entries", "entries", "key", "missed",
+           "next_occurrence", "occurrences", "to_fire"]
 
 PERIODIC_PREFIX = "periodic:"
 # The keys celery beat reads in an entry; the options that are the package's own.
@@ -170,6 +170,12 @@ def entries(beat_schedule: Mapping[str, Any], known_tasks: Collection[str] | Non
         raise PeriodicEntryError("beat_schedule", f"it must be a mapping of entry names to "
                                                   f"entries, got {type(beat_schedule).__name__}")
     return [entry_of(name, spec, known_tasks) for name, spec in beat_schedule.items()]
+
+
+def app_entries(app: Any) -> list[Entry]:
+    """The entries of *app*'s ``beat_schedule`` (``add_periodic_task`` included), checked
+    against its tasks."""
+    return entries(app.conf.beat_schedule or {}, known_tasks=set(app.tasks))
 
 
 def _interval(every_ms: int, after_ms: int, until_ms: int) -> Iterator[int]:

@@ -43,6 +43,7 @@ from celery_scheduler.client import SchedulerClient, begin_testing, end_testing,
 from celery_scheduler.clock import FakeClock, now_ms
 from celery_scheduler.config import get_settings
 from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.dispatcher.firer import FIRE_AHEAD_MS, firer_of
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.dispatcher.service import engine_settings
 from celery_scheduler.dispatcher.timetable import Loaded
@@ -115,6 +116,9 @@ class SchedulerTesting:
                               task_log.partitions, allowed=lambda name: name in app.tasks,
                               clock=clock)
         self.engine.assign(range(task_log.partitions()))
+        # beat_schedule's entries, fired as the dispatcher fires them (scheduler_periodic)
+        self._firer = firer_of(app, settings, store, self._ingest.apply, lambda partition: True,
+                               task_log.partitions(), clock)
 
     # --- time ------------------------------------------------------------------------------
 
@@ -158,6 +162,9 @@ class SchedulerTesting:
         head = self.engine.timetable.next_due_ms()
         if head is not None and head > now:
             times.append(head)
+        fires = self._firer.plan.next_at() if self._firer is not None else None
+        if fires is not None:  # written ahead of its time, as a dispatcher writes it
+            times.append(max(now + 1, fires - FIRE_AHEAD_MS))
         times += [task.lease_until_ms for task in self.engine.timetable.awaiting()
                   if task.lease_until_ms > now]
         return min(times)
@@ -167,6 +174,8 @@ class SchedulerTesting:
         for _ in range(MAX_ROUNDS):
             while self._reader.lag() and self._ingest.poll_once(0):
                 pass
+            if self._firer is not None:
+                self._firer.step()
             self._raise_dead_letters()
             self.engine.step()
             released, self._released = self._released, []

@@ -13,17 +13,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from celery_scheduler import registry
 from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.config import Settings
 from celery_scheduler.dispatcher.firing import Firing, Occurrence
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
-from celery_scheduler.errors import SchedulerError
+from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.outages import Outages
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.periodic import app_entries
 from celery_scheduler.store.base import FiredLog, Operation, Put
 
-__all__ = ["Firer"]
+__all__ = ["FIRE_AHEAD_MS", "Firer", "firer_of"]
 
 logger = logging.getLogger(__name__)
+
+# How long before its time an occurrence is written: enough for the engine to load it and
+# mark it released ahead (scheduler_release_ahead_seconds), so that it starts on time.
+FIRE_AHEAD_MS = 5_000
 
 
 def envelope_of(occurrence: Occurrence, retry: RetryPolicy, enqueued_ms: int) -> ScheduleEnvelope:
@@ -86,3 +95,35 @@ class Firer:
             logger.info("fired periodic entry %r for %s", occurrence.entry.name, occurrence.key)
         self.fired_count += len(due)
         return len(due)
+
+
+def firer_of(app: Any, settings: Settings, store: FiredLog,
+             write: Callable[[Sequence[Operation]], object], may_write: Callable[[int], bool],
+             partitions: int, clock: Clock | None = None) -> Firer | None:
+    """The firer of *app*'s periodic entries, with ``scheduler_periodic`` on (else None).
+
+    :class:`PeriodicEntryError` names an entry that cannot be run as given, or whose task is
+    not a scheduled task here (see :func:`celery_scheduler.periodic_tasks.install`)."""
+    if not settings.periodic:
+        return None
+    entries = app_entries(app)
+    scheduled = registry.tasks(app)
+    for entry in entries:
+        if entry.task not in scheduled:
+            raise PeriodicEntryError(entry.name, (
+                f"task {entry.task!r} is not a scheduled task in this process; call "
+                "celery_scheduler.periodic_tasks.install(app) where the app is made (it makes the "
+                "tasks of beat_schedule scheduled tasks in every process, workers included), "
+                "or decorate the task with @scheduled_task"))
+    if not entries:
+        logger.warning("scheduler_periodic is on but the app's beat_schedule has no entries")
+    else:
+        logger.info("firing %d periodic entr%s: %s", len(entries), "y" if len(entries) == 1 else "ies",
+                    ", ".join(sorted(e.name for e in entries)))
+    plan = Firing(entries, lambda ordering_id: partition_for(ordering_id, partitions),
+                  app.timezone, FIRE_AHEAD_MS)
+
+    def retry_of(task: str) -> RetryPolicy:
+        return scheduled[task].retry_policy or settings.retry_policy
+
+    return Firer(plan, store, write, may_write, retry_of, clock)

@@ -121,6 +121,15 @@ class Firing:
             heapq.heappush(self._heap, item)
         return found
 
+    def next_at(self) -> int | None:
+        """The earliest occurrence of an entry fired here that is not written yet (None: no
+        entry fires here)."""
+        if self._missed:
+            return min(o.at_ms for o in self._missed)
+        while self._heap and self._next.get(self._heap[0][1]) != self._heap[0][0]:
+            heapq.heappop(self._heap)  # stale
+        return self._heap[0][0] if self._heap else None
+
     def fired(self, occurrences: Iterable[Occurrence]) -> dict[int, dict[str, int]]:
         """Note *occurrences* as written; returns what to keep in the store, by partition:
         each entry's latest occurrence written."""

@@ -30,6 +30,7 @@ from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
+from celery_scheduler.dispatcher.firer import firer_of
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
@@ -240,6 +241,9 @@ class Dispatcher:
                           caught_up=caught_up, spans=self.spans)
 
         self.ingest = ingest(self.reader, s.ingest_linger_seconds)
+        # periodic entries (beat_schedule), fired between two polls (firer.py)
+        self.firer = firer_of(app, s, self.store, self.ingest.apply, self.engine.may_persist,
+                              self._partitions)
         # kept partitions are read while the group forms again: each record is written at
         # once, the group is waited for only as long as a short poll
         self.kept = KeptReader(s.kafka_topic, lambda: Consumer(self._kept_consumer_config()),
@@ -388,6 +392,8 @@ class Dispatcher:
         try:
             while not self.stopping.is_set():
                 self.ingest.poll_once(KEPT_POLL_SECONDS if self.kept.partitions else 0.2)
+                if self.firer is not None:
+                    self.firer.step()
                 if not engine_thread.is_alive():
                     raise SchedulerError("the release engine stopped unexpectedly")
                 self._keep_membership()

@@ -1,0 +1,72 @@
+"""beat_schedule entries in the testing helper: fired as a dispatcher fires them, each
+occurrence once, on the fake clock; an entry the dispatchers could not run is refused."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab
+
+from celery_scheduler import periodic_tasks
+from celery_scheduler.errors import PeriodicEntryError
+from celery_scheduler.testing import scheduler_testing
+
+UTC = dt.timezone.utc
+START = dt.datetime(2030, 1, 1, 9, 0, 30, tzinfo=UTC)
+
+
+def periodic_app(name: str, beat_schedule: dict[str, Any], install: bool = True) -> Celery:
+    app = Celery(name, broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.scheduler_periodic = True
+    app.conf.beat_schedule = beat_schedule
+
+    @app.task(name=f"{name}.report")
+    def report(kind: str) -> str:
+        return kind
+
+    @app.task(name=f"{name}.sweep")
+    def sweep() -> None:
+        pass
+
+    if install:
+        periodic_tasks.install(app)
+    app.finalize()
+    return app
+
+
+def test_an_interval_entry_fires_at_each_multiple_once_and_a_crontab_at_its_times() -> None:
+    app = periodic_app("fires", {
+        "minutely": {"task": "fires.report", "schedule": 60, "args": ["minute"]},
+        "quarterly": {"task": "fires.report", "schedule": crontab(minute="*/15"),
+                      "kwargs": {"kind": "quarter"}},
+    })
+    with scheduler_testing(app, start=START) as scheduler:
+        runs = scheduler.advance(dt.timedelta(minutes=31))
+        fired = [(run.envelope.key.ordering_id, run.at, run.result.get()) for run in runs]
+        minutes = [at for ordering_id, at, _ in fired if ordering_id == "periodic:minutely"]
+        assert minutes == [dt.datetime(2030, 1, 1, 9, m, tzinfo=UTC) for m in range(1, 32)]
+        quarters = [(at, result) for ordering_id, at, result in fired
+                    if ordering_id == "periodic:quarterly"]
+        assert quarters == [(dt.datetime(2030, 1, 1, 9, m, tzinfo=UTC), "quarter") for m in (15, 30)]
+        assert all(result == "minute" for o, _, result in fired if o == "periodic:minutely")
+        assert len({run.key for run in runs}) == len(runs)  # each occurrence once
+        assert scheduler.advance(0) == []
+
+
+def test_an_entry_whose_task_is_not_a_scheduled_task_is_refused_by_name() -> None:
+    app = periodic_app("plain", {"sweep": {"task": "plain.sweep", "schedule": 60}},
+                          install=False)
+    with pytest.raises(PeriodicEntryError, match="'sweep'.*periodic_tasks.install"):
+        with scheduler_testing(app, start=START):
+            pass
+
+
+def test_a_malformed_entry_is_refused_before_anything_fires() -> None:
+    app = periodic_app("bad", {"nightly": {"task": "bad.report", "schedule": "daily"}},
+                          install=False)
+    with pytest.raises(PeriodicEntryError, match="'nightly'.*schedule must be"):
+        with scheduler_testing(app, start=START):
+            pass
