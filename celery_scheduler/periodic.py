@@ -41,11 +41,12 @@ from typing import Any, cast
 from celery.schedules import crontab, schedule, solar
 
 from celery_scheduler.calls import check_options
+from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import PeriodicEntryError, ScheduleError
 from celery_scheduler.keys import MAX_MS, TaskKey, to_epoch_ms
 
-__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "app_entries", "entries", "key", "missed",
-           "next_occurrence", "occurrences", "to_fire"]
+__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "app_entries", "entries", "envelope_of", "key",
+           "missed", "next_occurrence", "occurrences", "to_fire"]
 
 PERIODIC_PREFIX = "periodic:"
 # The keys celery beat reads in an entry; the options that are the package's own.
@@ -230,6 +231,15 @@ def key(entry: Entry, occurrence_ms: int) -> TaskKey:
     """The task key of the entry's occurrence at *occurrence_ms*: the same wherever computed."""
     unique = dt.datetime.fromtimestamp(occurrence_ms / 1000, _UTC).isoformat(timespec="milliseconds")
     return TaskKey(entry.ordering_id, occurrence_ms + _jitter(entry, occurrence_ms), unique)
+
+
+def envelope_of(entry: Entry, occurrence_ms: int, retry: RetryPolicy, enqueued_ms: int
+                ) -> ScheduleEnvelope:
+    """The task of the entry's occurrence at *occurrence_ms*: its key (:func:`key`), the
+    entry's task, arguments and Celery options."""
+    return ScheduleEnvelope(key=key(entry, occurrence_ms), task=entry.task, args=list(entry.args),
+                            kwargs=dict(entry.kwargs), options=dict(entry.options), retry=retry,
+                            enqueued_ms=enqueued_ms)
 
 
 def missed(entry: Entry, last_ms: int | None, now_ms: int, tz: dt.tzinfo) -> list[int]:

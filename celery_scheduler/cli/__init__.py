@@ -12,13 +12,14 @@
     celery -A proj scheduler retry ORDERING_ID AT UNIQUENESS_KEY   # a failed or blocked key
     celery -A proj scheduler dead-letters list [--reason TEXT]
     celery -A proj scheduler dead-letters replay [--reason TEXT]
+    celery -A proj scheduler periodic list|trigger|backfill   # beat_schedule's entries
     celery -A proj scheduler serve                 # the web console and HTTP API
     celery -A proj scheduler spark schedule PATH --task NAME --at COLUMN ...
 """
 
 from __future__ import annotations
 
-from celery_scheduler.cli import jobs, operate  # noqa: F401  (their commands join the group)
+from celery_scheduler.cli import jobs, operate, periodic  # noqa: F401  (their commands join the group)
 from celery_scheduler.cli.group import scheduler
 
 __all__ = ["scheduler"]

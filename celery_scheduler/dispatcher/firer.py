@@ -18,12 +18,12 @@ from typing import Any
 from celery_scheduler import registry
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.config import Settings
-from celery_scheduler.dispatcher.firing import Firing, Occurrence
-from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
+from celery_scheduler.dispatcher.firing import Firing
+from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.outages import Outages
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import app_entries
+from celery_scheduler.periodic import app_entries, envelope_of
 from celery_scheduler.store.base import FiredLog, Operation, Put
 
 __all__ = ["FIRE_AHEAD_MS", "Firer", "firer_of"]
@@ -33,14 +33,6 @@ logger = logging.getLogger(__name__)
 # How long before its time an occurrence is written: enough for the engine to load it and
 # mark it released ahead (scheduler_release_ahead_seconds), so that it starts on time.
 FIRE_AHEAD_MS = 5_000
-
-
-def envelope_of(occurrence: Occurrence, retry: RetryPolicy, enqueued_ms: int) -> ScheduleEnvelope:
-    """The task of one occurrence: the entry's task, arguments and Celery options."""
-    entry = occurrence.entry
-    return ScheduleEnvelope(key=occurrence.key, task=entry.task, args=list(entry.args),
-                            kwargs=dict(entry.kwargs), options=dict(entry.options),
-                            retry=retry, enqueued_ms=enqueued_ms)
 
 
 class Firer:
@@ -88,7 +80,8 @@ class Firer:
         due = self.plan.due(now)
         if not due:
             return 0
-        self.write([Put(o.partition, envelope_of(o, self.retry_of(o.entry.task), now)) for o in due])
+        self.write([Put(o.partition, envelope_of(o.entry, o.at_ms, self.retry_of(o.entry.task), now))
+                    for o in due])
         for partition, fired in self.plan.fired(due).items():
             self.store.note_fired(partition, fired)
         for occurrence in due:

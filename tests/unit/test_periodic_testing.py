@@ -4,13 +4,17 @@ occurrence once, on the fake clock; an entry the dispatchers could not run is re
 from __future__ import annotations
 
 import datetime as dt
+import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.schedules import crontab
+from click.testing import CliRunner
 
 from celery_scheduler import periodic_tasks
+from celery_scheduler.cli import scheduler as scheduler_command
 from celery_scheduler.errors import PeriodicEntryError
 from celery_scheduler.testing import scheduler_testing
 
@@ -70,3 +74,44 @@ def test_a_malformed_entry_is_refused_before_anything_fires() -> None:
     with pytest.raises(PeriodicEntryError, match="'nightly'.*schedule must be"):
         with scheduler_testing(app, start=START):
             pass
+
+
+def cli(app: Celery, *arguments: str) -> str:
+    result = CliRunner().invoke(scheduler_command, ["periodic", *arguments],
+                                obj=SimpleNamespace(app=app))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_cli_lists_entries_with_what_they_fired_and_backfills_each_occurrence_once() -> None:
+    app = periodic_app("cli", {"minutely": {"task": "cli.report", "schedule": 60, "args": ["m"]}})
+    with scheduler_testing(app, start=START) as scheduler:
+        scheduler.advance(dt.timedelta(minutes=3))
+        [listed] = [json.loads(line) for line in cli(app, "list", "--json").splitlines()]
+        assert (listed["name"], listed["task"], listed["scheduled_task"]) == ("minutely", "cli.report", True)
+        assert listed["last_fired"] == "2030-01-01T09:03:00+00:00" and len(listed["next"]) == 3
+        said = cli(app, "backfill", "minutely", "2030-01-01T08:00:00Z", "2030-01-01T08:05:00Z")
+        assert "scheduled 6 occurrence(s)" in said
+        runs = scheduler.advance(0)
+        assert [run.envelope.key.scheduled_at for run in runs] == [
+            dt.datetime(2030, 1, 1, 8, m, tzinfo=UTC) for m in range(6)]
+        # the same span again, and the occurrences the dispatcher fired: each ran already
+        cli(app, "backfill", "minutely", "2030-01-01T08:00:00Z", "2030-01-01T08:05:00Z")
+        cli(app, "backfill", "minutely", "2030-01-01T09:01:00Z", "2030-01-01T09:03:00Z")
+        assert scheduler.advance(0) == []
+        assert "scheduled" in cli(app, "trigger", "minutely")
+        [triggered] = scheduler.advance(0)
+        assert triggered.key.uniqueness_key.startswith("trigger-")
+        assert triggered.key.ordering_id == "periodic:minutely"
+
+
+def test_the_cli_refuses_an_unknown_entry_and_a_time_without_an_offset() -> None:
+    app = periodic_app("refuse", {"minutely": {"task": "refuse.report", "schedule": 60}})
+    with scheduler_testing(app, start=START):
+        result = CliRunner().invoke(scheduler_command, ["periodic", "trigger", "hourly"],
+                                    obj=SimpleNamespace(app=app))
+        assert result.exit_code == 2 and "no periodic entry 'hourly'" in result.output
+        result = CliRunner().invoke(scheduler_command, ["periodic", "backfill", "minutely",
+                                                        "2030-01-01T08:00", "2030-01-01T09:00Z"],
+                                    obj=SimpleNamespace(app=app))
+        assert result.exit_code == 2 and "no UTC offset" in result.output

@@ -1,0 +1,158 @@
+"""``celery scheduler periodic``: the app's periodic entries (``beat_schedule``) as the
+dispatchers fire them, and the operator's ways to run one now or backfill a span.
+
+::
+
+    celery -A proj scheduler periodic list [--next N] [--json]
+    celery -A proj scheduler periodic trigger NAME         # one run now, after the entry's others
+    celery -A proj scheduler periodic backfill NAME SINCE UNTIL [--yes]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+
+import click
+
+from celery_scheduler import registry
+from celery_scheduler.cli.group import _app, _fail, scheduler
+from celery_scheduler.client import get_client
+from celery_scheduler.clock import now_ms
+from celery_scheduler.errors import PeriodicEntryError, SchedulerError
+from celery_scheduler.keys import MAX_MS, TaskKey, from_epoch_ms, to_epoch_ms
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.periodic import Entry, app_entries, envelope_of, next_occurrence, occurrences
+
+__all__ = ["periodic"]
+
+# The most occurrences one backfill schedules without --yes.
+BACKFILL_WITHOUT_ASKING = 100
+
+
+def _iso(ms: int | None) -> str:
+    return "-" if ms is None else from_epoch_ms(ms).isoformat(timespec="seconds")
+
+
+def _time(text: str, what: str) -> int:
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time", param_hint=what) from None
+    if when.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no UTC offset; add one (Z for UTC)", param_hint=what)
+    return to_epoch_ms(when, dt.timezone.utc)
+
+
+def _entry(app: object, name: str) -> Entry:
+    try:
+        found = {entry.name: entry for entry in app_entries(app)}
+    except PeriodicEntryError as exc:
+        _fail(exc)
+    if name not in found:
+        raise click.BadParameter(f"no periodic entry {name!r} in the app's beat_schedule; it has: "
+                                 f"{', '.join(sorted(found)) or 'none'}", param_hint="NAME")
+    return found[name]
+
+
+@scheduler.group(name="periodic")
+def periodic() -> None:
+    """The app's periodic entries (beat_schedule), fired by the dispatchers (scheduler_periodic)."""
+
+
+@periodic.command(name="list")
+@click.option("--next", "upcoming", type=click.IntRange(min=0, max=100), default=3,
+              show_default=True, help="how many next occurrences to show")
+@click.option("--json", "as_json", is_flag=True, help="print JSON lines")
+@click.pass_context
+def list_entries(ctx: click.Context, upcoming: int, as_json: bool) -> None:
+    """Each entry: its task, schedule, partition, the occurrence it fired last and the next ones."""
+    app = _app(ctx)
+    client = get_client(app)
+    try:
+        entries = app_entries(app)
+        partitions = client.task_log.partitions()
+        fired = {p: client.store.last_fired(p)
+                 for p in {partition_for(e.ordering_id, partitions) for e in entries}}
+    except SchedulerError as exc:
+        _fail(exc)
+    now = now_ms()
+    scheduled = registry.names(app)
+    for entry in entries:
+        partition = partition_for(entry.ordering_id, partitions)
+        last = fired[partition].get(entry.name)
+        nexts: list[int] = []
+        after = now if last is None else max(now, last)
+        for _ in range(upcoming):
+            after = next_occurrence(entry, after, app.timezone)
+            nexts.append(after)
+        if as_json:
+            click.echo(json.dumps({"name": entry.name, "task": entry.task,
+                                   "schedule": str(entry.schedule), "partition": partition,
+                                   "catch_up": entry.catch_up.value,
+                                   "scheduled_task": entry.task in scheduled,
+                                   "last_fired": _iso(last) if last is not None else None,
+                                   "next": [_iso(at) for at in nexts]}))
+            continue
+        click.echo(f"{entry.name}: {entry.task} {entry.schedule}, partition {partition}, "
+                   f"catch up {entry.catch_up.value}, last fired {_iso(last)}"
+                   + (f", next {', '.join(_iso(at) for at in nexts)}" if nexts else "")
+                   + ("" if entry.task in scheduled else
+                      " (not a scheduled task here: see celery_scheduler.periodic_tasks.install)"))
+    if not entries:
+        click.echo("the app's beat_schedule has no entries")
+
+
+@periodic.command()
+@click.argument("name")
+@click.pass_context
+def trigger(ctx: click.Context, name: str) -> None:
+    """Run entry NAME once now, besides its occurrences (after the ones due before it)."""
+    app = _app(ctx)
+    entry = _entry(app, name)
+    client = get_client(app)
+    now = now_ms()
+    key = TaskKey(entry.ordering_id, now, f"trigger-{_iso(now)}")
+    envelope = dataclasses.replace(envelope_of(entry, now, client.settings.retry_policy, now), key=key)
+    try:
+        client.publish(envelope)
+    except SchedulerError as exc:
+        _fail(exc)
+    click.echo(f"scheduled {key} now")
+
+
+@periodic.command()
+@click.argument("name")
+@click.argument("since")
+@click.argument("until")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.pass_context
+def backfill(ctx: click.Context, name: str, since: str, until: str, yes: bool) -> None:
+    """Schedule entry NAME's occurrences from SINCE to UNTIL (ISO 8601 times with an offset).
+
+    Each gets the key the dispatchers give that occurrence, so an occurrence that already
+    ran, or was backfilled before, does not run again.
+    """
+    app = _app(ctx)
+    entry = _entry(app, name)
+    start, end = _time(since, "SINCE"), _time(until, "UNTIL")
+    if end < start:
+        raise click.BadParameter(f"UNTIL {until} is before SINCE {since}", param_hint="UNTIL")
+    try:
+        found = occurrences(entry, start - 1, min(end, MAX_MS), app.timezone)
+    except PeriodicEntryError as exc:
+        _fail(exc)
+    if not found:
+        click.echo(f"{name} has no occurrence from {since} to {until}")
+        return
+    if len(found) > BACKFILL_WITHOUT_ASKING and not yes:
+        click.confirm(f"schedule {len(found)} occurrences of {name}?", abort=True)
+    client = get_client(app)
+    retry = client.settings.retry_policy
+    try:  # not acknowledged: the same backfill made again runs each occurrence once
+        client.publish_many([(entry.ordering_id, client.encode(envelope_of(entry, at, retry, now_ms())))
+                             for at in found]).wait(client.settings.kafka_produce_timeout * 2)
+    except SchedulerError as exc:
+        _fail(exc)
+    click.echo(f"scheduled {len(found)} occurrence(s) of {name}, {_iso(found[0])} to {_iso(found[-1])}")
