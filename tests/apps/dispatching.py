@@ -126,6 +126,26 @@ def eta_record(name: str, seq: int, scheduled_for: float = 0.0) -> int:
     return seq
 
 
+# A periodic entry, fired by the dispatchers when CELERY_SCHEDULER_TEST_PERIODIC is set (its
+# value: the entry's interval in seconds). Its task is a plain Celery task, made a scheduled
+# task by periodic_tasks.install as a user's app would.
+TICK_SECONDS = float(os.environ.get("CELERY_SCHEDULER_TEST_PERIODIC") or 0)
+
+
+@app.task(name="dispatching.tick")
+def tick() -> None:
+    log("start", "periodic:tick", 0, task_id=app.current_task.request.id)
+    log("end", "periodic:tick", 0)
+
+
+if TICK_SECONDS:
+    from celery_scheduler import periodic_tasks
+
+    app.conf.scheduler_periodic = True
+    app.conf.beat_schedule = {"tick": {"task": "dispatching.tick", "schedule": TICK_SECONDS}}
+    periodic_tasks.install(app)
+
+
 if os.environ.get("CELERY_SCHEDULER_TEST_DIE_ON_DELIVERY"):
     # The dispatcher dies the moment Kafka acknowledged a delayed message, before it could
     # record it: the message must be produced again (at least once), never lost.

@@ -115,3 +115,24 @@ def test_the_cli_refuses_an_unknown_entry_and_a_time_without_an_offset() -> None
                                                         "2030-01-01T08:00", "2030-01-01T09:00Z"],
                                     obj=SimpleNamespace(app=app))
         assert result.exit_code == 2 and "no UTC offset" in result.output
+
+
+def test_entries_added_with_add_periodic_task_fire_too() -> None:
+    app = Celery("added", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.scheduler_periodic = True
+
+    @app.task(name="added.ping")
+    def ping(word: str) -> str:
+        return word
+
+    @app.on_after_configure.connect
+    def add_entries(sender: Celery, **_: Any) -> None:
+        sender.add_periodic_task(30.0, ping.s("pong"), name="ping every 30 s")
+
+    periodic_tasks.install(app)
+    app.finalize()
+    with scheduler_testing(app, start=START) as scheduler:
+        runs = scheduler.advance(60)
+    assert [(run.envelope.key.ordering_id, run.at, run.result.get()) for run in runs] == [
+        ("periodic:ping every 30 s", dt.datetime(2030, 1, 1, 9, m, s, tzinfo=UTC), "pong")
+        for m, s in ((1, 0), (1, 30))]
