@@ -20,7 +20,8 @@ Where this differs from celery beat (which keeps a last-run time per entry in on
   multiple, not at once (celery beat runs a new interval entry as soon as it starts);
 - after downtime, the entry's ``catch_up`` says which missed occurrences run: ``"last"``
   (the default: the most recent missed one, as celery beat runs a due entry once), ``"all"``
-  (each, once) or ``"none"``;
+  (each, once) or ``"none"``; occurrences missed by less than two minutes (a partition's
+  hand-over, a short outage) all run, whatever it says;
 - a ``crontab`` is read by Celery's own ``crontab`` (its fields, its day-of-week numbering,
   its handling of daylight saving time); two occurrences that fall on one instant (a wall
   time that a clock change skips lands on the next hour's) are one.
@@ -52,6 +53,10 @@ PERIODIC_PREFIX = "periodic:"
 # The keys celery beat reads in an entry; the options that are the package's own.
 CELERY_KEYS = frozenset(("task", "schedule", "args", "kwargs", "options", "relative"))
 OWN_KEYS = frozenset(("catch_up", "jitter"))
+# Occurrences missed by less than this run, each once, whatever the entry's catch_up: a
+# partition's hand-over (seconds after a dispatcher dies; tens of seconds when faults
+# overlap) must not skip an occurrence.
+HAND_OVER_MS = 120_000
 # The most occurrences one call returns: a minute's crontab over a week of downtime is 10,080.
 MAX_OCCURRENCES = 100_000
 _UTC = dt.timezone.utc
@@ -244,11 +249,22 @@ def envelope_of(entry: Entry, occurrence_ms: int, retry: RetryPolicy, enqueued_m
 
 def missed(entry: Entry, last_ms: int | None, now_ms: int, tz: dt.tzinfo) -> list[int]:
     """The occurrences after *last_ms* (the last one scheduled; None for a new entry, which
-    has missed nothing) up to *now_ms* that still run, as the entry's ``catch_up`` says."""
-    if last_ms is None or entry.catch_up is CatchUp.NONE:
+    has missed nothing) up to *now_ms* that still run.
+
+    Those less than :data:`HAND_OVER_MS` old all run: the gap of a partition's hand-over (a
+    dispatcher that died, a rebalance) or of a short outage is not downtime. Older ones run
+    as the entry's ``catch_up`` says, ``"last"`` only if no recent one runs for them.
+    """
+    if last_ms is None:
         return []
     found = occurrences(entry, last_ms, now_ms, tz)
-    return found[-1:] if entry.catch_up is CatchUp.LAST else found
+    recent = [at for at in found if at > now_ms - HAND_OVER_MS]
+    older = found[:len(found) - len(recent)]
+    if entry.catch_up is CatchUp.NONE:
+        older = []
+    elif entry.catch_up is CatchUp.LAST:
+        older = [] if recent else older[-1:]
+    return older + recent
 
 
 def next_occurrence(entry: Entry, after_ms: int, tz: dt.tzinfo) -> int:

@@ -65,6 +65,20 @@ def test_a_new_entry_fires_at_its_next_occurrence_and_stays_due_until_written() 
     assert times(plan.due(ms(2030, 1, 1, 9, 1, 56))) == [ms(2030, 1, 1, 9, 2)]
 
 
+@pytest.mark.parametrize("catch_up", ["last", "all", "none"])
+def test_what_fell_due_less_than_two_minutes_ago_runs_whatever_catch_up_says(catch_up: str) -> None:
+    every_20s = entry_of("often", {"task": "t", "schedule": 20, "catch_up": catch_up})
+    home = partition_of(every_20s.ordering_id)
+    plan = firing(every_20s, ahead_ms=0)
+    # the last owner fired 9:00:00; this one takes over at 9:03:05
+    plan.taken(home, {"often": ms(2030, 1, 1, 9, 0)}, ms(2030, 1, 1, 9, 3, 5))
+    recent = [ms(2030, 1, 1, 9, 1, 20), ms(2030, 1, 1, 9, 1, 40), ms(2030, 1, 1, 9, 2),
+              ms(2030, 1, 1, 9, 2, 20), ms(2030, 1, 1, 9, 2, 40), ms(2030, 1, 1, 9, 3)]
+    older = {"last": [], "all": [ms(2030, 1, 1, 9, 0, 20), ms(2030, 1, 1, 9, 0, 40),
+                                 ms(2030, 1, 1, 9, 1)], "none": []}[catch_up]
+    assert times(plan.due(ms(2030, 1, 1, 9, 3, 5))) == older + recent
+
+
 @pytest.mark.parametrize(("catch_up", "caught_up"), [
     ("last", [ms(2030, 1, 1, 12, 0)]),
     ("all", [ms(2030, 1, 1, hour, 0) for hour in (10, 11, 12)]),
@@ -95,15 +109,16 @@ def test_a_hand_over_neither_fires_again_nor_skips_an_occurrence() -> None:
         store |= first.fired(due).get(home, {})
     first.dropped([home])
     assert first.due(ms(2030, 1, 1, 9, 3, 57)) == []  # dropped: it fires nothing more
-    # the next owner takes the partition two minutes later: 9:04 and 9:05 fell due meanwhile
+    # the next owner takes the partition 90 s later: 9:04 and 9:05 fell due meanwhile, a
+    # hand-over's gap: both run, whatever catch_up says
     second = firing(entry)
     second.taken(home, store, ms(2030, 1, 1, 9, 5, 30))
     due = second.due(ms(2030, 1, 1, 9, 5, 30))
-    assert times(due) == [ms(2030, 1, 1, 9, 5)]  # catch_up "last": the latest missed one
+    assert times(due) == [ms(2030, 1, 1, 9, 4), ms(2030, 1, 1, 9, 5)]
     fired += times(due)
     second.fired(due)
     fired += times(second.due(ms(2030, 1, 1, 9, 5, 57)))
-    assert fired == [ms(2030, 1, 1, 9, m) for m in (1, 2, 3, 5, 6)]
+    assert fired == [ms(2030, 1, 1, 9, m) for m in range(1, 7)]
     assert len(set(fired)) == len(fired)
 
 
