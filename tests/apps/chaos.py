@@ -11,7 +11,10 @@ the harness's own Kafka, Cassandra and broker (which it restarts at will):
 - ``CELERY_SCHEDULER_TEST_TOPIC``/``_KEYSPACE``/``_QUEUE``/``_EXECLOG``: as for
   ``tests.apps.dispatching``, so ``tests.integration.dispatch_fixtures.Scheduler`` drives it;
 - ``CELERY_SCHEDULER_CHAOS_MUTANT``: a deliberately broken dispatcher (one of :data:`MUTANTS`),
-  to show that the harness notices when a guarantee is broken: each breaks one.
+  to show that the harness notices when a guarantee is broken: each breaks one;
+- ``CELERY_SCHEDULER_CHAOS_PERIODIC`` (``name=seconds,...``): periodic entries of
+  ``chaos.tick`` the dispatchers fire, each run logged under the ordering id
+  ``periodic:<name>`` with its task id, which names the occurrence.
 
 The leases are the package's defaults unless ``CELERY_SCHEDULER_TEST_LEASE`` (the run lease)
 or ``CELERY_SCHEDULER_TEST_START_LEASE`` say otherwise. Each execution appends a ``start`` and
@@ -29,7 +32,7 @@ from typing import Any
 from celery import Celery
 from confluent_kafka import KafkaException, TopicPartition
 
-from celery_scheduler import scheduled_task
+from celery_scheduler import periodic_tasks, scheduled_task
 from celery_scheduler.wire import HEADER, parse_header
 from tests.apps.dispatching import log, unique_seq
 
@@ -46,6 +49,10 @@ MUTANTS = {
     "release-two-at-once": "overlaps",
     # the latest task of an ordering id released first
     "release-out-of-order": "order_violations",
+    # a dispatcher taking a partition over fires none of the occurrences missed meanwhile
+    "skip-missed-occurrences": "periodic_missed",
+    # each occurrence fired under a key of its own making, not the occurrence's
+    "periodic-made-up-keys": "periodic_strays",
 }
 MUTANT_COMMIT_FIRST = "commit-before-persist"
 
@@ -100,6 +107,28 @@ def record(self: Any, ordering_id: str, seq: int, duration: float = 0.0,
         time.sleep(duration)
     log("end", ordering_id, seq)
     return seq
+
+
+# Periodic entries (CELERY_SCHEDULER_CHAOS_PERIODIC, "name=seconds,..."), each an interval
+# entry of chaos.tick, fired by the dispatchers.
+PERIODIC = {name: float(seconds) for name, seconds in
+            (item.split("=") for item in os.environ.get("CELERY_SCHEDULER_CHAOS_PERIODIC", "").split(",")
+             if item)}
+
+
+@app.task(name="chaos.tick", bind=True)
+def tick(self: Any, name: str) -> None:
+    release = parse_header(getattr(self.request, HEADER, None))
+    where = {} if release is None else {"p": release.partition, "a": release.attempt}
+    log("start", f"periodic:{name}", 0, task_id=self.request.id, **where)
+    log("end", f"periodic:{name}", 0)
+
+
+if PERIODIC:
+    app.conf.scheduler_periodic = True
+    app.conf.beat_schedule = {name: {"task": "chaos.tick", "schedule": seconds, "args": [name]}
+                              for name, seconds in PERIODIC.items()}
+    periodic_tasks.install(app)
 
 
 class _CommitFirst:
@@ -185,9 +214,34 @@ def _release_out_of_order() -> None:
     timetable._Queue.head = lambda self: self.tasks[-1][1] if self.tasks else None  # type: ignore[method-assign]
 
 
+def _skip_missed_occurrences() -> None:
+    from celery_scheduler.dispatcher import firing
+
+    firing.missed = lambda *args, **kwargs: []  # type: ignore[assignment]
+
+
+def _periodic_made_up_keys() -> None:
+    import uuid
+
+    from celery_scheduler import periodic
+    from celery_scheduler.keys import TaskKey
+
+    occurrence_key = periodic.key
+
+    def made_up(entry: Any, occurrence_ms: int) -> TaskKey:
+        key = occurrence_key(entry, occurrence_ms)
+        return TaskKey(key.ordering_id, key.scheduled_ms, f"{key.uniqueness_key}-{uuid.uuid4().hex[:6]}")
+
+    periodic.key = made_up  # type: ignore[assignment]
+
+
 _BREAK = {"commit-before-persist": _commit_first, "ignore-cancels": _ignore_cancels,
           "release-early": _release_early, "release-two-at-once": _release_two_at_once,
-          "release-out-of-order": _release_out_of_order}
+          "release-out-of-order": _release_out_of_order,
+          "skip-missed-occurrences": _skip_missed_occurrences,
+          "periodic-made-up-keys": _periodic_made_up_keys}
 # Patched in this module, which only harness processes import; the package is untouched.
-if os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT") in _BREAK:
-    _BREAK[os.environ["CELERY_SCHEDULER_CHAOS_MUTANT"]]()
+# Several mutants, comma-separated, break the dispatcher in each of their ways.
+for _mutant in os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT", "").split(","):
+    if _mutant in _BREAK:
+        _BREAK[_mutant]()

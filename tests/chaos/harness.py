@@ -209,6 +209,19 @@ class Options:
     dispatchers: int = 2
     workers: int = 2
     broker: str = "redis"  # the Celery broker: redis or rabbitmq (with its own restarts)
+    # periodic entries the dispatchers fire (scheduler_periodic): (name, interval in seconds)
+    periodic: tuple[tuple[str, float], ...] = ()
+
+
+# One periodic entry in each of the six partitions (their names hash there), every 2 or 3 s:
+# whichever dispatcher dies or pauses, entries of its partitions change hands.
+PERIODIC_ENTRIES = (("every-2s-0", 2.0), ("every-3s-0", 3.0), ("every-3s-1", 3.0),
+                    ("every-2s-2", 2.0), ("every-2s-3", 2.0), ("every-3s-3", 3.0))
+
+
+def periodic_variable(entries: tuple[tuple[str, float], ...]) -> str:
+    """The chaos app's CELERY_SCHEDULER_CHAOS_PERIODIC: ``name=seconds,...``."""
+    return ",".join(f"{name}={seconds:g}" for name, seconds in entries)
 
 
 @dataclass
@@ -373,6 +386,7 @@ class Run:
                             CELERY_SCHEDULER_CHAOS_CASSANDRA_HOSTS=",".join(CLUSTER_CASSANDRA),
                             CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT=CLUSTER_PORTS["CASSANDRA_CLUSTER_PORT"])
         self.env.pop("CELERY_SCHEDULER_CHAOS_MUTANT", None)
+        self.env["CELERY_SCHEDULER_CHAOS_PERIODIC"] = periodic_variable(options.periodic)
         self.cluster = Scheduler(self.env, run_dir / "executions.jsonl", run_dir)
         self.dispatchers: list[subprocess.Popen[bytes]] = []
         self.workers: list[subprocess.Popen[bytes]] = []

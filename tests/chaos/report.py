@@ -70,6 +70,9 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"of a dispatcher, SIGKILL + restart of a worker, SIGSTOP of a dispatcher for "
         f"{PAUSE_SECONDS:.0f} s then SIGCONT, while Kafka and Cassandra are up), Cassandra "
         f"restarts, and Kafka or {broker} restarts (`scripts/services down` + `up`);",
+        *([f"- periodic entries fired by the dispatchers (`scheduler_periodic`), each an "
+           f"interval: {', '.join(f'{name} every {seconds:g} s' for name, seconds in o.periodic)};"]
+          if o.periodic else []),
         f"- drained: {'yes' if facts.drained else 'NO (drain timeout reached)'}.",
         "",
         *(["Conditions:", "", "| | |", "|---|---|"]
@@ -105,6 +108,11 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"| ... keys never retried that ran to their end twice | {c['completed_twice']} |",
         f"| ... of which started after a later key of the ordering id | {c['late_duplicates']} |",
         f"| runs of keys never scheduled | {c['unknown_runs']} |",
+        *([f"| periodic entries: occurrences due / run | {c['periodic_expected']} / {c['periodic_ran']} |",
+           f"| **... missed** / **runs under no occurrence's key** | **{c['periodic_missed']}** / "
+           f"**{c['periodic_strays']}** |",
+           f"| ... occurrences run twice (at least once) | {c['periodic_duplicates']} |"]
+          if o.periodic else []),
         f"| dispatchers/workers that exited by themselves (restarted) or faults that failed | "
         f"{len(facts.unexpected_exits)} |",
         "",

@@ -33,6 +33,13 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   ``scheduler_release_ahead_seconds``). A cancel acknowledged later "came too late" only
   when a run's release says it was marked before the cancel call was made; the rest are
   counted as not judged.
+- **periodic missed**: an occurrence of a periodic entry (the run's ``periodic`` option: a
+  name and an interval, firing at the multiples of the interval since the epoch) due from
+  10 s after the run's start to the end of scheduling never started. Each run of an entry
+  logs its task id, which the occurrence's key fixes; a run whose task id is no occurrence of
+  its entry is a **periodic stray** (an occurrence fired under a made-up key could run
+  twice). Two runs of an occurrence are duplicates (at least once); runs of one entry are
+  checked for overlap like those of any ordering id, and its first starts for being early.
 - **lateness**: first start minus scheduled time (or minus the time of its accepted call,
   when that was made later: a call made again), over all keys that ran; "during faults"
   are keys due between a fault's injection and 5 s after its end; "quiet" the others. The
@@ -42,15 +49,21 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
 from __future__ import annotations
 
 import bisect
+import datetime as dt
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_scheduler.keys import TaskKey
 from tests.chaos.harness import RunFacts, Task
 
 EARLY_TOLERANCE = 0.001
+PERIODIC_PREFIX = "periodic:"
+# Seconds from the run's start (a dispatcher holds partitions by then) before an entry's
+# occurrences must run: it fires from its first occurrence after its partition was taken.
+PERIODIC_STARTUP = 10.0
 WINDOW_AFTER = 5.0  # seconds after a fault's end that still count as "during" it
 SAMPLES = 10  # examples kept per kind of violation
 
@@ -69,7 +82,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
 
     VIOLATIONS = ("lost", "early", "order_violations", "overlaps", "cancelled_but_ran",
-                  "not_accepted_but_ran", "retried_ran_twice")
+                  "not_accepted_but_ran", "retried_ran_twice", "periodic_missed", "periodic_strays")
 
     @property
     def ok(self) -> bool:
@@ -153,10 +166,15 @@ def verify(facts: RunFacts) -> Verdict:
     runs: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # o -> (start, end, seq)
     open_runs: dict[int, dict[str, Any]] = {}  # pid -> its running start (one task at a time per worker)
     completed: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)  # starts of runs that ended
+    periodic_starts: list[dict[str, Any]] = []
     for event in sorted(facts.executions, key=lambda e: e["t"]):
         pid = event["pid"]
         if event["event"] == "start":
             key = (event["o"], event["seq"])
+            if event["o"].startswith(PERIODIC_PREFIX):
+                periodic_starts.append(event)
+                open_runs[pid] = event
+                continue
             if key not in tasks:
                 verdict.flag("unknown_runs", str(event))
                 continue
@@ -168,7 +186,8 @@ def verify(facts: RunFacts) -> Verdict:
             begun = open_runs.pop(pid, None)
             if begun is not None:
                 runs[begun["o"]].append((begun["t"], event["t"], begun["seq"]))
-                completed[(begun["o"], begun["seq"])].append(begun)
+                if not begun["o"].startswith(PERIODIC_PREFIX):
+                    completed[(begun["o"], begun["seq"])].append(begun)
     for pid, begun in open_runs.items():
         end = facts.killed_workers.get(pid, facts.finished)
         runs[begun["o"]].append((begun["t"], end, begun["seq"]))
@@ -264,6 +283,8 @@ def verify(facts: RunFacts) -> Verdict:
             if end > latest_end:
                 latest_end, latest_seq = end, seq
 
+    _verify_periodic(verdict, facts, periodic_starts)
+
     # lateness overall, during faults (per kind) and quiet; recovery per fault kind
     windows = sorted((f.inject, (f.restore or f.inject) + WINDOW_AFTER, f.kind) for f in facts.faults)
     due = sorted((tasks[key].at_ms / 1000, late) for key, late in lateness.items())
@@ -303,3 +324,58 @@ def verify(facts: RunFacts) -> Verdict:
     verdict.counts["pauses_with_takeover"] = sum(
         1 for f in pauses if f.detail.get("partitions_taken_over", 0) > 0)
     return verdict
+
+
+def occurrence_ids(name: str, seconds: float, since: float, until: float) -> dict[str, int]:
+    """The task ids of entry *name*'s occurrences in [since, until] (epoch seconds), by the
+    occurrence (ms): an interval entry fires at the multiples of its interval since the epoch,
+    under the key (``periodic:<name>``, the occurrence, the occurrence in ISO 8601 UTC)."""
+    every = int(seconds * 1000)
+    first = -(-int(since * 1000) // every) * every
+    found = {}
+    for at in range(first, int(until * 1000) + 1, every):
+        unique = dt.datetime.fromtimestamp(at / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
+        found[TaskKey(PERIODIC_PREFIX + name, at, unique).task_id] = at
+    return found
+
+
+def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, Any]]) -> None:
+    for name in ("periodic_expected", "periodic_ran", "periodic_duplicates"):
+        verdict.counts[name] = 0
+    entries = dict(facts.options.periodic)
+    by_entry: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in starts:
+        by_entry[event["o"].removeprefix(PERIODIC_PREFIX)].append(event)
+    lateness: list[float] = []
+    for name in sorted(set(entries) | set(by_entry)):
+        events = by_entry.get(name, [])
+        if name not in entries:
+            for event in events:
+                verdict.flag("periodic_strays", f"a run of {name}, no entry of the run: {event}")
+            continue
+        known = occurrence_ids(name, entries[name], facts.started - 600, facts.finished + 600)
+        first_start: dict[str, float] = {}
+        for event in events:
+            at = known.get(event.get("task_id", ""))
+            if at is None:
+                verdict.flag("periodic_strays", f"{name}: task id {event.get('task_id')} is no "
+                                                f"occurrence's, started at {event['t']:.3f}")
+                continue
+            if event["task_id"] in first_start:
+                verdict.counts["periodic_duplicates"] += 1
+            first_start[event["task_id"]] = min(first_start.get(event["task_id"], event["t"]), event["t"])
+        for task_id, started in first_start.items():
+            at = known[task_id] / 1000
+            if started - at < -EARLY_TOLERANCE:
+                verdict.flag("early", f"periodic:{name} occurrence {at:.3f} started "
+                                      f"{at - started:.3f}s before it")
+            lateness.append(started - at)
+        expected = occurrence_ids(name, entries[name], facts.started + PERIODIC_STARTUP,
+                                  facts.produced_until)
+        verdict.counts["periodic_expected"] += len(expected)
+        verdict.counts["periodic_ran"] += sum(1 for task_id in expected if task_id in first_start)
+        for task_id, at in sorted(expected.items(), key=lambda item: item[1]):
+            if task_id not in first_start:
+                verdict.flag("periodic_missed", f"{name}: the occurrence at {at / 1000:.3f} never started")
+    if entries:
+        verdict.lateness["periodic occurrences"] = percentiles(lateness)

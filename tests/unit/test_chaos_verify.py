@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.harness import Fault, Options, RunFacts, Task
-from tests.chaos.verify import Verdict, verify
+from tests.chaos.verify import Verdict, occurrence_ids, verify
 
 T0 = 1_900_000_000.0  # the run's start (epoch seconds)
 
@@ -210,3 +210,58 @@ def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
     assert "| kafka-restart | 0 | | | |" in text  # among the faults alone
     assert "- 30.0 s, kafka-restart, with dispatcher-pause" in text
     assert "- 3.0 s, worker-kill, alone" in text
+
+
+# --- periodic entries: an entry "tick" every 2 s; occurrences due from T0 + 10 to T0 + 100
+ENTRY = ("tick", 2.0)
+
+
+def periodic_facts(executions: list[dict[str, Any]]) -> RunFacts:
+    return RunFacts(Options(kinds=(), periodic=(ENTRY,)), [], [], executions, {}, [],
+                    T0, T0 + 100, T0 + 200, True, "")
+
+
+def tick(at: float, start: float | None = None, end: float | None = None, pid: int = 1,
+         task_id: str | None = None) -> list[dict[str, Any]]:
+    """A run of the occurrence at T0 + *at* (by default starting 20 ms after it)."""
+    if task_id is None:
+        [task_id] = occurrence_ids("tick", 2.0, T0 + at, T0 + at)
+    start = at + 0.02 if start is None else start
+    events = run("periodic:tick", 0, start, start + 0.01 if end is None else end, pid)
+    for event in events:
+        event["task_id"] = task_id
+    return events
+
+
+def every_occurrence(but: tuple[float, ...] = ()) -> list[dict[str, Any]]:
+    return [e for at in range(10, 101, 2) if at not in but for e in tick(float(at))]
+
+
+def test_a_periodic_entry_that_ran_every_occurrence_passes() -> None:
+    verdict = verify(periodic_facts(every_occurrence()))
+    assert verdict.ok and violations(verdict) == {}
+    assert (verdict.counts["periodic_expected"], verdict.counts["periodic_ran"]) == (46, 46)
+    assert verdict.lateness["periodic occurrences"]["n"] == 46
+
+
+def test_an_occurrence_that_never_ran_is_missed() -> None:
+    verdict = verify(periodic_facts(every_occurrence(but=(70.0,))))
+    assert violations(verdict) == {"periodic_missed": 1}
+
+
+def test_a_run_under_a_key_no_occurrence_has_is_a_stray() -> None:
+    verdict = verify(periodic_facts(every_occurrence() + tick(71.0, task_id="made-up")))
+    assert violations(verdict) == {"periodic_strays": 1}
+
+
+def test_an_occurrence_run_twice_is_a_duplicate_not_a_violation() -> None:
+    verdict = verify(periodic_facts(every_occurrence() + tick(70.0, start=70.5)))
+    assert verdict.ok and verdict.counts["periodic_duplicates"] == 1
+
+
+def test_two_runs_of_an_entry_at_once_overlap_and_a_run_before_its_time_is_early() -> None:
+    overlapping = every_occurrence(but=(72.0,)) + tick(72.0, start=72.01, end=75.0, pid=2) \
+        + tick(74.0, start=74.5, end=74.6, pid=3)
+    assert violations(verify(periodic_facts(overlapping)))["overlaps"] >= 1
+    early = every_occurrence(but=(80.0,)) + tick(80.0, start=79.5)
+    assert violations(verify(periodic_facts(early))) == {"early": 1}
