@@ -16,14 +16,13 @@ import json
 
 import click
 
-from celery_scheduler import registry
 from celery_scheduler.cli.group import _app, _fail, scheduler
 from celery_scheduler.client import get_client
 from celery_scheduler.clock import now_ms
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.keys import MAX_MS, TaskKey, from_epoch_ms, to_epoch_ms
-from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import Entry, app_entries, envelope_of, next_occurrence, occurrences
+from celery_scheduler.periodic import Entry, app_entries, envelope_of, occurrences
+from celery_scheduler.periodic_views import entry_views
 
 __all__ = ["periodic"]
 
@@ -31,8 +30,10 @@ __all__ = ["periodic"]
 BACKFILL_WITHOUT_ASKING = 100
 
 
-def _iso(ms: int | None) -> str:
-    return "-" if ms is None else from_epoch_ms(ms).isoformat(timespec="seconds")
+def _iso(when: dt.datetime | int | None) -> str | None:
+    if when is None:
+        return None
+    return (from_epoch_ms(when) if isinstance(when, int) else when).isoformat(timespec="seconds")
 
 
 def _time(text: str, what: str) -> int:
@@ -67,40 +68,26 @@ def periodic() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print JSON lines")
 @click.pass_context
 def list_entries(ctx: click.Context, upcoming: int, as_json: bool) -> None:
-    """Each entry: its task, schedule, partition, the occurrence it fired last and the next ones."""
+    """Each entry: its task, schedule, partition, the occurrence it fired last (and how that run
+    stands) and the next ones."""
     app = _app(ctx)
-    client = get_client(app)
     try:
-        entries = app_entries(app)
-        partitions = client.task_log.partitions()
-        fired = {p: client.store.last_fired(p)
-                 for p in {partition_for(e.ordering_id, partitions) for e in entries}}
+        views = entry_views(app, get_client(app), upcoming)
     except SchedulerError as exc:
         _fail(exc)
-    now = now_ms()
-    scheduled = registry.names(app)
-    for entry in entries:
-        partition = partition_for(entry.ordering_id, partitions)
-        last = fired[partition].get(entry.name)
-        nexts: list[int] = []
-        after = now if last is None else max(now, last)
-        for _ in range(upcoming):
-            after = next_occurrence(entry, after, app.timezone)
-            nexts.append(after)
+    for view in views:
         if as_json:
-            click.echo(json.dumps({"name": entry.name, "task": entry.task,
-                                   "schedule": str(entry.schedule), "partition": partition,
-                                   "catch_up": entry.catch_up.value,
-                                   "scheduled_task": entry.task in scheduled,
-                                   "last_fired": _iso(last) if last is not None else None,
-                                   "next": [_iso(at) for at in nexts]}))
+            click.echo(json.dumps({**dataclasses.asdict(view),
+                                   "last_fired": _iso(view.last_fired),
+                                   "next": [_iso(at) for at in view.next]}))
             continue
-        click.echo(f"{entry.name}: {entry.task} {entry.schedule}, partition {partition}, "
-                   f"catch up {entry.catch_up.value}, last fired {_iso(last)}"
-                   + (f", next {', '.join(_iso(at) for at in nexts)}" if nexts else "")
-                   + ("" if entry.task in scheduled else
+        click.echo(f"{view.name}: {view.task} {view.schedule}, partition {view.partition}, "
+                   f"catch up {view.catch_up}, last fired {_iso(view.last_fired) or '-'}"
+                   + (f" ({view.last_state})" if view.last_state else "")
+                   + (f", next {', '.join(_iso(at) or '' for at in view.next)}" if view.next else "")
+                   + ("" if view.scheduled_task else
                       " (not a scheduled task here: see celery_scheduler.periodic_tasks.install)"))
-    if not entries:
+    if not views:
         click.echo("the app's beat_schedule has no entries")
 
 

@@ -57,6 +57,7 @@ def create_app(celery_app: Any) -> FastAPI:
     web = FastAPI(title="celery_scheduler", version=__version__,
                   description="Schedule, cancel and look at scheduled Celery tasks.")
     web.state.client = get_client(celery_app)
+    web.state.celery_app = celery_app  # its beat_schedule, for the periodic entries
     web.add_middleware(KeepSlashes)  # a key part with "/" in it routes as one segment
     web.include_router(api.router)
     web.include_router(pages.router)

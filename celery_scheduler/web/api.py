@@ -1,5 +1,5 @@
 """The HTTP API, ``/api/v1``: schedule a registered task, cancel, status, an ordering id's
-tasks, partitions, what falls due next, dead letters.
+tasks, partitions, what falls due next, dead letters, periodic entries.
 
 For producers that are not Python, and for tools. Every request carries a bearer token from
 ``scheduler_api_tokens``: a ``read`` token may look, a ``write`` token may also schedule and
@@ -32,6 +32,7 @@ from celery_scheduler.operations import (
     tasks_in_state,
 )
 from celery_scheduler.partitioner import partition_for
+from celery_scheduler.periodic_views import entry_views
 from celery_scheduler.web.paths import KeyPart, segments
 from celery_scheduler.web.tokens import scope_of
 
@@ -333,3 +334,24 @@ def dead_letters(request: Request,
             break
     return found
 
+
+
+class PeriodicEntryOut(BaseModel):
+    name: str
+    task: str
+    schedule: str = Field(description="Celery's schedule, as it prints itself")
+    partition: int = Field(description="the partition whose dispatcher fires the entry")
+    catch_up: str
+    scheduled_task: bool = Field(description="false: dispatchers refuse to start with this entry")
+    last_fired: dt.datetime | None = Field(description="the latest occurrence written")
+    last_state: str | None = Field(description="its task's state (null: unknown or expired)")
+    last_error: str | None
+    next: list[dt.datetime]
+
+
+@router.get("/periodic", response_model=list[PeriodicEntryOut], dependencies=[Depends(reader)])
+def periodic_entries(request: Request,
+                     upcoming: Annotated[int, Query(ge=0, le=100)] = 3) -> list[PeriodicEntryOut]:
+    """The entries of the app's beat_schedule, fired by the dispatchers (scheduler_periodic)."""
+    views = entry_views(request.app.state.celery_app, client(request), upcoming)
+    return [PeriodicEntryOut(**asdict(view)) for view in views]

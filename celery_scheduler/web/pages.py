@@ -1,5 +1,5 @@
 """The console's pages: partitions and what falls due next, an ordering id's timeline, the
-failed and blocked tasks, one task key, the dead letters.
+failed and blocked tasks, one task key, the dead letters, the periodic entries.
 
 Server-rendered from Jinja2 templates (``web/templates``, every value escaped; no scripts):
 a ``read`` token opens them, given once as ``?token=...`` and kept in a cookie (same-site
@@ -29,6 +29,7 @@ from celery_scheduler.operations import (
     tasks_in_state,
     waiting_note,
 )
+from celery_scheduler.periodic_views import entry_views
 from celery_scheduler.web.api import client, task_key
 from celery_scheduler.web.paths import KeyPart, segments
 from celery_scheduler.web.tokens import scope_of
@@ -219,3 +220,21 @@ def dead_letters_page(request: Request, token: Token = None,
     rows = [(letter.offset, letter.source, letter.task or "?", letter.as_json()["key"], letter.reason)
             for letter in letters]
     return _kept(_page(request, "dead_letters.html", "Dead letters", rows=rows), token)
+
+
+@router.get("/periodic", response_class=HTMLResponse)
+def periodic_page(request: Request, token: Token = None) -> Response:
+    refused = _guard(request, token)
+    if refused is not None:
+        return refused
+    try:
+        views = entry_views(request.app.state.celery_app, client(request))
+    except SchedulerError as exc:
+        return _message(request, "Periodic entries", str(exc), 503)
+    rows = [(v.name, v.task, v.schedule, v.partition, v.catch_up,
+             v.last_fired.isoformat(timespec="seconds") if v.last_fired else "-",
+             v.last_state or "-", v.last_error,
+             ", ".join(at.isoformat(timespec="seconds") for at in v.next)) for v in views]
+    return _kept(_page(request, "periodic.html", "Periodic entries", rows=rows,
+                       css=["" if v.scheduled_task and v.last_state != "failed" else "late"
+                            for v in views]), token)

@@ -12,11 +12,13 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab
 from click.testing import CliRunner
+from fastapi.testclient import TestClient
 
 from celery_scheduler import periodic_tasks
 from celery_scheduler.cli import scheduler as scheduler_command
 from celery_scheduler.errors import PeriodicEntryError
 from celery_scheduler.testing import scheduler_testing
+from celery_scheduler.web import create_app
 
 UTC = dt.timezone.utc
 START = dt.datetime(2030, 1, 1, 9, 0, 30, tzinfo=UTC)
@@ -136,3 +138,29 @@ def test_entries_added_with_add_periodic_task_fire_too() -> None:
     assert [(run.envelope.key.ordering_id, run.at, run.result.get()) for run in runs] == [
         ("periodic:ping every 30 s", dt.datetime(2030, 1, 1, 9, m, s, tzinfo=UTC), "pong")
         for m, s in ((1, 0), (1, 30))]
+
+
+READ = {"Authorization": "Bearer read-token-0123456789"}
+
+
+def test_the_http_api_and_the_console_show_each_entry_its_last_run_and_the_next_ones() -> None:
+    app = periodic_app("web", {
+        "minutely": {"task": "web.report", "schedule": 60, "args": ["m"]},
+        "<b>sweep</b>": {"task": "web.sweep", "schedule": crontab(minute="*/15")},
+    })
+    app.conf.scheduler_api_tokens = {"read-token-0123456789": "read"}
+    with scheduler_testing(app, start=START) as scheduler:
+        scheduler.advance(dt.timedelta(minutes=3))
+        http = TestClient(create_app(app))
+        assert http.get("/api/v1/periodic").status_code == 401
+        listed = {entry["name"]: entry for entry in http.get("/api/v1/periodic", headers=READ).json()}
+        minutely = listed["minutely"]
+        assert (minutely["task"], minutely["last_fired"], minutely["last_state"]) == (
+            "web.report", "2030-01-01T09:03:00Z", "succeeded")
+        assert minutely["next"] == ["2030-01-01T09:04:00Z", "2030-01-01T09:05:00Z",
+                                    "2030-01-01T09:06:00Z"]
+        assert listed["<b>sweep</b>"]["last_fired"] is None  # 9:15 has not come
+        page = http.get("/periodic", params={"token": "read-token-0123456789"})
+        assert page.status_code == 200
+        assert "&lt;b&gt;sweep&lt;/b&gt;" in page.text and "<b>sweep</b>" not in page.text
+        assert "2030-01-01T09:03:00+00:00" in page.text and "succeeded" in page.text
