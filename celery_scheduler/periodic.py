@@ -46,7 +46,7 @@ from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import PeriodicEntryError, ScheduleError
 from celery_scheduler.keys import MAX_MS, TaskKey, to_epoch_ms
 
-__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "app_entries", "entries", "envelope_of", "key",
+__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "app_entries", "entries", "envelope_of", "every", "key",
            "missed", "next_occurrence", "occurrences", "to_fire"]
 
 PERIODIC_PREFIX = "periodic:"
@@ -95,7 +95,7 @@ def _json(entry: str, what: str, value: Any) -> None:
         raise PeriodicEntryError(entry, f"its {what} must be JSON values ({exc})") from None
 
 
-def _every(spec: schedule) -> dt.timedelta:
+def every(spec: schedule) -> dt.timedelta:
     """An interval schedule's ``run_every`` (Celery keeps it as a timedelta)."""
     every: dt.timedelta = cast(Any, spec).run_every  # celery-types does not declare it
     return every
@@ -107,8 +107,8 @@ def _schedule(entry: str, value: Any, relative: bool) -> schedule | crontab:
     if isinstance(value, crontab):
         return value
     if isinstance(value, schedule):
-        if _every(value).total_seconds() <= 0:
-            raise PeriodicEntryError(entry, f"its interval must be positive, got {_every(value)}")
+        if every(value).total_seconds() <= 0:
+            raise PeriodicEntryError(entry, f"its interval must be positive, got {every(value)}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float, dt.timedelta)):
         raise PeriodicEntryError(
@@ -216,7 +216,7 @@ def occurrences(entry: Entry, after_ms: int, until_ms: int, tz: dt.tzinfo) -> li
     spec = entry.schedule
     found: list[int] = []
     times = (_crontab(spec, after_ms, until_ms, tz) if isinstance(spec, crontab) else
-             _interval(max(1, int(_every(spec).total_seconds() * 1000)), after_ms, until_ms))
+             _interval(max(1, int(every(spec).total_seconds() * 1000)), after_ms, until_ms))
     for at in times:
         found.append(at)
         if len(found) > MAX_OCCURRENCES:
@@ -272,7 +272,7 @@ def next_occurrence(entry: Entry, after_ms: int, tz: dt.tzinfo) -> int:
     spec = entry.schedule
     if isinstance(spec, crontab):
         return next(_crontab(spec, after_ms, MAX_MS, tz))
-    every_ms = max(1, int(_every(spec).total_seconds() * 1000))
+    every_ms = max(1, int(every(spec).total_seconds() * 1000))
     return next(_interval(every_ms, after_ms, MAX_MS))
 
 

@@ -118,7 +118,7 @@ class SchedulerTesting:
         self.engine.assign(range(task_log.partitions()))
         # beat_schedule's entries, fired as the dispatcher fires them (scheduler_periodic)
         self._firer = firer_of(app, settings, store, self._ingest.apply, lambda partition: True,
-                               task_log.partitions(), clock)
+                               task_log.partitions(), clock, changes_every_ms=0)
 
     # --- time ------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ dispatchers fire them, and the operator's ways to run one now or backfill a span
     celery -A proj scheduler periodic list [--next N] [--json]
     celery -A proj scheduler periodic trigger NAME         # one run now, after the entry's others
     celery -A proj scheduler periodic backfill NAME SINCE UNTIL [--yes]
+    celery -A proj scheduler periodic pause|resume|delete|reset NAME
+    celery -A proj scheduler periodic add NAME --task TASK (--every SECONDS | --crontab "M H DOM MON DOW")
 """
 
 from __future__ import annotations
@@ -143,3 +145,76 @@ def backfill(ctx: click.Context, name: str, since: str, until: str, yes: bool) -
     except SchedulerError as exc:
         _fail(exc)
     click.echo(f"scheduled {len(found)} occurrence(s) of {name}, {_iso(found[0])} to {_iso(found[-1])}")
+
+
+def _admin(ctx: click.Context, action: str, name: str) -> None:
+    from celery_scheduler import periodic_admin
+
+    app = _app(ctx)
+    try:
+        getattr(periodic_admin, action)(app, name)
+    except SchedulerError as exc:
+        _fail(exc)
+    done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}.get(action)
+    click.echo(f"{name}: {done}; the dispatcher that fires it applies that within seconds"
+               if done else f"{name}: as beat_schedule says again")
+
+
+def _admin_command(action: str, doc: str) -> None:
+    @periodic.command(name=action, help=doc)
+    @click.argument("name")
+    @click.pass_context
+    def command(ctx: click.Context, name: str) -> None:
+        _admin(ctx, action, name)
+
+
+for _action, _doc in (
+        ("pause", "Entry NAME fires nothing until resumed (what falls due meanwhile is skipped)."),
+        ("resume", "Entry NAME fires again, from its first occurrence after now."),
+        ("delete", "Entry NAME never fires again, whatever beat_schedule says (until reset)."),
+        ("reset", "Forget what was changed of entry NAME at run time.")):
+    _admin_command(_action, _doc)
+
+
+@periodic.command()
+@click.argument("name")
+@click.option("--task", required=True, help="a scheduled task's name")
+@click.option("--every", type=click.FloatRange(min=0.001), default=None, help="seconds between runs")
+@click.option("--crontab", "cron", default=None, help='"MINUTE HOUR DAY_OF_MONTH MONTH DAY_OF_WEEK"')
+@click.option("--args", "args_json", default="[]", show_default=True, help="JSON list")
+@click.option("--kwargs", "kwargs_json", default="{}", show_default=True, help="JSON object")
+@click.option("--options", "options_json", default="{}", show_default=True, help="Celery options, JSON")
+@click.option("--catch-up", type=click.Choice(["last", "all", "none"]), default="last", show_default=True)
+@click.option("--jitter", type=click.FloatRange(min=0), default=0.0, show_default=True, help="seconds")
+@click.pass_context
+def add(ctx: click.Context, name: str, task: str, every: float | None, cron: str | None,
+        args_json: str, kwargs_json: str, options_json: str, catch_up: str, jitter: float) -> None:
+    """Add entry NAME at run time, or replace its definition."""
+    from celery.schedules import crontab
+
+    from celery_scheduler import periodic_admin
+
+    if (every is None) == (cron is None):
+        raise click.UsageError("give exactly one of --every and --crontab")
+    schedule: object = every
+    if cron is not None:
+        fields = cron.split()
+        if len(fields) != 5:
+            raise click.BadParameter(f"{cron!r} is not five crontab fields", param_hint="--crontab")
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        try:
+            schedule = crontab(minute, hour, day_of_week, day_of_month, month_of_year)
+        except ValueError as exc:
+            raise click.BadParameter(f"{cron!r}: {exc}", param_hint="--crontab") from None
+    try:
+        spec = {"task": task, "schedule": schedule, "args": json.loads(args_json),
+                "kwargs": json.loads(kwargs_json), "options": json.loads(options_json),
+                "catch_up": catch_up, "jitter": jitter}
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+    app = _app(ctx)
+    try:
+        periodic_admin.add(app, name, spec)
+    except SchedulerError as exc:
+        _fail(exc)
+    click.echo(f"{name}: added; the dispatcher that fires it applies that within seconds")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from celery_scheduler import registry
+from celery_scheduler import periodic_changes, registry
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.config import Settings
 from celery_scheduler.dispatcher.firing import Firing
@@ -23,16 +23,18 @@ from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.outages import Outages
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import app_entries, envelope_of
-from celery_scheduler.store.base import FiredLog, Operation, Put
+from celery_scheduler.periodic import Entry, app_entries, envelope_of
+from celery_scheduler.store.base import Operation, PeriodicLog, Put
 
-__all__ = ["FIRE_AHEAD_MS", "Firer", "firer_of"]
+__all__ = ["CHANGES_EVERY_MS", "FIRE_AHEAD_MS", "Firer", "firer_of"]
 
 logger = logging.getLogger(__name__)
 
 # How long before its time an occurrence is written: enough for the engine to load it and
 # mark it released ahead (scheduler_release_ahead_seconds), so that it starts on time.
 FIRE_AHEAD_MS = 5_000
+# How often the changes made to entries at run time are read (one small request).
+CHANGES_EVERY_MS = 2_000
 
 
 class Firer:
@@ -43,10 +45,12 @@ class Firer:
     *retry_of* gives a task name's retry policy (the scheduled task's, or the settings').
     """
 
-    def __init__(self, plan: Firing, store: FiredLog,
+    def __init__(self, plan: Firing, store: PeriodicLog,
                  write: Callable[[Sequence[Operation]], object],
                  may_write: Callable[[int], bool], retry_of: Callable[[str], RetryPolicy],
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, code: Sequence[Entry] = (),
+                 known_tasks: Callable[[], Collection[str]] | None = None,
+                 changes_every_ms: int = CHANGES_EVERY_MS) -> None:
         self.plan = plan
         self.store = store
         self.write = write
@@ -55,6 +59,12 @@ class Firer:
         self.clock = clock or now_ms
         self.fired_count = 0
         self._outages: Outages[str] = Outages()
+        # the app's beat_schedule, and the entries in force once changes at run time apply
+        self._code = list(code)
+        self._known_tasks = known_tasks
+        self._in_force: tuple[list[Entry], dict[str, int]] = (list(code), {})
+        self._changes_every_ms = changes_every_ms
+        self._changes_read_ms: int | None = None
 
     def step(self) -> int:
         """Fire what is due; how many occurrences were written. A store outage is said once,
@@ -71,7 +81,25 @@ class Firer:
                            ended.describe("they failed"))
         return fired
 
+    def _read_changes(self, now: int) -> None:
+        """Apply the changes made at run time (every CHANGES_EVERY_MS)."""
+        if self._changes_read_ms is not None and now - self._changes_read_ms < self._changes_every_ms:
+            return
+        changes = self.store.entry_changes()
+        self._changes_read_ms = now
+        in_force = periodic_changes.in_force(
+            self._code, changes, None if self._known_tasks is None else self._known_tasks())
+        if in_force != self._in_force:
+            before = {entry.name for entry in self._in_force[0]}
+            after = {entry.name for entry in in_force[0]}
+            logger.info("periodic entries changed at run time: %d in force%s%s", len(after),
+                        f", no longer {sorted(before - after)}" if before - after else "",
+                        f", now also {sorted(after - before)}" if after - before else "")
+            self._in_force = in_force
+            self.plan.update(*in_force)
+
     def _step(self) -> int:
+        self._read_changes(self.clock())
         writable = [p for p in self.plan.partitions if self.may_write(p)]
         self.plan.dropped(p for p in self.plan.partitions if p not in writable)
         now = self.clock()
@@ -90,9 +118,10 @@ class Firer:
         return len(due)
 
 
-def firer_of(app: Any, settings: Settings, store: FiredLog,
+def firer_of(app: Any, settings: Settings, store: PeriodicLog,
              write: Callable[[Sequence[Operation]], object], may_write: Callable[[int], bool],
-             partitions: int, clock: Clock | None = None) -> Firer | None:
+             partitions: int, clock: Clock | None = None,
+             changes_every_ms: int = CHANGES_EVERY_MS) -> Firer | None:
     """The firer of *app*'s periodic entries, with ``scheduler_periodic`` on (else None).
 
     :class:`PeriodicEntryError` names an entry that cannot be run as given, or whose task is
@@ -117,6 +146,9 @@ def firer_of(app: Any, settings: Settings, store: FiredLog,
                   app.timezone, FIRE_AHEAD_MS)
 
     def retry_of(task: str) -> RetryPolicy:
-        return scheduled[task].retry_policy or settings.retry_policy
+        found = registry.get(task)
+        policy = found.retry_policy if found is not None else None
+        return policy or settings.retry_policy
 
-    return Firer(plan, store, write, may_write, retry_of, clock)
+    return Firer(plan, store, write, may_write, retry_of, clock, code=entries,
+                 known_tasks=lambda: registry.names(app), changes_every_ms=changes_every_ms)

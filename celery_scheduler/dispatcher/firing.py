@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -51,23 +52,48 @@ class Firing:
     """
 
     def __init__(self, entries: Sequence[Entry], partition_of: Callable[[str], int],
-                 tz: dt.tzinfo, ahead_ms: int) -> None:
+                 tz: dt.tzinfo, ahead_ms: int, floors: Mapping[str, int] | None = None) -> None:
         self._tz = tz
         self._ahead_ms = ahead_ms
+        self._partition_of = partition_of
         self._entries: dict[int, list[Entry]] = {}
-        for entry in entries:
-            self._entries.setdefault(partition_of(entry.ordering_id), []).append(entry)
-        self._partition = {entry.name: partition for partition, group in self._entries.items()
-                           for entry in group}
-        self._by_name = {entry.name: entry for entry in entries}
+        self._partition: dict[str, int] = {}
+        self._by_name: dict[str, Entry] = {}
+        self._floors: dict[str, int] = {}
+        self._set(entries, floors or {})
         # partitions whose entries are fired here: what each fired last (None: nothing yet)
         self._last: dict[int, dict[str, int | None]] = {}
         # occurrences found missed when a partition was taken, not scheduled yet
         self._missed: list[Occurrence] = []
-        # the next occurrence of each entry of a taken partition, and a heap of them: an
-        # item whose time is no longer its entry's next is stale, and skipped
-        self._next: dict[str, int] = {}
-        self._heap: list[tuple[int, str]] = []
+        # the next occurrence of each entry of a taken partition, and a heap of them: an item
+        # (time, number, name) that is no longer its entry's next is stale, and skipped. The
+        # number tells apart two items of one entry and time (an entry taken again, say)
+        self._next: dict[str, tuple[int, int]] = {}
+        self._heap: list[tuple[int, int, str]] = []
+        self._numbers = itertools.count()
+
+    def _set(self, entries: Sequence[Entry], floors: Mapping[str, int]) -> None:
+        self._entries = {}
+        for entry in entries:
+            self._entries.setdefault(self._partition_of(entry.ordering_id), []).append(entry)
+        self._partition = {entry.name: partition for partition, group in self._entries.items()
+                           for entry in group}
+        self._by_name = {entry.name: entry for entry in entries}
+        self._floors = dict(floors)
+
+    def update(self, entries: Sequence[Entry], floors: Mapping[str, int]) -> None:
+        """The entries in force are now *entries* (changed at run time), none of them firing
+        before its floor (when it was resumed): a partition whose entries changed is taken
+        again, reading what the store says they fired."""
+        old, old_floors = self._entries, self._floors
+        self._set(entries, floors)
+
+        def state(group: dict[int, list[Entry]], bounds: Mapping[str, int], partition: int
+                  ) -> list[tuple[Entry, int | None]]:
+            return [(entry, bounds.get(entry.name)) for entry in group.get(partition, ())]
+
+        self.dropped([p for p in set(old) | set(self._entries)
+                      if state(old, old_floors, p) != state(self._entries, self._floors, p)])
 
     @property
     def partitions(self) -> frozenset[int]:
@@ -85,6 +111,9 @@ class Firing:
         lasts: dict[str, int | None] = {}
         for entry in self._entries.get(partition, ()):
             last = last_fired.get(entry.name)
+            floor = self._floors.get(entry.name)
+            if floor is not None:  # resumed: nothing before it fires
+                last = floor if last is None else max(last, floor)
             lasts[entry.name] = last
             self._missed.extend(Occurrence(entry, partition, at)
                                 for at in missed(entry, last, now_ms, self._tz))
@@ -93,8 +122,9 @@ class Firing:
 
     def _schedule(self, name: str, after_ms: int) -> None:
         at = next_occurrence(self._by_name[name], after_ms, self._tz)
-        self._next[name] = at
-        heapq.heappush(self._heap, (at, name))
+        item = (at, next(self._numbers), name)
+        self._next[name] = item[:2]
+        heapq.heappush(self._heap, item)
 
     def dropped(self, partitions: Iterable[int]) -> None:
         """These partitions fire elsewhere now (their lease was lost or given up)."""
@@ -110,12 +140,13 @@ class Firing:
         Each stays due until :meth:`fired` says its task was written."""
         found = list(self._missed)
         horizon = now_ms + self._ahead_ms
-        kept: list[tuple[int, str]] = []
+        kept: list[tuple[int, int, str]] = []
         while self._heap and self._heap[0][0] <= horizon:
-            at, name = heapq.heappop(self._heap)
-            if self._next.get(name) != at:
-                continue  # stale: fired, or its partition dropped
-            kept.append((at, name))
+            item = heapq.heappop(self._heap)
+            at, number, name = item
+            if self._next.get(name) != (at, number):
+                continue  # stale: fired, or its partition dropped or taken again
+            kept.append(item)
             found.append(Occurrence(self._by_name[name], self._partition[name], at))
         for item in kept:
             heapq.heappush(self._heap, item)
@@ -126,7 +157,7 @@ class Firing:
         entry fires here)."""
         if self._missed:
             return min(o.at_ms for o in self._missed)
-        while self._heap and self._next.get(self._heap[0][1]) != self._heap[0][0]:
+        while self._heap and self._next.get(self._heap[0][2]) != self._heap[0][:2]:
             heapq.heappop(self._heap)  # stale
         return self._heap[0][0] if self._heap else None
 
@@ -145,7 +176,8 @@ class Firing:
             if before is None or occurrence.at_ms > before:
                 lasts[name] = occurrence.at_ms
                 written.setdefault(occurrence.partition, {})[name] = occurrence.at_ms
-            if self._next.get(name, occurrence.at_ms + 1) <= occurrence.at_ms:
+            upcoming = self._next.get(name)
+            if upcoming is not None and upcoming[0] <= occurrence.at_ms:
                 self._schedule(name, occurrence.at_ms)
         self._missed = [o for o in self._missed if (o.entry.name, o.at_ms) not in done]
         return written

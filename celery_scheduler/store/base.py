@@ -6,7 +6,7 @@
   retries, completions and workers' reports);
 - :class:`LeaseTable`: which dispatcher owns which partition, and the fence on its writes;
 - :class:`OperatorReads`: what the CLI, the HTTP API and the console show;
-- :class:`FiredLog`: what each periodic entry fired last, for the dispatcher that fires it;
+- :class:`PeriodicLog`: what each periodic entry fired last, and entries changed at run time;
 - :class:`StatusReads`, a key's status, which all of them read.
 
 :class:`ScheduleStore` is all of them, with the schema; the stores (``cassandra``,
@@ -24,6 +24,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.records import (
     Cancel,
     Cursor,
+    EntryChange,
     Lease,
     Operation,
     Put,
@@ -38,10 +39,10 @@ from celery_scheduler.store.records import (
     write_bucket,
 )
 
-__all__ = ["Cancel", "Cursor", "FiredLog", "Lease", "LeaseTable", "Operation", "OperatorReads", "Put",
-           "ReleaseLedger", "Retry", "RunTimes", "ScheduleStore", "State", "StatusReads",
-           "StoredTask", "TaskStatus", "TaskWriter", "bucket_of", "droppable", "settled_state",
-           "write_bucket"]
+__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "LeaseTable", "Operation", "OperatorReads",
+           "PeriodicLog", "Put", "ReleaseLedger", "Retry", "RunTimes", "ScheduleStore", "State",
+           "StatusReads", "StoredTask", "TaskStatus", "TaskWriter", "bucket_of", "droppable",
+           "settled_state", "write_bucket"]
 
 
 class StatusReads(abc.ABC):
@@ -265,9 +266,10 @@ class OperatorReads(StatusReads):
         """The rows of *ordering_id* (in *partition*) still in the schedule, in schedule order."""
 
 
-class FiredLog(abc.ABC):
-    """What each periodic entry fired last (see :mod:`celery_scheduler.dispatcher.firing`),
-    kept with the partition that fires it and written only by its owner."""
+class PeriodicLog(abc.ABC):
+    """The periodic entries' state: what each fired last (see
+    :mod:`celery_scheduler.dispatcher.firing`), kept with the partition that fires it and
+    written only by its owner; and the changes made to entries at run time."""
 
     @abc.abstractmethod
     def last_fired(self, partition: int) -> dict[str, int]:
@@ -277,8 +279,20 @@ class FiredLog(abc.ABC):
     def note_fired(self, partition: int, fired: Mapping[str, int]) -> None:
         """Keep *fired* (entry name to occurrence, epoch ms) as the entries' latest."""
 
+    @abc.abstractmethod
+    def entry_changes(self) -> dict[str, EntryChange]:
+        """Every entry changed at run time, by name."""
 
-class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, FiredLog):
+    @abc.abstractmethod
+    def change_entry(self, change: EntryChange) -> None:
+        """Keep *change* as what was changed of its entry (it replaces the one before)."""
+
+    @abc.abstractmethod
+    def forget_entry_change(self, name: str) -> None:
+        """The entry is beat_schedule's again (or gone, if it was added at run time)."""
+
+
+class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, PeriodicLog):
     """Persists pending tasks by (partition, time), task status by key, and partition leases."""
 
     bucket_seconds: int

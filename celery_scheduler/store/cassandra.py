@@ -33,8 +33,8 @@ from celery_scheduler.store.base import (
     StoredTask,
     TaskStatus,
 )
-from celery_scheduler.store.cassandra_fired import FiredEntries
 from celery_scheduler.store.cassandra_leases import PartitionLeases
+from celery_scheduler.store.cassandra_periodic import PeriodicEntries
 from celery_scheduler.store.cassandra_views import OperatorViews
 from celery_scheduler.store.cql import (
     INDEX_BUCKET,
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 STATUSES_A_REQUEST = 100
 
 
-class CassandraScheduleStore(OperatorViews, PartitionLeases, FiredEntries, ScheduleStore):
+class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, ScheduleStore):
     """Pending tasks and task status in one Cassandra keyspace."""
 
     def __init__(self, contact_points: Sequence[str], keyspace: str, *, port: int = 9042,

@@ -12,6 +12,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store import lifecycle
 from celery_scheduler.store.base import (
     Cursor,
+    EntryChange,
     Lease,
     RunTimes,
     ScheduleStore,
@@ -45,6 +46,7 @@ class MemoryScheduleStore(ScheduleStore):
         self._kept: dict[TaskKey, ScheduleEnvelope] = {}
         # partition -> periodic entry -> its latest occurrence fired
         self._fired: dict[int, dict[str, int]] = {}
+        self._changes: dict[str, EntryChange] = {}  # periodic entries changed at run time
         self._lock = threading.Lock()
 
     def create_schema(self, status_shards: int | None = None) -> int:
@@ -52,9 +54,9 @@ class MemoryScheduleStore(ScheduleStore):
 
     def drop_schema(self) -> bool:
         with self._lock:
-            held = bool(self._rows or self._status or self._leases or self._fired)
+            held = bool(self._rows or self._status or self._leases or self._fired or self._changes)
             for table in (self._rows, self._index, self._status, self._leases, self._remnants,
-                          self._kept, self._fired):
+                          self._kept, self._fired, self._changes):
                 table.clear()
         return held
 
@@ -65,6 +67,18 @@ class MemoryScheduleStore(ScheduleStore):
     def note_fired(self, partition: int, fired: Mapping[str, int]) -> None:
         with self._lock:
             self._fired.setdefault(partition, {}).update(fired)
+
+    def entry_changes(self) -> dict[str, EntryChange]:
+        with self._lock:
+            return dict(self._changes)
+
+    def change_entry(self, change: EntryChange) -> None:
+        with self._lock:
+            self._changes[change.name] = change
+
+    def forget_entry_change(self, name: str) -> None:
+        with self._lock:
+            self._changes.pop(name, None)
 
     def _set_row(self, task: StoredTask) -> None:
         self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task

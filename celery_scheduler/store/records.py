@@ -18,7 +18,7 @@ from typing import NamedTuple
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
-__all__ = ["Cancel", "Cursor", "Lease", "Operation", "Put", "Retry", "RunTimes", "State",
+__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "Operation", "Put", "Retry", "RunTimes", "State",
            "StoredTask", "TaskStatus", "bucket_of", "droppable", "settled_state", "write_bucket"]
 
 
@@ -110,6 +110,19 @@ class Lease:
     owner: str
     epoch: int
     expires_ms: int
+
+
+@dataclass(frozen=True)
+class EntryChange:
+    """What was changed at run time of periodic entry *name* (see
+    :mod:`celery_scheduler.periodic_admin`); it wins over the app's ``beat_schedule``."""
+
+    name: str
+    paused: bool = False  # fires nothing until resumed
+    deleted: bool = False  # fires nothing, whatever beat_schedule says, until reset
+    definition: str | None = None  # the entry as JSON, added or replacing beat_schedule's
+    resumed_ms: int = 0  # when it was last resumed: no occurrence before fires
+    updated_ms: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from typing import Any
 
 from celery_scheduler.errors import ConfigurationError
 
-__all__ = ["FIRED_TABLE", "LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE", "STATUS_COLUMNS",
+__all__ = ["CHANGES_TABLE", "FIRED_TABLE", "LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE",
+           "STATUS_COLUMNS",
            "check_identifier", "keyspace_statements"]
 
 # Where earlier versions kept statuses, one Cassandra partition a key: ``init`` copies its
@@ -33,6 +34,8 @@ LEASES_TABLE = "leases"
 OLD_LEASE_TABLE = "partition_lease"
 # What each periodic entry fired last, by the Kafka partition that fires it.
 FIRED_TABLE = "periodic_fired"
+# The periodic entries changed at run time (paused, deleted, added): few, in one partition.
+CHANGES_TABLE = "periodic_changes"
 # The columns of a status besides its key, as both tables name them (the old table may
 # lack the last four, added to it after its first version).
 STATUS_COLUMNS = ("state", "task", "partition", "bucket", "attempts", "last_error", "outcome",
@@ -145,6 +148,17 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             entry text,
             occurrence timestamp,
             PRIMARY KEY (partition, entry)
+        )""",
+        # periodic entries changed at run time; the ring is always 0 (see CHANGES_TABLE)
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{CHANGES_TABLE} (
+            ring int,
+            entry text,
+            paused boolean,
+            deleted boolean,
+            definition text,
+            resumed_at timestamp,
+            updated_at timestamp,
+            PRIMARY KEY (ring, entry)
         )""",
         # the leases of earlier versions, each retired by the first dispatcher of this
         # version that leases its partition (see OLD_LEASE_TABLE)

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from celery_scheduler import periodic_admin
 from celery_scheduler.api import registered
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import CELERY_OPTIONS, CancelEnvelope
@@ -343,6 +344,8 @@ class PeriodicEntryOut(BaseModel):
     partition: int = Field(description="the partition whose dispatcher fires the entry")
     catch_up: str
     scheduled_task: bool = Field(description="false: dispatchers refuse to start with this entry")
+    source: str = Field(description="beat_schedule, run time, or beat_schedule replaced at run time")
+    state: str = Field(description="active, paused or deleted")
     last_fired: dt.datetime | None = Field(description="the latest occurrence written")
     last_state: str | None = Field(description="its task's state (null: unknown or expired)")
     last_error: str | None
@@ -355,3 +358,49 @@ def periodic_entries(request: Request,
     """The entries of the app's beat_schedule, fired by the dispatchers (scheduler_periodic)."""
     views = entry_views(request.app.state.celery_app, client(request), upcoming)
     return [PeriodicEntryOut(**asdict(view)) for view in views]
+
+
+class PeriodicEntryIn(BaseModel):
+    task: str
+    every: float | None = Field(default=None, gt=0, description="seconds between runs")
+    crontab: str | None = Field(default=None, description="MINUTE HOUR DAY_OF_MONTH MONTH DAY_OF_WEEK")
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)
+    catch_up: str = "last"
+    jitter: float = 0.0
+
+
+@router.put("/periodic/{name}", status_code=204, dependencies=[Depends(writer)])
+def add_periodic_entry(name: str, entry: PeriodicEntryIn, request: Request) -> None:
+    """Add entry *name* at run time, or replace its definition (one of every or crontab)."""
+    from celery.schedules import crontab
+
+    if (entry.every is None) == (entry.crontab is None):
+        raise HTTPException(422, "give exactly one of every and crontab")
+    schedule: Any = entry.every
+    if entry.crontab is not None:
+        fields = entry.crontab.split()
+        if len(fields) != 5:
+            raise HTTPException(422, f"crontab {entry.crontab!r} is not five fields")
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        try:
+            schedule = crontab(minute, hour, day_of_week, day_of_month, month_of_year)
+        except ValueError as exc:
+            raise HTTPException(422, f"crontab {entry.crontab!r}: {exc}") from None
+    periodic_admin.add(request.app.state.celery_app, name, {
+        "task": entry.task, "schedule": schedule, "args": entry.args, "kwargs": entry.kwargs,
+        "options": entry.options, "catch_up": entry.catch_up, "jitter": entry.jitter})
+
+
+@router.post("/periodic/{name}/{action}", status_code=204, dependencies=[Depends(writer)])
+def change_periodic_entry(name: str, action: Annotated[str, Path(pattern="^(pause|resume|reset)$")],
+                          request: Request) -> None:
+    """Pause, resume or reset (to beat_schedule's) entry *name*."""
+    getattr(periodic_admin, action)(request.app.state.celery_app, name)
+
+
+@router.delete("/periodic/{name}", status_code=204, dependencies=[Depends(writer)])
+def delete_periodic_entry(name: str, request: Request) -> None:
+    """Entry *name* never fires again, whatever beat_schedule says (until reset)."""
+    periodic_admin.delete(request.app.state.celery_app, name)

@@ -17,8 +17,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from celery_scheduler import periodic_admin
 from celery_scheduler.envelope import CancelEnvelope
-from celery_scheduler.errors import NotRetryableError, SchedulerError
+from celery_scheduler.errors import NotRetryableError, PeriodicEntryError, SchedulerError
 from celery_scheduler.operations import (
     describe_key,
     due_soon,
@@ -31,7 +32,7 @@ from celery_scheduler.operations import (
 )
 from celery_scheduler.periodic_views import entry_views
 from celery_scheduler.web.api import client, task_key
-from celery_scheduler.web.paths import KeyPart, segments
+from celery_scheduler.web.paths import KeyPart, segment, segments
 from celery_scheduler.web.tokens import scope_of
 
 __all__ = ["router"]
@@ -231,10 +232,29 @@ def periodic_page(request: Request, token: Token = None) -> Response:
         views = entry_views(request.app.state.celery_app, client(request))
     except SchedulerError as exc:
         return _message(request, "Periodic entries", str(exc), 503)
-    rows = [(v.name, v.task, v.schedule, v.partition, v.catch_up,
-             v.last_fired.isoformat(timespec="seconds") if v.last_fired else "-",
-             v.last_state or "-", v.last_error,
-             ", ".join(at.isoformat(timespec="seconds") for at in v.next)) for v in views]
-    return _kept(_page(request, "periodic.html", "Periodic entries", rows=rows,
-                       css=["" if v.scheduled_task and v.last_state != "failed" else "late"
-                            for v in views]), token)
+    entries = [{"name": v.name, "path": segment(v.name), "state": v.state,
+                "late": not v.scheduled_task or v.last_state == "failed",
+                "cells": (v.task, v.schedule, v.source, v.state, v.partition, v.catch_up,
+                          v.last_fired.isoformat(timespec="seconds") if v.last_fired else "-",
+                          v.last_state or "-", v.last_error or "",
+                          ", ".join(at.isoformat(timespec="seconds") for at in v.next))}
+               for v in views]
+    return _kept(_page(request, "periodic.html", "Periodic entries", entries=entries,
+                       writer=_may_write(request, token)), token)
+
+
+@router.post("/periodic/{name}/{action}")
+def change_periodic_from_page(name: KeyPart, action: str, request: Request) -> Response:
+    """The pause, resume, delete and reset buttons: need the write token in the cookie."""
+    if action not in ("pause", "resume", "delete", "reset"):
+        return _message(request, "Periodic entries", f"no such action {action!r}", 404)
+    if not _may_write(request):
+        return _message(request, "Periodic entries", "Changing an entry needs a write token of "
+                                                     "scheduler_api_tokens.", 403)
+    try:
+        getattr(periodic_admin, action)(request.app.state.celery_app, name)
+    except PeriodicEntryError as exc:
+        return _message(request, "Periodic entries", str(exc), 404)
+    except SchedulerError as exc:
+        return _message(request, "Periodic entries", str(exc), 503)
+    return RedirectResponse("/periodic", status_code=303)

@@ -168,3 +168,22 @@ def test_with_thousands_of_entries_only_the_due_ones_come_out() -> None:
     assert plan.due(ms(2030, 1, 1, 9, 30)) == []
     due = plan.due(ms(2030, 1, 1, 9, 59, 56))
     assert len(due) == 5_000 and set(times(due)) == {ms(2030, 1, 1, 10, 0)}
+
+
+def test_an_entry_changed_at_run_time_is_taken_again_and_fires_each_occurrence_once() -> None:
+    entry = every_minute()
+    home = partition_of(entry.ordering_id)
+    plan = firing(entry)
+    plan.taken(home, {}, ms(2030, 1, 1, 9, 0, 30))
+    every_two = entry_of("tick", {"task": "t", "schedule": crontab(minute="*/2")})
+    plan.update([every_two], {})  # its next occurrence, 9:02, is the old one's second
+    assert plan.to_take([home]) == [home]
+    plan.taken(home, {}, ms(2030, 1, 1, 9, 0, 40))
+    assert times(plan.due(ms(2030, 1, 1, 9, 1, 54))) == []
+    assert times(plan.due(ms(2030, 1, 1, 9, 1, 57))) == [ms(2030, 1, 1, 9, 2)]  # once
+    plan.update([every_two], {"tick": ms(2030, 1, 1, 9, 5)})  # resumed at 9:05
+    plan.taken(home, {"tick": ms(2030, 1, 1, 9, 2)}, ms(2030, 1, 1, 9, 5, 10))
+    assert times(plan.due(ms(2030, 1, 1, 9, 5, 10))) == []  # 9:04 was before the resume
+    assert times(plan.due(ms(2030, 1, 1, 9, 5, 57))) == [ms(2030, 1, 1, 9, 6)]
+    plan.update([], {})
+    assert plan.partitions == frozenset() and plan.due(ms(2030, 1, 1, 9, 7, 57)) == []

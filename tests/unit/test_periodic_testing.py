@@ -14,7 +14,7 @@ from celery.schedules import crontab
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from celery_scheduler import periodic_tasks
+from celery_scheduler import periodic_admin, periodic_tasks
 from celery_scheduler.cli import scheduler as scheduler_command
 from celery_scheduler.errors import PeriodicEntryError
 from celery_scheduler.testing import scheduler_testing
@@ -65,17 +65,17 @@ def test_an_interval_entry_fires_at_each_multiple_once_and_a_crontab_at_its_time
 def test_an_entry_whose_task_is_not_a_scheduled_task_is_refused_by_name() -> None:
     app = periodic_app("plain", {"sweep": {"task": "plain.sweep", "schedule": 60}},
                           install=False)
-    with pytest.raises(PeriodicEntryError, match="'sweep'.*periodic_tasks.install"):
-        with scheduler_testing(app, start=START):
-            pass
+    with pytest.raises(PeriodicEntryError, match=r"'sweep'.*periodic_tasks\.install"), \
+            scheduler_testing(app, start=START):
+        pass
 
 
 def test_a_malformed_entry_is_refused_before_anything_fires() -> None:
     app = periodic_app("bad", {"nightly": {"task": "bad.report", "schedule": "daily"}},
                           install=False)
-    with pytest.raises(PeriodicEntryError, match="'nightly'.*schedule must be"):
-        with scheduler_testing(app, start=START):
-            pass
+    with pytest.raises(PeriodicEntryError, match=r"'nightly'.*schedule must be"), \
+            scheduler_testing(app, start=START):
+        pass
 
 
 def cli(app: Celery, *arguments: str) -> str:
@@ -164,3 +164,103 @@ def test_the_http_api_and_the_console_show_each_entry_its_last_run_and_the_next_
         assert page.status_code == 200
         assert "&lt;b&gt;sweep&lt;/b&gt;" in page.text and "<b>sweep</b>" not in page.text
         assert "2030-01-01T09:03:00+00:00" in page.text and "succeeded" in page.text
+
+
+def run_times(runs: list[Any], name: str) -> list[dt.datetime]:
+    return [run.at for run in runs if run.envelope.key.ordering_id == f"periodic:{name}"]
+
+
+def at(minute: int, second: int = 0) -> dt.datetime:
+    return dt.datetime(2030, 1, 1, 9, minute, second, tzinfo=UTC)
+
+
+def test_a_paused_entry_fires_nothing_and_resumed_goes_on_from_its_next_occurrence() -> None:
+    app = periodic_app("pause", {"minutely": {"task": "pause.report", "schedule": 60, "args": ["m"]},
+                                 "other": {"task": "pause.sweep", "schedule": 60}})
+    with scheduler_testing(app, start=START) as scheduler:
+        assert run_times(scheduler.advance(60), "minutely") == [at(1)]
+        periodic_admin.pause(app, "minutely")
+        runs = scheduler.advance(dt.timedelta(minutes=3))
+        assert run_times(runs, "minutely") == []  # 9:02-9:04 skipped while paused
+        assert run_times(runs, "other") == [at(2), at(3), at(4)]  # the others go on
+        periodic_admin.resume(app, "minutely")
+        assert run_times(scheduler.advance(dt.timedelta(minutes=2)), "minutely") == [at(5), at(6)]
+
+
+def test_an_entry_deleted_at_run_time_never_fires_and_one_added_fires_until_reset() -> None:
+    app = periodic_app("admin", {"minutely": {"task": "admin.report", "schedule": 60, "args": ["m"]}})
+    with scheduler_testing(app, start=START) as scheduler:
+        periodic_admin.delete(app, "minutely")
+        periodic_admin.add(app, "half", {"task": "admin.report", "schedule": 30, "args": ["h"]})
+        runs = scheduler.advance(dt.timedelta(minutes=2))
+        assert run_times(runs, "minutely") == []
+        assert run_times(runs, "half") == [at(1), at(1, 30), at(2), at(2, 30)]
+        assert {run.result.get() for run in runs} == {"h"}
+        periodic_admin.reset(app, "half")  # added at run time only: gone
+        assert run_times(scheduler.advance(dt.timedelta(minutes=2)), "half") == []
+        assert set(periodic_admin.changes(app)) == {"minutely"}
+
+
+def test_a_definition_replaced_at_run_time_fires_by_the_new_one() -> None:
+    app = periodic_app("replace", {"tick": {"task": "replace.report", "schedule": 60, "args": ["m"]}})
+    with scheduler_testing(app, start=START) as scheduler:
+        assert run_times(scheduler.advance(60), "tick") == [at(1)]
+        periodic_admin.add(app, "tick", {"task": "replace.report", "schedule": crontab(minute="*/2"),
+                                         "args": ["every two"]})
+        runs = scheduler.advance(dt.timedelta(minutes=4))
+        assert run_times(runs, "tick") == [at(2), at(4)]
+        assert {run.result.get() for run in runs} == {"every two"}
+
+
+def test_changes_that_cannot_be_run_are_refused_and_change_nothing() -> None:
+    app = periodic_app("refused", {"tick": {"task": "refused.report", "schedule": 60}})
+
+    @app.task(name="refused.plain")
+    def plain() -> None:
+        pass
+
+    with scheduler_testing(app, start=START):
+        with pytest.raises(PeriodicEntryError, match=r"'nothing'.*no such entry"):
+            periodic_admin.pause(app, "nothing")
+        with pytest.raises(PeriodicEntryError, match="not a scheduled task"):
+            periodic_admin.add(app, "new", {"task": "refused.plain", "schedule": 60})
+        with pytest.raises(PeriodicEntryError, match=r"'new'.*schedule must be"):
+            periodic_admin.add(app, "new", {"task": "refused.report", "schedule": "hourly"})
+        assert periodic_admin.changes(app) == {}
+
+
+WRITE = {"Authorization": "Bearer write-token-0123456789"}
+
+
+def test_entries_change_at_run_time_through_the_http_api_the_console_and_the_cli() -> None:
+    app = periodic_app("ops", {"minutely": {"task": "ops.report", "schedule": 60, "args": ["m"]}})
+    app.conf.scheduler_api_tokens = {"read-token-0123456789": "read",
+                                     "write-token-0123456789": "write"}
+    with scheduler_testing(app, start=START) as scheduler:
+        http = TestClient(create_app(app))
+        new = {"task": "ops.report", "crontab": "*/15 * * * *", "args": ["q"]}
+        assert http.put("/api/v1/periodic/quarter", json=new, headers=READ).status_code == 403
+        assert http.put("/api/v1/periodic/quarter", json=new, headers=WRITE).status_code == 204
+        assert http.post("/api/v1/periodic/minutely/pause", headers=WRITE).status_code == 204
+        refused = http.post("/api/v1/periodic/nothing/pause", headers=WRITE)
+        assert refused.status_code == 422 and "no such entry" in refused.json()["message"]
+        listed = {e["name"]: e for e in http.get("/api/v1/periodic", headers=READ).json()}
+        assert (listed["quarter"]["source"], listed["quarter"]["state"]) == ("run time", "active")
+        assert (listed["minutely"]["state"], listed["minutely"]["next"]) == ("paused", [])
+        runs = scheduler.advance(dt.timedelta(minutes=16))
+        assert run_times(runs, "minutely") == [] and run_times(runs, "quarter") == [at(15)]
+        # the console: a write token shows the buttons, and Resume works
+        page = http.get("/periodic", params={"token": "write-token-0123456789"})
+        assert 'action="/periodic/minutely/resume"' in page.text
+        resumed = http.post("/periodic/minutely/resume", follow_redirects=False)
+        assert resumed.status_code == 303
+        assert run_times(scheduler.advance(60), "minutely") == [at(17)]
+        # the CLI
+        assert "deleted" in cli(app, "delete", "minutely")
+        assert run_times(scheduler.advance(120), "minutely") == []
+        assert "as beat_schedule says" in cli(app, "reset", "minutely")
+        assert run_times(scheduler.advance(0), "minutely") == []  # nothing deleted catches up
+        assert "added" in cli(app, "add", "half", "--task", "ops.report", "--every", "30",
+                              "--args", '["h"]')
+        runs = scheduler.advance(60)
+        assert run_times(runs, "half") == [at(20), at(20, 30)]

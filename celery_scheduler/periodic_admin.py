@@ -1,0 +1,95 @@
+"""Change the periodic entries at run time, from Python (the CLI and the HTTP API call these).
+
+::
+
+    from celery_scheduler import periodic_admin
+
+    periodic_admin.pause(app, "nightly-report")      # fires nothing until resumed
+    periodic_admin.resume(app, "nightly-report")     # from its next occurrence: no catch-up
+    periodic_admin.add(app, "sweep", {"task": "proj.tasks.sweep", "schedule": 600})
+    periodic_admin.delete(app, "sweep")              # fires nothing, whatever beat_schedule says
+    periodic_admin.reset(app, "nightly-report")      # beat_schedule's again
+
+A change is kept in Cassandra and wins over the app's ``beat_schedule`` (see
+:mod:`celery_scheduler.periodic_changes`); the dispatcher that fires the entry applies it
+within a few seconds (``CHANGES_EVERY_MS``). An unknown entry, a malformed definition or a
+task that is not a scheduled task raises :class:`PeriodicEntryError` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from celery_scheduler import registry
+from celery_scheduler.client import get_client
+from celery_scheduler.errors import PeriodicEntryError
+from celery_scheduler.periodic import app_entries
+from celery_scheduler.periodic_changes import definition_of
+from celery_scheduler.store.records import EntryChange
+
+__all__ = ["add", "changes", "delete", "pause", "reset", "resume"]
+
+
+def changes(app: Any) -> dict[str, EntryChange]:
+    """Every entry changed at run time, by name."""
+    return get_client(app).store.entry_changes()
+
+
+def _change(app: Any, name: str, **fields: Any) -> EntryChange:
+    client = get_client(app)
+    current = client.store.entry_changes()
+    known = {entry.name for entry in app_entries(app)} | {
+        n for n, change in current.items() if change.definition is not None}
+    if name not in known:
+        raise PeriodicEntryError(name, f"there is no such entry (beat_schedule has "
+                                       f"{', '.join(sorted(known)) or 'none'}); add it first")
+    change = dataclasses.replace(current.get(name, EntryChange(name)), **fields,
+                                 updated_ms=client.clock())
+    client.store.change_entry(change)
+    return change
+
+
+def pause(app: Any, name: str) -> EntryChange:
+    """Entry *name* fires nothing until resumed (what falls due meanwhile is skipped)."""
+    return _change(app, name, paused=True)
+
+
+def resume(app: Any, name: str) -> EntryChange:
+    """Entry *name* fires again, from its first occurrence after now."""
+    return _change(app, name, paused=False, resumed_ms=get_client(app).clock())
+
+
+def delete(app: Any, name: str) -> EntryChange:
+    """Entry *name* never fires again, whatever beat_schedule says (until :func:`reset`)."""
+    return _change(app, name, deleted=True)
+
+
+def add(app: Any, name: str, spec: Mapping[str, Any]) -> EntryChange:
+    """Add entry *name*, or replace its definition, with *spec* (a beat_schedule item whose
+    schedule is a number of seconds, a timedelta or a crontab). Its task must be a scheduled
+    task (see :mod:`celery_scheduler.periodic_tasks`)."""
+    client = get_client(app)
+    scheduled = registry.names(app)
+    task = spec.get("task") if isinstance(spec, Mapping) else None
+    if isinstance(task, str) and task in app.tasks and task not in scheduled:
+        raise PeriodicEntryError(name, f"task {task!r} is not a scheduled task; decorate it with "
+                                       "@scheduled_task, or name it in beat_schedule and call "
+                                       "celery_scheduler.periodic_tasks.install(app)")
+    definition = definition_of(name, spec, known_tasks=scheduled)
+    change = EntryChange(name, definition=definition, updated_ms=client.clock())
+    client.store.change_entry(change)
+    return change
+
+
+def reset(app: Any, name: str) -> None:
+    """Forget what was changed of entry *name* at run time: it is beat_schedule's again, from
+    its first occurrence after now (what fell due while it was paused or deleted does not
+    run), or gone, if it was only added at run time."""
+    client = get_client(app)
+    if name in {entry.name for entry in app_entries(app)}:
+        now = client.clock()
+        client.store.change_entry(EntryChange(name, resumed_ms=now, updated_ms=now))
+    else:
+        client.store.forget_entry_change(name)
