@@ -30,6 +30,7 @@ from celery_scheduler.store.cassandra import CassandraScheduleStore
 from celery_scheduler.store.cassandra_leases import RETIRED_OWNER
 from celery_scheduler.store.cql import to_timestamp
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.store.records import EntryChange
 
 NOW = 1_893_456_000_000  # 2030-01-01T00:00:00Z
 B = bucket_of(NOW, 60)
@@ -563,6 +564,22 @@ def test_what_periodic_entries_fired_is_kept_by_partition_and_the_latest_wins(
     assert store.last_fired(2) == {"nightly": NOW, "hourly": NOW + 7_200_000}
     assert store.last_fired(3) == {"nightly": NOW - 86_400_000}
     assert store.last_fired(4) == {}
+
+
+def test_periodic_entries_changed_at_run_time_are_kept_whole_and_forgotten(
+        store: ScheduleStore) -> None:
+    assert store.entry_changes() == {}
+    paused = EntryChange("nightly", paused=True, updated_ms=NOW)
+    added = EntryChange("sweep", definition='{"task": "proj.sweep", "schedule": 60.0}',
+                        resumed_ms=NOW - 1000, updated_ms=NOW)
+    store.change_entry(paused)
+    store.change_entry(added)
+    assert store.entry_changes() == {"nightly": paused, "sweep": added}
+    resumed = EntryChange("nightly", resumed_ms=NOW + 5, updated_ms=NOW + 5)
+    store.change_entry(resumed)  # replaces the one before, whole
+    store.forget_entry_change("sweep")
+    store.forget_entry_change("never-changed")
+    assert store.entry_changes() == {"nightly": resumed}
 
 
 @pytest.mark.cassandra
