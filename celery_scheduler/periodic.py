@@ -46,13 +46,13 @@ from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import PeriodicEntryError, ScheduleError
 from celery_scheduler.keys import MAX_MS, TaskKey, to_epoch_ms
 
-__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "app_entries", "entries", "envelope_of", "every", "key",
-           "missed", "next_occurrence", "occurrences", "to_fire"]
+__all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "Overlap", "app_entries", "entries",
+           "envelope_of", "every", "key", "missed", "next_occurrence", "occurrences", "to_fire"]
 
 PERIODIC_PREFIX = "periodic:"
 # The keys celery beat reads in an entry; the options that are the package's own.
 CELERY_KEYS = frozenset(("task", "schedule", "args", "kwargs", "options", "relative"))
-OWN_KEYS = frozenset(("catch_up", "jitter"))
+OWN_KEYS = frozenset(("catch_up", "jitter", "overlap"))
 # Occurrences missed by less than this run, each once, whatever the entry's catch_up: a
 # partition's hand-over (seconds after a dispatcher dies; tens of seconds when faults
 # overlap) must not skip an occurrence.
@@ -70,6 +70,15 @@ class CatchUp(str, enum.Enum):
     NONE = "none"  # none: the next occurrence runs as usual
 
 
+class Overlap(str, enum.Enum):
+    """What an occurrence does when the entry's run before it has not finished (Temporal's
+    overlap policies, as far as one entry's runs never run side by side)."""
+
+    BUFFER_ALL = "buffer_all"  # it waits, and runs after (the default)
+    BUFFER_ONE = "buffer_one"  # it waits, unless one is already waiting: then it is skipped
+    SKIP = "skip"  # it is skipped
+
+
 @dataclass(frozen=True)
 class Entry:
     """One periodic entry, checked: *schedule* is Celery's (``schedule`` or ``crontab``)."""
@@ -82,6 +91,7 @@ class Entry:
     options: Mapping[str, Any] = field(default_factory=dict)
     catch_up: CatchUp = CatchUp.LAST
     jitter_ms: int = 0
+    overlap: Overlap = Overlap.BUFFER_ALL
 
     @property
     def ordering_id(self) -> str:
@@ -160,13 +170,19 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -
         raise PeriodicEntryError(name, f"'catch_up' must be one of "
                                        f"{', '.join(c.value for c in CatchUp)}, got "
                                        f"{spec.get('catch_up')!r}") from None
+    try:
+        overlap = Overlap(spec.get("overlap", Overlap.BUFFER_ALL.value))
+    except ValueError:
+        raise PeriodicEntryError(name, f"'overlap' must be one of "
+                                       f"{', '.join(o.value for o in Overlap)}, got "
+                                       f"{spec.get('overlap')!r}") from None
     jitter = spec.get("jitter", 0)
     if isinstance(jitter, dt.timedelta):
         jitter = jitter.total_seconds()
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 86_400:
         raise PeriodicEntryError(name, f"'jitter' must be 0 to 86,400 seconds, got {jitter!r}")
     return Entry(name, task, _schedule(name, spec["schedule"], relative), tuple(args),
-                 dict(kwargs), checked_options, catch_up, int(jitter * 1000))
+                 dict(kwargs), checked_options, catch_up, int(jitter * 1000), overlap)
 
 
 def entries(beat_schedule: Mapping[str, Any], known_tasks: Collection[str] | None = None

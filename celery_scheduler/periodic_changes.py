@@ -8,7 +8,7 @@ replaced, fires by that definition. Resetting an entry forgets its change: it is
 
 A definition is kept as JSON: the entry's task, its schedule (a number of seconds, or
 ``{"crontab": [minute, hour, day_of_week, day_of_month, month_of_year]}``), arguments,
-Celery options, ``catch_up`` and ``jitter``.
+Celery options, ``catch_up``, ``jitter`` and ``overlap``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def definition_of(name: str, spec: Mapping[str, Any], known_tasks: Collection[st
         schedule = every(entry.schedule).total_seconds()
     return json.dumps({"task": entry.task, "schedule": schedule, "args": list(entry.args),
                        "kwargs": dict(entry.kwargs), "options": dict(entry.options),
-                       "catch_up": entry.catch_up.value, "jitter": entry.jitter_ms / 1000},
+                       "catch_up": entry.catch_up.value, "jitter": entry.jitter_ms / 1000,
+                       "overlap": entry.overlap.value},
                       sort_keys=True)
 
 

@@ -43,7 +43,7 @@ from celery_scheduler.client import SchedulerClient, begin_testing, end_testing,
 from celery_scheduler.clock import FakeClock, now_ms
 from celery_scheduler.config import get_settings
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.firer import FIRE_AHEAD_MS, firer_of
+from celery_scheduler.dispatcher.firer import firer_of
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.dispatcher.service import engine_settings
 from celery_scheduler.dispatcher.timetable import Loaded
@@ -163,8 +163,8 @@ class SchedulerTesting:
         if head is not None and head > now:
             times.append(head)
         fires = self._firer.plan.next_at() if self._firer is not None else None
-        if fires is not None:  # written ahead of its time, as a dispatcher writes it
-            times.append(max(now + 1, fires - FIRE_AHEAD_MS))
+        if fires is not None:  # when a dispatcher writes the next occurrence
+            times.append(max(now + 1, fires))
         times += [task.lease_until_ms for task in self.engine.timetable.awaiting()
                   if task.lease_until_ms > now]
         return min(times)

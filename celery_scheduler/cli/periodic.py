@@ -186,9 +186,12 @@ for _action, _doc in (
 @click.option("--options", "options_json", default="{}", show_default=True, help="Celery options, JSON")
 @click.option("--catch-up", type=click.Choice(["last", "all", "none"]), default="last", show_default=True)
 @click.option("--jitter", type=click.FloatRange(min=0), default=0.0, show_default=True, help="seconds")
+@click.option("--overlap", type=click.Choice(["buffer_all", "buffer_one", "skip"]), default="buffer_all",
+              show_default=True, help="what an occurrence does while the run before has not finished")
 @click.pass_context
 def add(ctx: click.Context, name: str, task: str, every: float | None, cron: str | None,
-        args_json: str, kwargs_json: str, options_json: str, catch_up: str, jitter: float) -> None:
+        args_json: str, kwargs_json: str, options_json: str, catch_up: str, jitter: float,
+        overlap: str) -> None:
     """Add entry NAME at run time, or replace its definition."""
     from celery.schedules import crontab
 
@@ -209,7 +212,7 @@ def add(ctx: click.Context, name: str, task: str, every: float | None, cron: str
     try:
         spec = {"task": task, "schedule": schedule, "args": json.loads(args_json),
                 "kwargs": json.loads(kwargs_json), "options": json.loads(options_json),
-                "catch_up": catch_up, "jitter": jitter}
+                "catch_up": catch_up, "jitter": jitter, "overlap": overlap}
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}") from None
     app = _app(ctx)

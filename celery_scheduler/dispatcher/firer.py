@@ -18,13 +18,13 @@ from typing import Any
 from celery_scheduler import periodic_changes, registry
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.config import Settings
-from celery_scheduler.dispatcher.firing import Firing
+from celery_scheduler.dispatcher.firing import Firing, Occurrence
 from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.outages import Outages
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import Entry, app_entries, envelope_of
-from celery_scheduler.store.base import Operation, PeriodicLog, Put
+from celery_scheduler.periodic import Entry, Overlap, app_entries, envelope_of, key
+from celery_scheduler.store.base import Operation, Put, ScheduleStore, State
 
 __all__ = ["CHANGES_EVERY_MS", "FIRE_AHEAD_MS", "Firer", "firer_of"]
 
@@ -45,7 +45,7 @@ class Firer:
     *retry_of* gives a task name's retry policy (the scheduled task's, or the settings').
     """
 
-    def __init__(self, plan: Firing, store: PeriodicLog,
+    def __init__(self, plan: Firing, store: ScheduleStore,
                  write: Callable[[Sequence[Operation]], object],
                  may_write: Callable[[int], bool], retry_of: Callable[[str], RetryPolicy],
                  clock: Clock | None = None, code: Sequence[Entry] = (),
@@ -65,6 +65,8 @@ class Firer:
         self._in_force: tuple[list[Entry], dict[str, int]] = (list(code), {})
         self._changes_every_ms = changes_every_ms
         self._changes_read_ms: int | None = None
+        # each entry's latest occurrence written here (not skipped): its run is the one before
+        self._written: dict[str, int] = {}
 
     def step(self) -> int:
         """Fire what is due; how many occurrences were written. A store outage is said once,
@@ -108,17 +110,47 @@ class Firer:
         due = self.plan.due(now)
         if not due:
             return 0
-        self.write([Put(o.partition, envelope_of(o.entry, o.at_ms, self.retry_of(o.entry.task), now))
-                    for o in due])
+        written = self._kept_by_overlap(due)
+        if written:
+            self.write([Put(o.partition, envelope_of(o.entry, o.at_ms, self.retry_of(o.entry.task), now))
+                        for o in written])
         for partition, fired in self.plan.fired(due).items():
             self.store.note_fired(partition, fired)
         for occurrence in due:
-            logger.info("fired periodic entry %r for %s", occurrence.entry.name, occurrence.key)
-        self.fired_count += len(due)
-        return len(due)
+            if occurrence in written:
+                self._written[occurrence.entry.name] = occurrence.at_ms
+                logger.info("fired periodic entry %r for %s", occurrence.entry.name, occurrence.key)
+            else:
+                logger.info("skipped periodic entry %r at %s: its run before had not finished "
+                            "(overlap %s)", occurrence.entry.name, occurrence.key.scheduled_at,
+                            occurrence.entry.overlap.value)
+        self.fired_count += len(written)
+        return len(written)
+
+    def _kept_by_overlap(self, due: list[Occurrence]) -> list[Occurrence]:
+        """The occurrences to write: all of them, but those an entry's overlap policy skips
+        because the run before has not finished (``skip``) or not started (``buffer_one``)."""
+        looked = {o.entry.name for o in due if o.entry.overlap is not Overlap.BUFFER_ALL}
+        before = {name: at for name in looked
+                  if (at := self._written.get(name, self.plan.last_of(name))) is not None}
+        found = self.store.statuses([key(self.plan.entry(name), at) for name, at in before.items()])
+        states: dict[str, State | None] = {name: status.state if status is not None else None
+                                           for name, status in zip(before, found, strict=True)}
+        kept = []
+        for occurrence in sorted(due, key=lambda o: o.at_ms):
+            entry = occurrence.entry
+            state = states.get(entry.name)
+            if entry.overlap is Overlap.SKIP and state in (State.PENDING, State.RELEASED):
+                continue
+            if entry.overlap is Overlap.BUFFER_ONE and state is State.PENDING:
+                continue
+            kept.append(occurrence)
+            if entry.name in looked:
+                states[entry.name] = State.PENDING  # written now: it waits for its time
+        return kept
 
 
-def firer_of(app: Any, settings: Settings, store: PeriodicLog,
+def firer_of(app: Any, settings: Settings, store: ScheduleStore,
              write: Callable[[Sequence[Operation]], object], may_write: Callable[[int], bool],
              partitions: int, clock: Clock | None = None,
              changes_every_ms: int = CHANGES_EVERY_MS) -> Firer | None:

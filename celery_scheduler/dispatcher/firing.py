@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.periodic import Entry, key, missed, next_occurrence
+from celery_scheduler.periodic import Entry, Overlap, key, missed, next_occurrence
 
 __all__ = ["Firing", "Occurrence"]
 
@@ -140,26 +140,46 @@ class Firing:
         Each stays due until :meth:`fired` says its task was written."""
         found = list(self._missed)
         horizon = now_ms + self._ahead_ms
+        for at, name in self._upcoming(horizon):
+            if self._due_at(self._by_name[name], at) <= now_ms:
+                found.append(Occurrence(self._by_name[name], self._partition[name], at))
+        return found
+
+    def _due_at(self, entry: Entry, at: int) -> int:
+        """When the occurrence at *at* is written: *ahead_ms* before it, or at its time for an
+        entry whose overlap policy looks at the run before it (so it looks as late as it can)."""
+        return at - self._ahead_ms if entry.overlap is Overlap.BUFFER_ALL else at
+
+    def _upcoming(self, horizon: int) -> list[tuple[int, str]]:
+        """The (occurrence, entry) of the heap up to *horizon*, stale items dropped."""
         kept: list[tuple[int, int, str]] = []
         while self._heap and self._heap[0][0] <= horizon:
             item = heapq.heappop(self._heap)
             at, number, name = item
-            if self._next.get(name) != (at, number):
-                continue  # stale: fired, or its partition dropped or taken again
-            kept.append(item)
-            found.append(Occurrence(self._by_name[name], self._partition[name], at))
+            if self._next.get(name) == (at, number):  # else stale: fired, dropped, taken again
+                kept.append(item)
         for item in kept:
             heapq.heappush(self._heap, item)
-        return found
+        return [(at, name) for at, _, name in kept]
 
     def next_at(self) -> int | None:
-        """The earliest occurrence of an entry fired here that is not written yet (None: no
-        entry fires here)."""
+        """When an occurrence is next written (None: no entry fires here)."""
         if self._missed:
             return min(o.at_ms for o in self._missed)
         while self._heap and self._next.get(self._heap[0][2]) != self._heap[0][:2]:
             heapq.heappop(self._heap)  # stale
-        return self._heap[0][0] if self._heap else None
+        if not self._heap:
+            return None
+        return min(self._due_at(self._by_name[name], at)
+                   for at, name in self._upcoming(self._heap[0][0] + self._ahead_ms))
+
+    def entry(self, name: str) -> Entry:
+        return self._by_name[name]
+
+    def last_of(self, name: str) -> int | None:
+        """The latest occurrence of entry *name* fired here or read from the store."""
+        partition = self._partition.get(name)
+        return None if partition is None else self._last.get(partition, {}).get(name)
 
     def fired(self, occurrences: Iterable[Occurrence]) -> dict[int, dict[str, int]]:
         """Note *occurrences* as written; returns what to keep in the store, by partition:

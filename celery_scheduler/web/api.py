@@ -369,6 +369,7 @@ class PeriodicEntryIn(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     catch_up: str = "last"
     jitter: float = 0.0
+    overlap: str = "buffer_all"
 
 
 @router.put("/periodic/{name}", status_code=204, dependencies=[Depends(writer)])
@@ -390,7 +391,8 @@ def add_periodic_entry(name: str, entry: PeriodicEntryIn, request: Request) -> N
             raise HTTPException(422, f"crontab {entry.crontab!r}: {exc}") from None
     periodic_admin.add(request.app.state.celery_app, name, {
         "task": entry.task, "schedule": schedule, "args": entry.args, "kwargs": entry.kwargs,
-        "options": entry.options, "catch_up": entry.catch_up, "jitter": entry.jitter})
+        "options": entry.options, "catch_up": entry.catch_up, "jitter": entry.jitter,
+        "overlap": entry.overlap})
 
 
 @router.post("/periodic/{name}/{action}", status_code=204, dependencies=[Depends(writer)])

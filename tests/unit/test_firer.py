@@ -16,6 +16,7 @@ from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.periodic import entry_of
+from celery_scheduler.periodic import key as periodic_key
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from tests.unit.fakes import PARTITIONS, OutageStore
@@ -96,3 +97,33 @@ def test_a_store_outage_is_said_once_and_the_occurrence_fires_once_it_is_over(
     assert len([m for m in said if "could not fire" in m]) == 1
     assert len([m for m in said if "fire again" in m]) == 1
     assert pending_times(store) == [NINE + MINUTE]
+
+
+@pytest.mark.parametrize(("overlap", "state", "written"), [
+    ("buffer_all", "released", True), ("buffer_all", "pending", True),
+    ("buffer_one", "released", True), ("buffer_one", "pending", False),
+    ("skip", "released", False), ("skip", "pending", False),
+    ("skip", "succeeded", True), ("buffer_one", "succeeded", True),
+])
+def test_the_overlap_policy_looks_at_the_run_before(overlap: str, state: str, written: bool) -> None:
+    entry = entry_of("report", {"task": "proj.report", "schedule": 60, "overlap": overlap})
+    store, clock = MemoryScheduleStore(), Clock(NINE + MINUTE)
+    engine = Engine(store, lambda task, release: None, "d1", clock=clock)
+    ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
+                    dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
+                    clock=clock)
+    plan = Firing([entry], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=5_000)
+    fire = Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(), clock=clock)
+    assert fire.step() == 0  # 9:02 is a minute away (and the looking kinds wait for their time)
+    clock.ms = NINE + 2 * MINUTE
+    assert fire.step() == 1  # nothing before it: written
+    previous = store.task(periodic_key(entry, NINE + 2 * MINUTE))
+    assert previous is not None
+    if state == "released":
+        store.mark_released_many([(previous, 1, NINE + 10 * MINUTE)], clock.ms)
+    elif state == "succeeded":
+        store.mark_released_many([(previous, 1, NINE + 10 * MINUTE)], clock.ms)
+        store.finish_many([previous], State.SUCCEEDED, clock.ms)
+    clock.ms = NINE + 3 * MINUTE
+    assert fire.step() == int(written)
+    assert store.last_fired(HOME) == {"report": NINE + 3 * MINUTE}  # skipped or not, done with

@@ -264,3 +264,28 @@ def test_entries_change_at_run_time_through_the_http_api_the_console_and_the_cli
                               "--args", '["h"]')
         runs = scheduler.advance(60)
         assert run_times(runs, "half") == [at(20), at(20, 30)]
+
+
+@pytest.mark.parametrize("overlap", ["buffer_all", "buffer_one", "skip"])
+def test_an_occurrence_whose_run_before_waits_for_a_retry_runs_after_it_or_is_skipped(
+        overlap: str) -> None:
+    app = Celery(f"overlap_{overlap}", broker="memory://", backend="cache+memory://",
+                 set_as_current=False)
+    app.conf.update(scheduler_periodic=True, scheduler_retry_backoff=30.0, scheduler_max_attempts=2,
+                    beat_schedule={"job": {"task": f"{overlap}.job", "schedule": 10, "overlap": overlap}})
+    failures = [1]
+
+    @app.task(name=f"{overlap}.job")
+    def job() -> None:
+        if failures:
+            failures.pop()
+            raise RuntimeError("the first run fails")
+
+    periodic_tasks.install(app)
+    app.finalize()
+    with scheduler_testing(app, start=START) as scheduler:
+        runs = scheduler.advance(dt.timedelta(seconds=80))  # to 9:01:50
+    ran = {f"{run.envelope.key.scheduled_at:%-H:%M:%S}" for run in runs}
+    # 9:00:40 fails and is retried 15-30 s later, by 9:01:10; at 9:00:50 it is waiting for that
+    assert {"9:00:40", "9:01:20", "9:01:30", "9:01:40", "9:01:50"} <= ran
+    assert ("9:00:50" in ran) is (overlap == "buffer_all")
