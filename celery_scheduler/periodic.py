@@ -37,7 +37,7 @@ import hashlib
 import json
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from celery.schedules import crontab, schedule, solar
 
@@ -130,6 +130,20 @@ def _schedule(entry: str, value: Any, relative: bool) -> schedule | crontab:
     return schedule(dt.timedelta(seconds=seconds), relative=relative)
 
 
+Choice = TypeVar("Choice", CatchUp, Overlap)
+
+
+def _choice(entry: str, spec: Mapping[str, Any], name: str, default: Choice) -> Choice:
+    """The entry's *name* option, one of *default*'s enum (the default when absent)."""
+    kind = type(default)
+    try:
+        return kind(spec.get(name, default.value))
+    except ValueError:
+        raise PeriodicEntryError(entry, f"{name!r} must be one of "
+                                        f"{', '.join(c.value for c in kind)}, got "
+                                        f"{spec.get(name)!r}") from None
+
+
 def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -> Entry:
     """Check one ``beat_schedule`` item; :class:`PeriodicEntryError` names what is wrong."""
     if not isinstance(name, str) or not name.strip():
@@ -164,18 +178,8 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -
         checked_options = check_options(options)
     except ScheduleError as exc:
         raise PeriodicEntryError(name, f"its options: {exc}") from None
-    try:
-        catch_up = CatchUp(spec.get("catch_up", CatchUp.LAST.value))
-    except ValueError:
-        raise PeriodicEntryError(name, f"'catch_up' must be one of "
-                                       f"{', '.join(c.value for c in CatchUp)}, got "
-                                       f"{spec.get('catch_up')!r}") from None
-    try:
-        overlap = Overlap(spec.get("overlap", Overlap.BUFFER_ALL.value))
-    except ValueError:
-        raise PeriodicEntryError(name, f"'overlap' must be one of "
-                                       f"{', '.join(o.value for o in Overlap)}, got "
-                                       f"{spec.get('overlap')!r}") from None
+    catch_up = _choice(name, spec, "catch_up", CatchUp.LAST)
+    overlap = _choice(name, spec, "overlap", Overlap.BUFFER_ALL)
     jitter = spec.get("jitter", 0)
     if isinstance(jitter, dt.timedelta):
         jitter = jitter.total_seconds()
