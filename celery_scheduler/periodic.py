@@ -31,6 +31,7 @@ Where this differs from celery beat (which keeps a last-run time per entry in on
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import hashlib
@@ -52,7 +53,7 @@ __all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "Overlap", "app_entries", "ent
 PERIODIC_PREFIX = "periodic:"
 # The keys celery beat reads in an entry; the options that are the package's own.
 CELERY_KEYS = frozenset(("task", "schedule", "args", "kwargs", "options", "relative"))
-OWN_KEYS = frozenset(("catch_up", "jitter", "overlap"))
+OWN_KEYS = frozenset(("catch_up", "jitter", "overlap", "start", "until", "count"))
 # Occurrences missed by less than this run, each once, whatever the entry's catch_up: a
 # partition's hand-over (seconds after a dispatcher dies; tens of seconds when faults
 # overlap) must not skip an occurrence.
@@ -92,6 +93,8 @@ class Entry:
     catch_up: CatchUp = CatchUp.LAST
     jitter_ms: int = 0
     overlap: Overlap = Overlap.BUFFER_ALL
+    start_ms: int | None = None  # no occurrence before
+    until_ms: int | None = None  # none after (a count is turned into this)
 
     @property
     def ordering_id(self) -> str:
@@ -130,6 +133,22 @@ def _schedule(entry: str, value: Any, relative: bool) -> schedule | crontab:
     return schedule(dt.timedelta(seconds=seconds), relative=relative)
 
 
+def _moment(entry: str, spec: Mapping[str, Any], name: str) -> int | None:
+    """The entry's *name* option, an aware datetime (or ISO 8601 text with an offset), in ms."""
+    value = spec.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise PeriodicEntryError(entry, f"{name!r} is not an ISO 8601 time: {value!r}") from None
+    if not isinstance(value, dt.datetime) or value.tzinfo is None:
+        raise PeriodicEntryError(entry, f"{name!r} must be an aware datetime (or ISO 8601 with an "
+                                        f"offset), got {value!r:.100}")
+    return to_epoch_ms(value, _UTC)
+
+
 Choice = TypeVar("Choice", CatchUp, Overlap)
 
 
@@ -144,7 +163,8 @@ def _choice(entry: str, spec: Mapping[str, Any], name: str, default: Choice) -> 
                                         f"{spec.get(name)!r}") from None
 
 
-def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -> Entry:
+def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None,
+             tz: dt.tzinfo = _UTC) -> Entry:
     """Check one ``beat_schedule`` item; :class:`PeriodicEntryError` names what is wrong."""
     if not isinstance(name, str) or not name.strip():
         raise PeriodicEntryError(str(name), "its name must be a non-empty string")
@@ -180,28 +200,43 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None) -
         raise PeriodicEntryError(name, f"its options: {exc}") from None
     catch_up = _choice(name, spec, "catch_up", CatchUp.LAST)
     overlap = _choice(name, spec, "overlap", Overlap.BUFFER_ALL)
+    start_ms = _moment(name, spec, "start")
+    until_ms = _moment(name, spec, "until")
     jitter = spec.get("jitter", 0)
     if isinstance(jitter, dt.timedelta):
         jitter = jitter.total_seconds()
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 86_400:
         raise PeriodicEntryError(name, f"'jitter' must be 0 to 86,400 seconds, got {jitter!r}")
-    return Entry(name, task, _schedule(name, spec["schedule"], relative), tuple(args),
-                 dict(kwargs), checked_options, catch_up, int(jitter * 1000), overlap)
+    entry = Entry(name, task, _schedule(name, spec["schedule"], relative), tuple(args),
+                  dict(kwargs), checked_options, catch_up, int(jitter * 1000), overlap,
+                  start_ms, until_ms)
+    count = spec.get("count")
+    if count is None:
+        return entry
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_OCCURRENCES:
+        raise PeriodicEntryError(name, f"'count' must be 1 to {MAX_OCCURRENCES:,}, got {count!r}")
+    if start_ms is None:
+        raise PeriodicEntryError(name, "'count' needs 'start': the first occurrences from then run")
+    # the count-th occurrence from start is the last (a crontab's in the app's timezone)
+    found = occurrences(entry, start_ms - 1, MAX_MS, tz, limit=count)
+    last = found[count - 1] if len(found) >= count else None
+    return dataclasses.replace(entry, until_ms=last if until_ms is None or last is None
+                               else min(until_ms, last))
 
 
-def entries(beat_schedule: Mapping[str, Any], known_tasks: Collection[str] | None = None
-            ) -> list[Entry]:
+def entries(beat_schedule: Mapping[str, Any], known_tasks: Collection[str] | None = None,
+            tz: dt.tzinfo = _UTC) -> list[Entry]:
     """Every entry of *beat_schedule*, checked (all of them before any is returned)."""
     if not isinstance(beat_schedule, Mapping):
         raise PeriodicEntryError("beat_schedule", f"it must be a mapping of entry names to "
                                                   f"entries, got {type(beat_schedule).__name__}")
-    return [entry_of(name, spec, known_tasks) for name, spec in beat_schedule.items()]
+    return [entry_of(name, spec, known_tasks, tz) for name, spec in beat_schedule.items()]
 
 
 def app_entries(app: Any) -> list[Entry]:
     """The entries of *app*'s ``beat_schedule`` (``add_periodic_task`` included), checked
     against its tasks."""
-    return entries(app.conf.beat_schedule or {}, known_tasks=set(app.tasks))
+    return entries(app.conf.beat_schedule or {}, known_tasks=set(app.tasks), tz=app.timezone)
 
 
 def _interval(every_ms: int, after_ms: int, until_ms: int) -> Iterator[int]:
@@ -230,15 +265,24 @@ def _crontab(spec: crontab, after_ms: int, until_ms: int, tz: dt.tzinfo) -> Iter
             previous = at
 
 
-def occurrences(entry: Entry, after_ms: int, until_ms: int, tz: dt.tzinfo) -> list[int]:
+def occurrences(entry: Entry, after_ms: int, until_ms: int, tz: dt.tzinfo,
+                limit: int | None = None) -> list[int]:
     """The entry's occurrences after *after_ms* up to *until_ms* (epoch ms, both UTC), in
-    order; *tz* is the app's timezone (a crontab's wall times are in it)."""
+    order, at most *limit*; *tz* is the app's timezone (a crontab's wall times are in it)."""
     spec = entry.schedule
     found: list[int] = []
+    if entry.start_ms is not None:
+        after_ms = max(after_ms, entry.start_ms - 1)
+    if entry.until_ms is not None:
+        until_ms = min(until_ms, entry.until_ms)
+    if until_ms <= after_ms:
+        return found
     times = (_crontab(spec, after_ms, until_ms, tz) if isinstance(spec, crontab) else
              _interval(max(1, int(every(spec).total_seconds() * 1000)), after_ms, until_ms))
     for at in times:
         found.append(at)
+        if limit is not None and len(found) == limit:
+            break
         if len(found) > MAX_OCCURRENCES:
             raise PeriodicEntryError(entry.name, f"more than {MAX_OCCURRENCES:,} occurrences "
                                                  f"between two times: ask for a shorter span")
@@ -287,13 +331,17 @@ def missed(entry: Entry, last_ms: int | None, now_ms: int, tz: dt.tzinfo) -> lis
     return older + recent
 
 
-def next_occurrence(entry: Entry, after_ms: int, tz: dt.tzinfo) -> int:
-    """The entry's first occurrence after *after_ms*."""
+def next_occurrence(entry: Entry, after_ms: int, tz: dt.tzinfo) -> int | None:
+    """The entry's first occurrence after *after_ms* (None: it has ended, ``until``/``count``)."""
+    if entry.start_ms is not None:
+        after_ms = max(after_ms, entry.start_ms - 1)
     spec = entry.schedule
     if isinstance(spec, crontab):
-        return next(_crontab(spec, after_ms, MAX_MS, tz))
-    every_ms = max(1, int(every(spec).total_seconds() * 1000))
-    return next(_interval(every_ms, after_ms, MAX_MS))
+        at = next(_crontab(spec, after_ms, MAX_MS, tz))
+    else:
+        every_ms = max(1, int(every(spec).total_seconds() * 1000))
+        at = next(_interval(every_ms, after_ms, MAX_MS))
+    return None if entry.until_ms is not None and at > entry.until_ms else at
 
 
 def to_fire(entry: Entry, last_ms: int | None, now_ms: int, ahead_ms: int, tz: dt.tzinfo

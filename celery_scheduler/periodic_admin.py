@@ -77,7 +77,7 @@ def add(app: Any, name: str, spec: Mapping[str, Any]) -> EntryChange:
         raise PeriodicEntryError(name, f"task {task!r} is not a scheduled task; decorate it with "
                                        "@scheduled_task, or name it in beat_schedule and call "
                                        "celery_scheduler.periodic_tasks.install(app)")
-    definition = definition_of(name, spec, known_tasks=scheduled)
+    definition = definition_of(name, spec, known_tasks=scheduled, tz=app.timezone)
     change = EntryChange(name, definition=definition, updated_ms=client.clock())
     client.store.change_entry(change)
     return change

@@ -8,11 +8,12 @@ replaced, fires by that definition. Resetting an entry forgets its change: it is
 
 A definition is kept as JSON: the entry's task, its schedule (a number of seconds, or
 ``{"crontab": [minute, hour, day_of_week, day_of_month, month_of_year]}``), arguments,
-Celery options, ``catch_up``, ``jitter`` and ``overlap``.
+Celery options, ``catch_up``, ``jitter``, ``overlap``, ``start`` and ``until``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Collection, Mapping
@@ -29,11 +30,11 @@ __all__ = ["definition_of", "entry_of_definition", "in_force"]
 logger = logging.getLogger(__name__)
 
 
-def definition_of(name: str, spec: Mapping[str, Any], known_tasks: Collection[str] | None = None
-                  ) -> str:
+def definition_of(name: str, spec: Mapping[str, Any], known_tasks: Collection[str] | None = None,
+                  tz: dt.tzinfo = dt.timezone.utc) -> str:
     """*spec* (a ``beat_schedule`` item) checked and kept as JSON; :class:`PeriodicEntryError`
-    names what is wrong."""
-    entry = entry_of(name, spec, known_tasks)
+    names what is wrong. A ``count`` is kept as the ``until`` it comes to (in *tz*, the app's)."""
+    entry = entry_of(name, spec, known_tasks, tz)
     schedule: Any
     if isinstance(entry.schedule, crontab):
         schedule = {"crontab": [str(field) for field in entry.schedule.__reduce__()[1][:5]]}
@@ -42,8 +43,13 @@ def definition_of(name: str, spec: Mapping[str, Any], known_tasks: Collection[st
     return json.dumps({"task": entry.task, "schedule": schedule, "args": list(entry.args),
                        "kwargs": dict(entry.kwargs), "options": dict(entry.options),
                        "catch_up": entry.catch_up.value, "jitter": entry.jitter_ms / 1000,
-                       "overlap": entry.overlap.value},
+                       "overlap": entry.overlap.value, "start": _iso(entry.start_ms),
+                       "until": _iso(entry.until_ms)},
                       sort_keys=True)
+
+
+def _iso(ms: int | None) -> str | None:
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
 
 
 def entry_of_definition(name: str, definition: str, known_tasks: Collection[str] | None = None

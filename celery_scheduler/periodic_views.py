@@ -71,8 +71,11 @@ def entry_views(app: Any, client: SchedulerClient, upcoming: int = 3,
         after = now if last is None else max(now, last)
         nexts = []
         for _ in range(upcoming if state == "active" else 0):
-            after = next_occurrence(entry, after, app.timezone)
-            nexts.append(_utc(after))
+            upcoming_ms = next_occurrence(entry, after, app.timezone)
+            if upcoming_ms is None:  # ended (until, count)
+                break
+            nexts.append(_utc(upcoming_ms))
+            after = upcoming_ms
         status = statuses.get(entry.name)
         views.append(EntryView(entry.name, entry.task, str(entry.schedule), homes[entry.name],
                                entry.catch_up.value, entry.task in scheduled,

@@ -122,6 +122,9 @@ class Firing:
 
     def _schedule(self, name: str, after_ms: int) -> None:
         at = next_occurrence(self._by_name[name], after_ms, self._tz)
+        if at is None:  # the entry has ended (until, count)
+            self._next.pop(name, None)
+            return
         item = (at, next(self._numbers), name)
         self._next[name] = item[:2]
         heapq.heappush(self._heap, item)

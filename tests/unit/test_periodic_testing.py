@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from celery_scheduler import periodic_admin, periodic_tasks
 from celery_scheduler.cli import scheduler as scheduler_command
 from celery_scheduler.errors import PeriodicEntryError
+from celery_scheduler.periodic import entry_of
 from celery_scheduler.testing import scheduler_testing
 from celery_scheduler.web import create_app
 
@@ -289,3 +290,28 @@ def test_an_occurrence_whose_run_before_waits_for_a_retry_runs_after_it_or_is_sk
     # 9:00:40 fails and is retried 15-30 s later, by 9:01:10; at 9:00:50 it is waiting for that
     assert {"9:00:40", "9:01:20", "9:01:30", "9:01:40", "9:01:50"} <= ran
     assert ("9:00:50" in ran) is (overlap == "buffer_all")
+
+
+def test_an_entry_starts_and_ends_when_it_says_or_after_its_count() -> None:
+    app = periodic_app("bounded", {
+        "window": {"task": "bounded.report", "schedule": 60, "args": ["w"],
+                   "start": "2030-01-01T09:03:00Z", "until": dt.datetime(2030, 1, 1, 9, 5, tzinfo=UTC)},
+        "thrice": {"task": "bounded.report", "schedule": crontab(minute="*/2"), "args": ["t"],
+                   "start": "2030-01-01T09:01:00+00:00", "count": 3},
+    })
+    with scheduler_testing(app, start=START) as scheduler:
+        runs = scheduler.advance(dt.timedelta(minutes=15))
+        assert run_times(runs, "window") == [at(3), at(4), at(5)]
+        assert run_times(runs, "thrice") == [at(2), at(4), at(6)]
+        [listed] = [json.loads(line) for line in cli(app, "list", "--json").splitlines()
+                    if json.loads(line)["name"] == "thrice"]
+        assert listed["next"] == []  # over
+
+
+def test_a_count_without_a_start_and_a_time_without_an_offset_are_refused() -> None:
+    with pytest.raises(PeriodicEntryError, match=r"'count' needs 'start'"):
+        entry_of("n", {"task": "t", "schedule": 60, "count": 3})
+    with pytest.raises(PeriodicEntryError, match=r"'until' must be an aware datetime"):
+        entry_of("n", {"task": "t", "schedule": 60, "until": dt.datetime(2030, 1, 1)})
+    with pytest.raises(PeriodicEntryError, match=r"'start' is not an ISO 8601 time"):
+        entry_of("n", {"task": "t", "schedule": 60, "start": "tomorrow"})
