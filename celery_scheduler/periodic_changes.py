@@ -14,6 +14,7 @@ Celery options, ``catch_up``, ``jitter``, ``overlap``, ``start`` and ``until``.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 from collections.abc import Collection, Mapping
@@ -52,13 +53,21 @@ def _iso(ms: int | None) -> str | None:
     return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat()
 
 
+@functools.lru_cache(maxsize=4096)
+def _crontab(fields: tuple[str, ...]) -> crontab:
+    """One crontab object for entries whose fields are the same: Celery's keeps every field
+    expanded (a crontab is about 4 KiB), so 100,000 entries of 60 distinct crontabs made one
+    each took 436 MB."""
+    return crontab(*fields)
+
+
 def entry_of_definition(name: str, definition: str, known_tasks: Collection[str] | None = None
                         ) -> Entry:
     try:
         spec = json.loads(definition)
         schedule = spec.get("schedule")
         if isinstance(schedule, Mapping):
-            spec["schedule"] = crontab(*schedule["crontab"])
+            spec["schedule"] = _crontab(tuple(schedule["crontab"]))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise PeriodicEntryError(name, f"its definition kept at run time is not valid ({exc})") from None
     return entry_of(name, spec, known_tasks)
