@@ -35,7 +35,7 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   counted as not judged.
 - **periodic missed**: an occurrence of a periodic entry (the run's ``periodic`` option: a
   name and an interval, firing at the multiples of the interval since the epoch) due from
-  10 s after the run's start to the end of scheduling never started. Each run of an entry
+  10 s after the run's start to 10 s before the end of scheduling never started. Each run of an entry
   logs its task id, which the occurrence's key fixes; a run whose task id is no occurrence of
   its entry is a **periodic stray** (an occurrence fired under a made-up key could run
   twice). Two runs of an occurrence are duplicates (at least once); runs of one entry are
@@ -64,6 +64,8 @@ PERIODIC_PREFIX = "periodic:"
 # Seconds from the run's start (a dispatcher holds partitions by then) before an entry's
 # occurrences must run: it fires from its first occurrence after its partition was taken.
 PERIODIC_STARTUP = 10.0
+# ... and up to this long before the end of scheduling (a run may stop soon after it)
+PERIODIC_SETTLE = 10.0
 WINDOW_AFTER = 5.0  # seconds after a fault's end that still count as "during" it
 SAMPLES = 10  # examples kept per kind of violation
 
@@ -371,7 +373,7 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
                                       f"{at - started:.3f}s before it")
             lateness.append(started - at)
         expected = occurrence_ids(name, entries[name], facts.started + PERIODIC_STARTUP,
-                                  facts.produced_until)
+                                  facts.produced_until - PERIODIC_SETTLE)
         verdict.counts["periodic_expected"] += len(expected)
         verdict.counts["periodic_ran"] += sum(1 for task_id in expected if task_id in first_start)
         for task_id, at in sorted(expected.items(), key=lambda item: item[1]):

@@ -212,7 +212,7 @@ def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
     assert "- 3.0 s, worker-kill, alone" in text
 
 
-# --- periodic entries: an entry "tick" every 2 s; occurrences due from T0 + 10 to T0 + 100
+# --- periodic entries: an entry "tick" every 2 s; occurrences due from T0 + 10 to T0 + 90
 ENTRY = ("tick", 2.0)
 
 
@@ -240,8 +240,8 @@ def every_occurrence(but: tuple[float, ...] = ()) -> list[dict[str, Any]]:
 def test_a_periodic_entry_that_ran_every_occurrence_passes() -> None:
     verdict = verify(periodic_facts(every_occurrence()))
     assert verdict.ok and violations(verdict) == {}
-    assert (verdict.counts["periodic_expected"], verdict.counts["periodic_ran"]) == (46, 46)
-    assert verdict.lateness["periodic occurrences"]["n"] == 46
+    assert (verdict.counts["periodic_expected"], verdict.counts["periodic_ran"]) == (41, 41)
+    assert verdict.lateness["periodic occurrences"]["n"] == 46  # the later ones too
 
 
 def test_an_occurrence_that_never_ran_is_missed() -> None:
