@@ -56,9 +56,12 @@ BROKERS = {"redis": f"{REDIS}/1", "rabbitmq": f"amqp://guest:guest@127.0.0.1:{PO
 
 # The cluster run's own services: three Kafka brokers (scripts/kafka-cluster) and three
 # Cassandra nodes on 127.0.0.2-4 (scripts/cassandra-cluster), on ports of their own.
-CLUSTER_PORTS = {"KAFKA_CLUSTER_PORT": "39092", "KAFKA_CLUSTER_CONTROLLER_PORT": "39192",
-                 "CASSANDRA_CLUSTER_PORT": "39042", "CASSANDRA_CLUSTER_STORAGE_PORT": "37000",
-                 "CASSANDRA_CLUSTER_JMX_PORT": "37199"}
+# Below the kernel's ephemeral range (32768-60999 by default): a broker restarted on a port
+# in it can find the port taken as the source port of some client's outgoing connection (a
+# long cluster run lost a Kafka restart to "Address already in use" on 39092).
+CLUSTER_PORTS = {"KAFKA_CLUSTER_PORT": "24092", "KAFKA_CLUSTER_CONTROLLER_PORT": "24192",
+                 "CASSANDRA_CLUSTER_PORT": "24042", "CASSANDRA_CLUSTER_STORAGE_PORT": "24000",
+                 "CASSANDRA_CLUSTER_JMX_PORT": "24199"}
 CLUSTER_NODES = 3
 CLUSTER_KAFKA = ",".join(f"127.0.0.1:{int(CLUSTER_PORTS['KAFKA_CLUSTER_PORT']) + n}"
                          for n in range(CLUSTER_NODES))
