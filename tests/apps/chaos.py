@@ -170,12 +170,12 @@ def _ignore_cancels() -> None:
     from celery_scheduler.dispatcher.ingest import Ingest
     from celery_scheduler.store.base import Cancel
 
-    apply = Ingest._apply
+    apply = Ingest.apply
 
     def without_cancels(self: Ingest, operations: list[Any]) -> None:
         apply(self, [op for op in operations if not isinstance(op, Cancel)])
 
-    Ingest._apply = without_cancels  # type: ignore[method-assign]
+    Ingest.apply = without_cancels  # type: ignore[method-assign]
 
 
 def _release_early() -> None:
