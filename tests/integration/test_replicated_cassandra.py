@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 from cassandra.policies import HostStateListener
@@ -30,7 +31,11 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import Cursor, Lease, ScheduleStore, State, bucket_of
 from celery_scheduler.store.cassandra import CassandraScheduleStore
-from celery_scheduler.store.cqlsession import HEARTBEAT_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
+from celery_scheduler.store.cqlsession import (
+    HEARTBEAT_SECONDS,
+    HEARTBEAT_TIMEOUT_SECONDS,
+    SPECULATE_AFTER_SECONDS,
+)
 from tests.integration.cassandra_cluster import CassandraCluster, cassandra_cluster  # noqa: F401
 from tests.waiting import wait_until
 
@@ -42,6 +47,12 @@ VICTIM = 1
 TASKS = 24  # scheduled before the kill, and as many again while the node is down
 PARTITIONS = 4  # Kafka partitions the tasks are spread over, and leased
 LEASE_MS = 60_000
+T = TypeVar("T")
+# A lightweight transaction may time out on the server while the others have not yet seen
+# the node die (it answers no Paxos round until gossip convicts it); a dispatcher tries a
+# lease renewal again on its next tick, a third of the lease later. The test tries again
+# every second, for as long.
+LWT_RETRY_SECONDS = LEASE_MS / 3000
 
 
 @dataclass
@@ -68,6 +79,27 @@ def schedule(outage: Outage, first: int) -> None:
         task = envelope(n, outage.at_ms)
         assert outage.store.put(n % PARTITIONS, task, now_ms()) is not None
         outage.acknowledged[task.key] = State.PENDING
+
+
+def as_a_dispatcher_would(call: Callable[[], T], what: str,
+                          done: Callable[[T], bool] = lambda _: True) -> T:
+    """*call* (a lease renewal or take), made again while Cassandra says it is unavailable
+    or until it is *done*, as a dispatcher does on its next ticks. A take whose round timed
+    out may still have been applied: the quorum read of the next try does not see it yet, and
+    its round, which finishes the first one, then finds the epoch changed and takes nothing;
+    the try after that sees the partitions as its own and takes them."""
+    deadline = time.monotonic() + LWT_RETRY_SECONDS
+    while True:
+        try:
+            result = call()
+            if done(result) or time.monotonic() > deadline:
+                return result
+            print(f"{what} took {result}, trying again")
+        except StoreUnavailableError as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"{what} failed, trying again: {exc}")
+        time.sleep(1)
 
 
 def check_everything_reads_back(outage: Outage, store: ScheduleStore) -> None:
@@ -135,15 +167,19 @@ def test_with_a_node_killed_tasks_are_stored_and_read_and_partitions_leased(
     # then: every acknowledged key reads back at LOCAL_QUORUM, pending ones in the schedule
     check_everything_reads_back(outage, store)
     # and: leases are renewed and taken by lightweight transactions, and stay exclusive
-    renewed = store.renew_leases(outage.leases, LEASE_MS, now_ms())
+    renewed = as_a_dispatcher_would(
+        lambda: store.renew_leases(outage.leases, LEASE_MS, now_ms()), "a renewal")
     assert None not in renewed
     outage.leases = [lease for lease in renewed if lease is not None]
-    taken = store.acquire_leases(range(PARTITIONS, 2 * PARTITIONS), "dispatcher-b", LEASE_MS,
-                                 now_ms())
+    taken = as_a_dispatcher_would(lambda: store.acquire_leases(
+        range(PARTITIONS, 2 * PARTITIONS), "dispatcher-b", LEASE_MS, now_ms()), "a take",
+        lambda taken: len(taken) == PARTITIONS)
     assert sorted(taken) == list(range(PARTITIONS, 2 * PARTITIONS))
-    assert store.acquire_leases(range(PARTITIONS), "dispatcher-b", LEASE_MS, now_ms()) == {}
-    store.release_lease(taken[PARTITIONS])
-    assert list(store.acquire_leases([PARTITIONS], "dispatcher-c", LEASE_MS, now_ms())) == [PARTITIONS]
+    assert as_a_dispatcher_would(lambda: store.acquire_leases(
+        range(PARTITIONS), "dispatcher-b", LEASE_MS, now_ms()), "a take") == {}
+    as_a_dispatcher_would(lambda: store.release_lease(taken[PARTITIONS]), "a release")
+    assert list(as_a_dispatcher_would(lambda: store.acquire_leases(
+        [PARTITIONS], "dispatcher-c", LEASE_MS, now_ms()), "a take", bool)) == [PARTITIONS]
     took = time.monotonic() - started
     # and: a read that needs every replica is refused: the node really is gone
     with at_all(outage.settings) as everyone, pytest.raises(StoreUnavailableError):
@@ -172,16 +208,28 @@ STALLED = 2  # not the node restarted above: its peers have long seen it up
 READS, PUTS, RENEWALS = 48, 12, 20
 # A request waits this long at most with a node stalled: the driver sends it to another
 # replica after half a second (SPECULATE_AFTER_SECONDS); without that, a third of them waited
-# the whole request timeout (10 s) for the stalled coordinator and failed.
-STALLED_BOUND_SECONDS = 2.5
+# the whole request timeout (10 s) for the stalled coordinator and failed. Most take half a
+# second or one. The other coordinators still count the stalled node as up until gossip
+# convicts it, and one that asked it for the second of its two answers waits for it until
+# Cassandra's own read timeout (SERVER_READ_TIMEOUT_SECONDS, read_request_timeout), then
+# the driver tries the next: in six runs the slowest read took 1.0, 2.5, 2.5, 3.0, 3.3 and
+# 5.5 s.
+SERVER_READ_TIMEOUT_SECONDS = 5.0
+STALLED_BOUND_SECONDS = SERVER_READ_TIMEOUT_SECONDS + SPECULATE_AFTER_SECONDS + 1
 # The driver marks a node down that answers no heartbeat: one goes out after
 # HEARTBEAT_SECONDS of silence and waits HEARTBEAT_TIMEOUT_SECONDS (with the driver's
 # defaults, 30 s and 30 s: a 30 s stall went unseen). The bound leaves a second for the
 # heartbeat thread's round.
 MARKED_DOWN_WITHIN = HEARTBEAT_SECONDS * 2 + HEARTBEAT_TIMEOUT_SECONDS + 1
 # A lease renewal is a lightweight transaction, never sent twice: one coordinated by the
-# stalled node fails after LWT_TIMEOUT_SECONDS. Once the node is marked down none is.
+# stalled node fails after LWT_TIMEOUT_SECONDS. Once the node is marked down none is, and
+# each renewal is answered within RENEWAL_BOUND_SECONDS. Until the other nodes convict the
+# stalled one, a Paxos round they coordinate may still time out on the server (its CAS
+# contention timeout, 1 s): one renewal of twenty did in one run of four. The dispatcher
+# tries again a third of the lease later; RENEWAL_FAILURES of them are allowed.
 RENEWAL_BOUND_SECONDS = 0.5
+RENEWAL_FAILED_WITHIN = 1.5
+RENEWAL_FAILURES = 2
 
 
 class DownTimes(HostStateListener):  # type: ignore[misc]
@@ -203,7 +251,7 @@ class DownTimes(HostStateListener):  # type: ignore[misc]
         pass
 
 
-def test_a_stalled_node_slows_no_request_by_more_than_a_second_or_two_and_is_marked_down(
+def test_a_stalled_node_fails_no_request_and_is_marked_down_within_seconds(
         cassandra_cluster: CassandraCluster, outage: Outage) -> None:  # noqa: F811
     store = outage.store
     check_everything_reads_back(outage, store)  # every node is up, and the driver knows it
@@ -231,9 +279,14 @@ def test_a_stalled_node_slows_no_request_by_more_than_a_second_or_two_and_is_mar
                    lambda: f"the driver still has the stalled {stalled} up")
         marked_down = downs.at[stalled] - stopped
         renewals: list[float] = []
+        failed: list[tuple[float, StoreUnavailableError]] = []
         for _ in range(RENEWALS):
             started = time.monotonic()
-            renewed = store.renew_leases(outage.leases, LEASE_MS, now_ms())
+            try:
+                renewed = store.renew_leases(outage.leases, LEASE_MS, now_ms())
+            except StoreUnavailableError as exc:
+                failed.append((time.monotonic() - started, exc))
+                continue
             renewals.append(time.monotonic() - started)
             assert None not in renewed
             outage.leases = [lease for lease in renewed if lease is not None]
@@ -243,8 +296,11 @@ def test_a_stalled_node_slows_no_request_by_more_than_a_second_or_two_and_is_mar
     wait_until(lambda: stalled.is_up, 30, lambda: f"the driver has not found {stalled} again")
     print(f"node {STALLED} stalled: slowest of {READS} reads {max(reads):.2f}s, "
           f"of {PUTS} puts {max(puts):.2f}s; marked down after {marked_down:.1f}s, slowest of "
-          f"{RENEWALS} lease renewals after that {max(renewals):.2f}s; up again "
+          f"{RENEWALS} lease renewals after that {max(renewals):.2f}s, {len(failed)} failed "
+          f"{[round(took, 2) for took, _ in failed]}; up again "
           f"{time.monotonic() - resumed:.1f}s after it woke")
     assert max(reads) < STALLED_BOUND_SECONDS and max(puts) < STALLED_BOUND_SECONDS
     assert marked_down < MARKED_DOWN_WITHIN and max(renewals) < RENEWAL_BOUND_SECONDS
+    assert len(failed) <= RENEWAL_FAILURES, failed
+    assert all(took < RENEWAL_FAILED_WITHIN for took, _ in failed), failed
     check_everything_reads_back(outage, store)
