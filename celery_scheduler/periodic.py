@@ -24,9 +24,11 @@ Where this differs from celery beat (which keeps a last-run time per entry in on
   hand-over, a short outage) all run, whatever it says;
 - a ``crontab`` is read by Celery's own ``crontab`` (its fields, its day-of-week numbering,
   its handling of daylight saving time); two occurrences that fall on one instant (a wall
-  time that a clock change skips lands on the next hour's) are one.
-
-``solar`` schedules are refused for now, with an error naming the entry.
+  time that a clock change skips lands on the next hour's) are one;
+- a ``solar`` event is found as Celery's ``solar`` finds it (with ``ephem``, from the
+  schedule's own observer), each occurrence at the event's time to the millisecond; a day
+  without the event (a polar day or night) has no occurrence, and an entry whose event does
+  not happen within :data:`SOLAR_SEARCH_DAYS` has ended.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ OWN_KEYS = frozenset(("catch_up", "jitter", "overlap", "start", "until", "count"
 HAND_OVER_MS = 120_000
 # The most occurrences one call returns: a minute's crontab over a week of downtime is 10,080.
 MAX_OCCURRENCES = 100_000
+# How far ahead a solar event is looked for: more than a year, so that the sun's rising at a
+# pole, once a year, is found.
+SOLAR_SEARCH_DAYS = 400
 _UTC = dt.timezone.utc
 
 
@@ -82,11 +87,12 @@ class Overlap(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Entry:
-    """One periodic entry, checked: *schedule* is Celery's (``schedule`` or ``crontab``)."""
+    """One periodic entry, checked: *schedule* is Celery's (``schedule``, ``crontab`` or
+    ``solar``)."""
 
     name: str
     task: str
-    schedule: schedule | crontab
+    schedule: schedule | crontab | solar
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -114,10 +120,8 @@ def every(spec: schedule) -> dt.timedelta:
     return every
 
 
-def _schedule(entry: str, value: Any, relative: bool) -> schedule | crontab:
-    if isinstance(value, solar):
-        raise PeriodicEntryError(entry, "solar schedules are not supported yet; use a crontab")
-    if isinstance(value, crontab):
+def _schedule(entry: str, value: Any, relative: bool) -> schedule | crontab | solar:
+    if isinstance(value, (crontab, solar)):
         return value
     if isinstance(value, schedule):
         if every(value).total_seconds() <= 0:
@@ -125,8 +129,8 @@ def _schedule(entry: str, value: Any, relative: bool) -> schedule | crontab:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float, dt.timedelta)):
         raise PeriodicEntryError(
-            entry, f"schedule must be seconds, a timedelta, celery.schedules.schedule or "
-                   f"crontab, got {type(value).__name__} {value!r:.100}")
+            entry, f"schedule must be seconds, a timedelta, celery.schedules.schedule, "
+                   f"crontab or solar, got {type(value).__name__} {value!r:.100}")
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
     if not 0.001 <= seconds < 10 * 365 * 86_400:
         raise PeriodicEntryError(entry, f"its interval must be from 1 ms to 10 years, got {value!r}")
@@ -265,11 +269,47 @@ def _crontab(spec: crontab, after_ms: int, until_ms: int, tz: dt.tzinfo) -> Iter
             previous = at
 
 
+def _solar(event_of: solar, after_ms: int, until_ms: int) -> Iterator[int]:
+    # ephem's dates are UTC days; an event may fall between two milliseconds, so each
+    # search starts just after the one found, and what rounds to *after* or before is not kept
+    spec: Any = event_of  # celery-types does not declare solar's observer and method
+    ephem = spec.ephem
+    sun = ephem.Sun()
+    extra = {"use_center": True} if spec.use_center else {}
+    find = getattr(spec.cal, spec.method)
+    start = ephem.Date(dt.datetime.fromtimestamp(after_ms / 1000, _UTC).replace(tzinfo=None))
+    while True:
+        searched_from = start
+        while True:
+            try:
+                event = find(sun, start=start, **extra)
+                break
+            except ephem.CircumpolarError:  # not on this day: from the next one
+                start = spec.cal.next_antitransit(sun, start=start)
+                if start - searched_from > SOLAR_SEARCH_DAYS:
+                    return
+        at = round(event.datetime().replace(tzinfo=_UTC).timestamp() * 1000)
+        if at > until_ms:
+            return
+        if at > after_ms:
+            yield at
+            after_ms = at
+        start = ephem.Date(event + ephem.second / 1000)
+
+
+def _times(entry: Entry, after_ms: int, until_ms: int, tz: dt.tzinfo) -> Iterator[int]:
+    spec = entry.schedule
+    if isinstance(spec, crontab):
+        return _crontab(spec, after_ms, until_ms, tz)
+    if isinstance(spec, solar):
+        return _solar(spec, after_ms, until_ms)
+    return _interval(max(1, int(every(spec).total_seconds() * 1000)), after_ms, until_ms)
+
+
 def occurrences(entry: Entry, after_ms: int, until_ms: int, tz: dt.tzinfo,
                 limit: int | None = None) -> list[int]:
     """The entry's occurrences after *after_ms* up to *until_ms* (epoch ms, both UTC), in
     order, at most *limit*; *tz* is the app's timezone (a crontab's wall times are in it)."""
-    spec = entry.schedule
     found: list[int] = []
     if entry.start_ms is not None:
         after_ms = max(after_ms, entry.start_ms - 1)
@@ -277,9 +317,7 @@ def occurrences(entry: Entry, after_ms: int, until_ms: int, tz: dt.tzinfo,
         until_ms = min(until_ms, entry.until_ms)
     if until_ms <= after_ms:
         return found
-    times = (_crontab(spec, after_ms, until_ms, tz) if isinstance(spec, crontab) else
-             _interval(max(1, int(every(spec).total_seconds() * 1000)), after_ms, until_ms))
-    for at in times:
+    for at in _times(entry, after_ms, until_ms, tz):
         found.append(at)
         if limit is not None and len(found) == limit:
             break
@@ -335,13 +373,8 @@ def next_occurrence(entry: Entry, after_ms: int, tz: dt.tzinfo) -> int | None:
     """The entry's first occurrence after *after_ms* (None: it has ended, ``until``/``count``)."""
     if entry.start_ms is not None:
         after_ms = max(after_ms, entry.start_ms - 1)
-    spec = entry.schedule
-    if isinstance(spec, crontab):
-        at = next(_crontab(spec, after_ms, MAX_MS, tz))
-    else:
-        every_ms = max(1, int(every(spec).total_seconds() * 1000))
-        at = next(_interval(every_ms, after_ms, MAX_MS))
-    return None if entry.until_ms is not None and at > entry.until_ms else at
+    at = next(_times(entry, after_ms, MAX_MS, tz), None)
+    return None if at is None or (entry.until_ms is not None and at > entry.until_ms) else at
 
 
 def to_fire(entry: Entry, last_ms: int | None, now_ms: int, ahead_ms: int, tz: dt.tzinfo

@@ -29,7 +29,7 @@ from celery_scheduler.periodic import app_entries
 from celery_scheduler.periodic_changes import definition_of
 from celery_scheduler.store.records import EntryChange
 
-__all__ = ["add", "changes", "delete", "pause", "reset", "resume"]
+__all__ = ["add", "changes", "delete", "pause", "reset", "resume", "schedule_from_text"]
 
 
 def changes(app: Any) -> dict[str, EntryChange]:
@@ -66,10 +66,51 @@ def delete(app: Any, name: str) -> EntryChange:
     return _change(app, name, deleted=True)
 
 
+def schedule_from_text(name: str, every: float | None = None, crontab: str | None = None,
+                       solar: str | None = None) -> Any:
+    """The schedule of entry *name* as an operator types it (the CLI, the HTTP API): exactly
+    one of *every* (seconds), *crontab* (``"MINUTE HOUR DAY_OF_MONTH MONTH DAY_OF_WEEK"``)
+    and *solar* (``"EVENT LATITUDE LONGITUDE"``, Celery's solar events; needs ``ephem``).
+    :class:`PeriodicEntryError` says what is wrong."""
+    from celery.exceptions import ImproperlyConfigured
+    from celery.schedules import crontab as crontab_of
+    from celery.schedules import solar as solar_of
+
+    given = [what for what, value in (("every", every), ("crontab", crontab), ("solar", solar))
+             if value is not None]
+    if len(given) != 1:
+        raise PeriodicEntryError(name, f"give exactly one of every, crontab and solar, got "
+                                       f"{', '.join(given) or 'none'}")
+    if crontab is not None:
+        fields = crontab.split()
+        if len(fields) != 5:
+            raise PeriodicEntryError(name, f"crontab {crontab!r} is not five fields: MINUTE "
+                                           "HOUR DAY_OF_MONTH MONTH DAY_OF_WEEK")
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        try:
+            return crontab_of(minute, hour, day_of_week, day_of_month, month_of_year)
+        except ValueError as exc:
+            raise PeriodicEntryError(name, f"crontab {crontab!r}: {exc}") from None
+    if solar is not None:
+        fields = solar.split()
+        try:
+            event: Any = fields[0]  # checked by solar itself
+            latitude, longitude = float(fields[1]), float(fields[2])
+            if len(fields) != 3:
+                raise ValueError(f"{len(fields)} fields")
+            return solar_of(event, latitude, longitude)
+        except (IndexError, ValueError) as exc:
+            raise PeriodicEntryError(name, f"solar {solar!r} is not EVENT LATITUDE LONGITUDE "
+                                           f"(e.g. 'sunrise 48.85 2.35'): {exc}") from None
+        except ImproperlyConfigured as exc:
+            raise PeriodicEntryError(name, f"solar schedules need ephem: {exc}") from None
+    return every
+
+
 def add(app: Any, name: str, spec: Mapping[str, Any]) -> EntryChange:
     """Add entry *name*, or replace its definition, with *spec* (a beat_schedule item whose
-    schedule is a number of seconds, a timedelta or a crontab). Its task must be a scheduled
-    task (see :mod:`celery_scheduler.periodic_tasks`)."""
+    schedule is a number of seconds, a timedelta, a crontab or a solar event). Its task must
+    be a scheduled task (see :mod:`celery_scheduler.periodic_tasks`)."""
     client = get_client(app)
     scheduled = registry.names(app)
     task = spec.get("task") if isinstance(spec, Mapping) else None

@@ -7,7 +7,8 @@ replaced, fires by that definition. Resetting an entry forgets its change: it is
 ``beat_schedule``'s again, or gone if it was only ever added at run time.
 
 A definition is kept as JSON: the entry's task, its schedule (a number of seconds, or
-``{"crontab": [minute, hour, day_of_week, day_of_month, month_of_year]}``), arguments,
+``{"crontab": [minute, hour, day_of_week, day_of_month, month_of_year]}`` or
+``{"solar": [event, latitude, longitude]}``), arguments,
 Celery options, ``catch_up``, ``jitter``, ``overlap``, ``start`` and ``until``.
 """
 
@@ -20,7 +21,8 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from celery.schedules import crontab
+from celery.exceptions import ImproperlyConfigured
+from celery.schedules import crontab, solar
 
 from celery_scheduler.errors import PeriodicEntryError
 from celery_scheduler.periodic import Entry, entry_of, every
@@ -39,6 +41,8 @@ def definition_of(name: str, spec: Mapping[str, Any], known_tasks: Collection[st
     schedule: Any
     if isinstance(entry.schedule, crontab):
         schedule = {"crontab": [str(field) for field in entry.schedule.__reduce__()[1][:5]]}
+    elif isinstance(entry.schedule, solar):
+        schedule = {"solar": list(entry.schedule.__reduce__()[1])}
     else:
         schedule = every(entry.schedule).total_seconds()
     return json.dumps({"task": entry.task, "schedule": schedule, "args": list(entry.args),
@@ -66,8 +70,12 @@ def entry_of_definition(name: str, definition: str, known_tasks: Collection[str]
     try:
         spec = json.loads(definition)
         schedule = spec.get("schedule")
-        if isinstance(schedule, Mapping):
+        if isinstance(schedule, Mapping) and "solar" in schedule:
+            spec["schedule"] = solar(*schedule["solar"])
+        elif isinstance(schedule, Mapping):
             spec["schedule"] = _crontab(tuple(schedule["crontab"]))
+    except ImproperlyConfigured as exc:  # solar without ephem installed
+        raise PeriodicEntryError(name, f"its solar schedule needs ephem: {exc}") from None
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise PeriodicEntryError(name, f"its definition kept at run time is not valid ({exc})") from None
     return entry_of(name, spec, known_tasks)

@@ -7,7 +7,8 @@ dispatchers fire them, and the operator's ways to run one now or backfill a span
     celery -A proj scheduler periodic trigger NAME         # one run now, after the entry's others
     celery -A proj scheduler periodic backfill NAME SINCE UNTIL [--yes]
     celery -A proj scheduler periodic pause|resume|delete|reset NAME
-    celery -A proj scheduler periodic add NAME --task TASK (--every SECONDS | --crontab "M H DOM MON DOW")
+    celery -A proj scheduler periodic add NAME --task TASK (--every SECONDS | --crontab "M H DOM MON DOW"
+                                                            | --solar "EVENT LAT LON")
 """
 
 from __future__ import annotations
@@ -181,6 +182,7 @@ for _action, _doc in (
 @click.option("--task", required=True, help="a scheduled task's name")
 @click.option("--every", type=click.FloatRange(min=0.001), default=None, help="seconds between runs")
 @click.option("--crontab", "cron", default=None, help='"MINUTE HOUR DAY_OF_MONTH MONTH DAY_OF_WEEK"')
+@click.option("--solar", default=None, help='"EVENT LATITUDE LONGITUDE", e.g. "sunrise 48.85 2.35"')
 @click.option("--args", "args_json", default="[]", show_default=True, help="JSON list")
 @click.option("--kwargs", "kwargs_json", default="{}", show_default=True, help="JSON object")
 @click.option("--options", "options_json", default="{}", show_default=True, help="Celery options, JSON")
@@ -190,25 +192,15 @@ for _action, _doc in (
               show_default=True, help="what an occurrence does while the run before has not finished")
 @click.pass_context
 def add(ctx: click.Context, name: str, task: str, every: float | None, cron: str | None,
-        args_json: str, kwargs_json: str, options_json: str, catch_up: str, jitter: float,
-        overlap: str) -> None:
+        solar: str | None, args_json: str, kwargs_json: str, options_json: str, catch_up: str,
+        jitter: float, overlap: str) -> None:
     """Add entry NAME at run time, or replace its definition."""
-    from celery.schedules import crontab
-
     from celery_scheduler import periodic_admin
 
-    if (every is None) == (cron is None):
-        raise click.UsageError("give exactly one of --every and --crontab")
-    schedule: object = every
-    if cron is not None:
-        fields = cron.split()
-        if len(fields) != 5:
-            raise click.BadParameter(f"{cron!r} is not five crontab fields", param_hint="--crontab")
-        minute, hour, day_of_month, month_of_year, day_of_week = fields
-        try:
-            schedule = crontab(minute, hour, day_of_week, day_of_month, month_of_year)
-        except ValueError as exc:
-            raise click.BadParameter(f"{cron!r}: {exc}", param_hint="--crontab") from None
+    try:
+        schedule = periodic_admin.schedule_from_text(name, every, cron, solar)
+    except PeriodicEntryError as exc:
+        raise click.UsageError(str(exc)) from None
     try:
         spec = {"task": task, "schedule": schedule, "args": json.loads(args_json),
                 "kwargs": json.loads(kwargs_json), "options": json.loads(options_json),

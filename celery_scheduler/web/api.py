@@ -20,7 +20,7 @@ from celery_scheduler import periodic_admin
 from celery_scheduler.api import registered
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import CELERY_OPTIONS, CancelEnvelope
-from celery_scheduler.errors import ScheduleError, ScheduleTimeError
+from celery_scheduler.errors import PeriodicEntryError, ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
 from celery_scheduler.operations import (
     LISTED_STATES,
@@ -364,6 +364,7 @@ class PeriodicEntryIn(BaseModel):
     task: str
     every: float | None = Field(default=None, gt=0, description="seconds between runs")
     crontab: str | None = Field(default=None, description="MINUTE HOUR DAY_OF_MONTH MONTH DAY_OF_WEEK")
+    solar: str | None = Field(default=None, description="EVENT LATITUDE LONGITUDE, e.g. sunrise 48.85 2.35")
     args: list[Any] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
@@ -374,21 +375,12 @@ class PeriodicEntryIn(BaseModel):
 
 @router.put("/periodic/{name}", status_code=204, dependencies=[Depends(writer)])
 def add_periodic_entry(name: str, entry: PeriodicEntryIn, request: Request) -> None:
-    """Add entry *name* at run time, or replace its definition (one of every or crontab)."""
-    from celery.schedules import crontab
-
-    if (entry.every is None) == (entry.crontab is None):
-        raise HTTPException(422, "give exactly one of every and crontab")
-    schedule: Any = entry.every
-    if entry.crontab is not None:
-        fields = entry.crontab.split()
-        if len(fields) != 5:
-            raise HTTPException(422, f"crontab {entry.crontab!r} is not five fields")
-        minute, hour, day_of_month, month_of_year, day_of_week = fields
-        try:
-            schedule = crontab(minute, hour, day_of_week, day_of_month, month_of_year)
-        except ValueError as exc:
-            raise HTTPException(422, f"crontab {entry.crontab!r}: {exc}") from None
+    """Add entry *name* at run time, or replace its definition (one of every, crontab and
+    solar)."""
+    try:
+        schedule = periodic_admin.schedule_from_text(name, entry.every, entry.crontab, entry.solar)
+    except PeriodicEntryError as exc:
+        raise HTTPException(422, str(exc)) from None
     periodic_admin.add(request.app.state.celery_app, name, {
         "task": entry.task, "schedule": schedule, "args": entry.args, "kwargs": entry.kwargs,
         "options": entry.options, "catch_up": entry.catch_up, "jitter": entry.jitter,

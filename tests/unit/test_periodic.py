@@ -13,7 +13,15 @@ from celery.schedules import crontab, schedule, solar
 
 from celery_scheduler import periodic
 from celery_scheduler.errors import ConfigurationError, PeriodicEntryError
-from celery_scheduler.periodic import CatchUp, entries, entry_of, key, occurrences, to_fire
+from celery_scheduler.periodic import (
+    CatchUp,
+    entries,
+    entry_of,
+    key,
+    next_occurrence,
+    occurrences,
+    to_fire,
+)
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
 UTC = dt.timezone.utc
@@ -114,8 +122,6 @@ def test_beat_schedule_entries_are_read_with_their_arguments_and_options() -> No
     ({"task": "t", "schedule": "*/5 * * * *"}, "schedule must be seconds, a timedelta"),
     ({"task": "t", "schedule": 0}, "interval must be from 1 ms to 10 years"),
     ({"task": "t", "schedule": schedule(dt.timedelta(0))}, "interval must be positive"),
-    # a solar schedule (made without ephem, which Celery needs to compute one)
-    ({"task": "t", "schedule": solar.__new__(solar)}, "solar schedules are not supported"),
     ({"task": "t", "schedule": 10, "args": "abc"}, "'args' must be a list or tuple"),
     ({"task": "t", "schedule": 10, "args": [object()]}, "its args must be JSON values"),
     ({"task": "t", "schedule": 10, "kwargs": {1: 2}}, "'kwargs' must be a mapping with string keys"),
@@ -152,3 +158,30 @@ def test_a_span_with_too_many_occurrences_is_refused_rather_than_filling_memory(
     assert len(occurrences(entry, 0, 100_000, UTC)) == 100
     with pytest.raises(PeriodicEntryError, match="more than 100 occurrences"):
         occurrences(entry, 0, 101_000, UTC)
+
+
+@pytest.mark.parametrize(("event", "latitude", "longitude"), [
+    ("sunrise", 48.85, 2.35), ("sunset", -33.87, 151.21), ("solar_noon", 0.0, 0.0),
+    ("dawn_astronomical", 60.0, 20.0), ("dusk_civil", 64.1, -21.9)])
+def test_a_solar_event_fires_when_celerys_solar_says_to_the_millisecond(
+        event: str, latitude: float, longitude: float) -> None:
+    entry = entry_of("sun", {"task": "t", "schedule": solar(event, latitude, longitude)})
+    start = dt.datetime(2030, 3, 28, 12, 0, tzinfo=UTC)  # across Europe's clock change
+    found = occurrences(entry, int(start.timestamp() * 1000), ms(2030, 4, 7, 12), UTC)
+    assert len(found) == 10  # one a day
+    for before, at in zip([int(start.timestamp() * 1000), *found], found):
+        # Celery's own: the time left from a last run (just after the event before), to a
+        # clock that reads that last run
+        when = dt.datetime.fromtimestamp((before + 1) / 1000, UTC)
+        celerys = solar(event, latitude, longitude, nowfun=lambda when=when: when)
+        expected = when + celerys.remaining_estimate(when)
+        assert abs(at - expected.timestamp() * 1000) < 1
+    assert next_occurrence(entry, found[3], UTC) == found[4]
+
+
+def test_a_solar_event_a_polar_day_skips_is_found_on_the_day_it_happens_again() -> None:
+    # no sunrise at 89.5 N from the autumn equinox to the spring one
+    entry = entry_of("sun", {"task": "t", "schedule": solar("sunrise", 89.5, 0)})
+    assert occurrences(entry, ms(2030, 12, 1), ms(2031, 1, 1), UTC) == []
+    first = next_occurrence(entry, ms(2030, 12, 1), UTC)
+    assert first is not None and dt.datetime.fromtimestamp(first / 1000, UTC).month == 3

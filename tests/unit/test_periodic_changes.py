@@ -6,7 +6,7 @@ import datetime as dt
 import logging
 
 import pytest
-from celery.schedules import crontab
+from celery.schedules import crontab, solar
 
 from celery_scheduler.periodic import entry_of
 from celery_scheduler.periodic_changes import definition_of, entry_of_definition, in_force
@@ -21,6 +21,7 @@ UTC = dt.timezone.utc
     {"task": "t", "schedule": crontab(minute="*/5", hour="9-17", day_of_week="mon-fri"),
      "start": "2030-01-01T00:00:00Z", "count": 4},
     {"task": "t", "schedule": dt.timedelta(hours=1), "until": dt.datetime(2031, 1, 1, tzinfo=UTC)},
+    {"task": "t", "schedule": solar("sunset", 52.52, 13.4), "catch_up": "none"},
 ])
 def test_a_definition_kept_as_json_reads_back_as_the_same_entry(spec: dict[str, object]) -> None:
     entry = entry_of("e", spec)

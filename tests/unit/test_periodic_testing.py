@@ -4,6 +4,7 @@ occurrence once, on the fake clock; an entry the dispatchers could not run is re
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -265,6 +266,47 @@ def test_entries_change_at_run_time_through_the_http_api_the_console_and_the_cli
                               "--args", '["h"]')
         runs = scheduler.advance(60)
         assert run_times(runs, "half") == [at(20), at(20, 30)]
+        # a solar event, through the API and the CLI (Paris's sunrise on 2 January 2030)
+        sunrise = {"task": "ops.report", "solar": "sunrise 48.85 2.35", "args": ["s"]}
+        assert http.put("/api/v1/periodic/dawn", json=sunrise, headers=WRITE).status_code == 204
+        assert "added" in cli(app, "add", "dusk", "--task", "ops.report", "--solar",
+                              "sunset 48.85 2.35", "--args", '["d"]')
+        runs = scheduler.advance(dt.timedelta(days=1))
+        [dawn] = run_times(runs, "dawn")
+        assert dawn.isoformat().startswith("2030-01-02T07:4")  # 07:44 UTC
+        [dusk] = run_times(runs, "dusk")
+        assert dusk.isoformat().startswith("2030-01-01T16:0")  # 16:06 UTC
+
+
+@functools.cache
+def typed_app() -> Celery:
+    app = periodic_app("typed", {})  # one for every case: task names are registered once
+    app.conf.scheduler_api_tokens = {"write-token-0123456789": "write"}
+    return app
+
+
+@pytest.mark.parametrize(("given", "problem"), [
+    ({}, "give exactly one of every, crontab and solar, got none"),
+    ({"every": 60, "crontab": "* * * * *"}, "got every, crontab"),
+    ({"crontab": "*/5 * *"}, "is not five fields"),
+    ({"crontab": "61 * * * *"}, "crontab '61 * * * *'"),
+    ({"solar": "sunrise"}, "is not EVENT LATITUDE LONGITUDE"),
+    ({"solar": "sunrise north 2.35"}, "is not EVENT LATITUDE LONGITUDE"),
+    ({"solar": "sunrise 48.85 2.35 0"}, "is not EVENT LATITUDE LONGITUDE"),
+    ({"solar": "moonrise 48.85 2.35"}, "moonrise"),
+    ({"solar": "sunrise 91 2.35"}, "91"),
+])
+def test_a_schedule_typed_by_an_operator_is_refused_naming_what_is_wrong(
+        given: dict[str, Any], problem: str) -> None:
+    with pytest.raises(PeriodicEntryError, match="'entry'") as raised:
+        periodic_admin.schedule_from_text("entry", **given)
+    assert problem in str(raised.value)
+    app = typed_app()
+    with scheduler_testing(app, start=START):
+        refused = TestClient(create_app(app)).put(
+            "/api/v1/periodic/entry", json={"task": "typed.report", **given},
+            headers={"Authorization": "Bearer write-token-0123456789"})
+        assert refused.status_code == 422 and problem in refused.json()["message"]
 
 
 @pytest.mark.parametrize("overlap", ["buffer_all", "buffer_one", "skip"])
