@@ -43,11 +43,14 @@ def test_each_occurrence_runs_once_on_time_and_a_killed_dispatcher_skips_none(
     assert owner is not None
     survivor = second if owner is first else first
     wait_until(lambda: len(scheduler.starts()) >= 4, 30, "four occurrences run")
+    settled_at = time.time()  # the group's first rebalances are over: runs are on time
+    fired_before = scheduler.log_of(survivor).count("fired periodic entry")
     killed_at = time.time()
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     # the other dispatcher takes the partition over and fires from where the first stopped
-    wait_until(lambda: "fired periodic entry" in scheduler.log_of(survivor), 60,
+    # (it may have fired the entry already, while the group was forming)
+    wait_until(lambda: scheduler.log_of(survivor).count("fired periodic entry") > fired_before, 60,
                lambda: f"the other dispatcher firing the entry:\n{scheduler.log_of(survivor)[-3000:]}")
     taken_at = time.time()
 
@@ -63,12 +66,13 @@ def test_each_occurrence_runs_once_on_time_and_a_killed_dispatcher_skips_none(
     ran = {s["task_id"] for s in starts}
     missing = sorted(at for task_id, at in expected.items() if task_id not in ran)
     assert missing == [], [dt.datetime.fromtimestamp(at / 1000).isoformat() for at in missing]
-    strays = ran - set(occurrence_ids(since, time.time() + TICK))
-    assert strays == set()  # every run is an occurrence's key, none made up
-    # away from the kill: the partition's takeover (session timeout and lease) delays those
-    # due from the kill until the other dispatcher fired
+    # every run is an occurrence's key, none made up (the first may have run late, before since)
+    strays = ran - set(occurrence_ids(since - 600, time.time() + TICK))
+    assert strays == set(), [s for s in starts if s["task_id"] in strays]
+    # away from the start and the kill: the group forming, then the partition's takeover
+    # (session timeout and lease), delay those due until the other dispatcher fired
     quiet = {task_id: at / 1000 for task_id, at in expected.items()
-             if not killed_at - TICK <= at / 1000 <= taken_at + TICK}
+             if settled_at <= at / 1000 < killed_at - TICK or at / 1000 > taken_at + TICK}
     late = sorted(s["t"] - quiet[s["task_id"]] for s in starts if s["task_id"] in quiet)
     print(f"{len(expected)} occurrences from {since:.0f} to {until:.0f}, {len(starts)} runs; away "
           f"from the kill, lateness median {late[len(late) // 2]:.3f}s, max {late[-1]:.3f}s")
