@@ -24,6 +24,7 @@ NOT_MEASURED = {
     "docs/production.md": {
         "120 s": "the default of scheduler_startup_timeout",
         "256 KiB": "the default of scheduler_max_envelope_bytes",
+        "9 s": "the default of Kafka's broker.session.timeout.ms",
     },
 }
 
