@@ -5,6 +5,7 @@ runs after downtime."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import zoneinfo
 from typing import Any
 
@@ -169,7 +170,7 @@ def test_a_solar_event_fires_when_celerys_solar_says_to_the_millisecond(
     start = dt.datetime(2030, 3, 28, 12, 0, tzinfo=UTC)  # across Europe's clock change
     found = occurrences(entry, int(start.timestamp() * 1000), ms(2030, 4, 7, 12), UTC)
     assert len(found) == 10  # one a day
-    for before, at in zip([int(start.timestamp() * 1000), *found], found):
+    for before, at in itertools.pairwise([int(start.timestamp() * 1000), *found]):
         # Celery's own: the time left from a last run (just after the event before), to a
         # clock that reads that last run
         when = dt.datetime.fromtimestamp((before + 1) / 1000, UTC)
