@@ -12,8 +12,8 @@ the harness's own Kafka, Cassandra and broker (which it restarts at will):
   ``tests.apps.dispatching``, so ``tests.integration.dispatch_fixtures.Scheduler`` drives it;
 - ``CELERY_SCHEDULER_CHAOS_MUTANT``: a deliberately broken dispatcher (one of :data:`MUTANTS`),
   to show that the harness notices when a guarantee is broken: each breaks one;
-- ``CELERY_SCHEDULER_CHAOS_PERIODIC`` (``name=seconds,...``): periodic entries of
-  ``chaos.tick`` the dispatchers fire, each run logged under the ordering id
+- ``CELERY_SCHEDULER_CHAOS_PERIODIC`` (``name=seconds/overlap/slow_run,...``): periodic
+  entries of ``chaos.tick`` the dispatchers fire, each run logged under the ordering id
   ``periodic:<name>`` with its task id, which names the occurrence.
 
 The leases are the package's defaults unless ``CELERY_SCHEDULER_TEST_LEASE`` (the run lease)
@@ -51,8 +51,13 @@ MUTANTS = {
     "release-out-of-order": "order_violations",
     # a dispatcher taking a partition over fires none of the occurrences missed meanwhile
     "skip-missed-occurrences": "periodic_missed",
-    # each occurrence fired under a key of its own making, not the occurrence's
+    # each occurrence fired under a key of its own making, not the occurrence's (of the
+    # entries without an overlap policy)
     "periodic-made-up-keys": "periodic_strays",
+    # every occurrence written, whatever the entry's overlap policy
+    "overlap-ignored": "periodic_overlap_broken",
+    # an entry with an overlap policy fired once, then skipped as if its run never ended
+    "overlap-skips-all": "periodic_skipped_wrongly",
 }
 MUTANT_COMMIT_FIRST = "commit-before-persist"
 
@@ -109,25 +114,33 @@ def record(self: Any, ordering_id: str, seq: int, duration: float = 0.0,
     return seq
 
 
-# Periodic entries (CELERY_SCHEDULER_CHAOS_PERIODIC, "name=seconds,..."), each an interval
-# entry of chaos.tick, fired by the dispatchers.
-PERIODIC = {name: float(seconds) for name, seconds in
+# Periodic entries (CELERY_SCHEDULER_CHAOS_PERIODIC, "name=seconds/overlap/slow_run,..."),
+# each an interval entry of chaos.tick, fired by the dispatchers, with its overlap policy. An
+# entry with a slow_run runs every third occurrence (by its time) that long, the others
+# 0.2 s, on a queue of its own (SLOW_QUEUE), so that its runs keep no other task waiting.
+PERIODIC = {name: spec.split("/") for name, spec in
             (item.split("=") for item in os.environ.get("CELERY_SCHEDULER_CHAOS_PERIODIC", "").split(",")
              if item)}
+SLOW_QUEUE = f"{app.conf.task_default_queue}-slow"
 
 
 @app.task(name="chaos.tick", bind=True)
-def tick(self: Any, name: str) -> None:
+def tick(self: Any, name: str, every: float = 0.0, slow_run: float = 0.0) -> None:
     release = parse_header(getattr(self.request, HEADER, None))
     where = {} if release is None else {"p": release.partition, "a": release.attempt}
     log("start", f"periodic:{name}", 0, task_id=self.request.id, **where)
+    if slow_run and release is not None:
+        time.sleep(slow_run if release.key.scheduled_ms // int(every * 1000) % 3 == 0 else 0.2)
     log("end", f"periodic:{name}", 0)
 
 
 if PERIODIC:
     app.conf.scheduler_periodic = True
-    app.conf.beat_schedule = {name: {"task": "chaos.tick", "schedule": seconds, "args": [name]}
-                              for name, seconds in PERIODIC.items()}
+    app.conf.beat_schedule = {
+        name: {"task": "chaos.tick", "schedule": float(every), "overlap": overlap,
+               "args": [name, float(every), float(slow_run)],
+               "options": {"queue": SLOW_QUEUE} if float(slow_run) else {}}
+        for name, (every, overlap, slow_run) in PERIODIC.items()}
     periodic_tasks.install(app)
 
 
@@ -230,16 +243,35 @@ def _periodic_made_up_keys() -> None:
 
     def made_up(entry: Any, occurrence_ms: int) -> TaskKey:
         key = occurrence_key(entry, occurrence_ms)
+        if entry.overlap is not periodic.Overlap.BUFFER_ALL:
+            return key  # left to the overlap mutants, which share its run
         return TaskKey(key.ordering_id, key.scheduled_ms, f"{key.uniqueness_key}-{uuid.uuid4().hex[:6]}")
 
     periodic.key = made_up  # type: ignore[assignment]
+
+
+def _overlap_ignored() -> None:
+    from celery_scheduler.dispatcher.firer import Firer
+
+    Firer._kept_by_overlap = lambda self, due: list(due)  # type: ignore[method-assign]
+
+
+def _overlap_skips_all() -> None:
+    from celery_scheduler.dispatcher.firer import Firer
+    from celery_scheduler.periodic import Overlap
+
+    def skips(self: Firer, due: list[Any]) -> list[Any]:
+        return [o for o in due if o.entry.overlap is Overlap.BUFFER_ALL or o.entry.name not in self._written]
+
+    Firer._kept_by_overlap = skips  # type: ignore[method-assign]
 
 
 _BREAK = {"commit-before-persist": _commit_first, "ignore-cancels": _ignore_cancels,
           "release-early": _release_early, "release-two-at-once": _release_two_at_once,
           "release-out-of-order": _release_out_of_order,
           "skip-missed-occurrences": _skip_missed_occurrences,
-          "periodic-made-up-keys": _periodic_made_up_keys}
+          "periodic-made-up-keys": _periodic_made_up_keys,
+          "overlap-ignored": _overlap_ignored, "overlap-skips-all": _overlap_skips_all}
 # Patched in this module, which only harness processes import; the package is untouched.
 # Several mutants, comma-separated, break the dispatcher in each of their ways.
 for _mutant in os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT", "").split(","):

@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tests.integration import dispatch_fixtures
 from tests.integration.dispatch_fixtures import Scheduler
@@ -186,6 +186,17 @@ def chaos_app() -> Iterator[None]:
         dispatch_fixtures.APP = previous
 
 
+class PeriodicEntry(NamedTuple):
+    """A periodic entry of the chaos app: an interval entry of ``chaos.tick``."""
+
+    name: str
+    seconds: float  # the interval
+    overlap: str = "buffer_all"  # the entry's overlap policy
+    # every third occurrence (by its time) runs this long, the others 0.2 s, on a worker of
+    # their own (two threads, one per entry, never killed); 0: runs take no time
+    slow_run: float = 0.0
+
+
 @dataclass(frozen=True)
 class Options:
     tasks: int = 1200
@@ -212,19 +223,24 @@ class Options:
     dispatchers: int = 2
     workers: int = 2
     broker: str = "redis"  # the Celery broker: redis or rabbitmq (with its own restarts)
-    # periodic entries the dispatchers fire (scheduler_periodic): (name, interval in seconds)
-    periodic: tuple[tuple[str, float], ...] = ()
+    # periodic entries the dispatchers fire (scheduler_periodic)
+    periodic: tuple[PeriodicEntry, ...] = ()
 
 
 # One periodic entry in each of the six partitions (their names hash there), every 2 or 3 s:
-# whichever dispatcher dies or pauses, entries of its partitions change hands.
-PERIODIC_ENTRIES = (("every-2s-0", 2.0), ("every-3s-0", 3.0), ("every-3s-1", 3.0),
-                    ("every-2s-2", 2.0), ("every-2s-3", 2.0), ("every-3s-3", 3.0))
+# whichever dispatcher dies or pauses, entries of its partitions change hands. Two more every
+# 5 s, a third of whose runs take 14 s, so that their overlap policy skips occurrences: one
+# skips an occurrence while the run before goes on, one while the occurrence before waits.
+PERIODIC_ENTRIES = (PeriodicEntry("every-2s-0", 2.0), PeriodicEntry("every-3s-0", 3.0),
+                    PeriodicEntry("every-3s-1", 3.0), PeriodicEntry("every-2s-2", 2.0),
+                    PeriodicEntry("every-2s-3", 2.0), PeriodicEntry("every-3s-3", 3.0),
+                    PeriodicEntry("slow-skip", 5.0, "skip", 14.0),
+                    PeriodicEntry("slow-buffer-one", 5.0, "buffer_one", 14.0))
 
 
-def periodic_variable(entries: tuple[tuple[str, float], ...]) -> str:
-    """The chaos app's CELERY_SCHEDULER_CHAOS_PERIODIC: ``name=seconds,...``."""
-    return ",".join(f"{name}={seconds:g}" for name, seconds in entries)
+def periodic_variable(entries: tuple[PeriodicEntry, ...]) -> str:
+    """The chaos app's CELERY_SCHEDULER_CHAOS_PERIODIC: ``name=seconds/overlap/slow_run,...``."""
+    return ",".join(f"{e.name}={e.seconds:g}/{e.overlap}/{e.slow_run:g}" for e in entries)
 
 
 @dataclass
@@ -393,6 +409,7 @@ class Run:
         self.cluster = Scheduler(self.env, run_dir / "executions.jsonl", run_dir)
         self.dispatchers: list[subprocess.Popen[bytes]] = []
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.slow_workers: list[subprocess.Popen[bytes]] = []
         self.killed: set[int] = set()
         self.killed_workers: dict[int, float] = {}
         self.unexpected: list[str] = []
@@ -424,13 +441,22 @@ class Run:
         self.workers.append(process)
         return process
 
+    def _start_slow_worker(self) -> subprocess.Popen[bytes]:
+        """The worker of the slow periodic entries' queue: a thread for each, so that an
+        occurrence released starts at once (their overlap policies are judged by it)."""
+        process = self.cluster.worker("--pool=threads", "--concurrency=2",
+                                      "-Q", f"{self.env['CELERY_SCHEDULER_TEST_QUEUE']}-slow")
+        self.slow_workers.append(process)
+        return process
+
     def _supervise(self) -> None:
         """Restart a dispatcher or worker that exited without being killed (and report it)."""
         if time.monotonic() < self._next_restart:
             return
         with self._lock:
             roles = (("dispatcher", self.dispatchers, lambda: self._start_dispatcher(False)),
-                     ("worker", self.workers, self._start_worker))
+                     ("worker", self.workers, self._start_worker),
+                     ("slow periodic worker", self.slow_workers, self._start_slow_worker))
             for role, group, start in roles:
                 for process in list(group):
                     if process.poll() is not None and process.pid not in self.killed:
@@ -737,6 +763,8 @@ class Run:
             self._start_dispatcher(wait=index == 0)
         for _ in range(o.workers):
             self._start_worker()
+        if any(PeriodicEntry(*entry).slow_run for entry in o.periodic):
+            self._start_slow_worker()
         client = self._client()
         window = o.produce_seconds or expected_window(self.lanes)
         rate = o.tasks / window
@@ -828,6 +856,7 @@ def load_facts(path: Path) -> RunFacts:
     options = data.pop("options")
     options["gap"], options["delay"], options["kinds"] = (
         tuple(options["gap"]), tuple(options["delay"]), tuple(options["kinds"]))
+    options["periodic"] = tuple(PeriodicEntry(*entry) for entry in options.get("periodic", ()))
     return RunFacts(options=Options(**options), tasks=[Task(**t) for t in data.pop("tasks")],
                     faults=[Fault(**f) for f in data.pop("faults")],
                     killed_workers={int(pid): at for pid, at in data.pop("killed_workers").items()},

@@ -7,13 +7,20 @@ import platform
 from collections import Counter
 
 from tests.apps.chaos import MUTANTS
-from tests.chaos.harness import PAUSE_SECONDS, RunFacts
+from tests.chaos.harness import PAUSE_SECONDS, PeriodicEntry, RunFacts
 from tests.chaos.verify import WINDOW_AFTER, Verdict
 from tests.chaos.verify import __doc__ as RULES
 
 
 def _when(timestamp: float) -> str:
     return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _entry(entry: PeriodicEntry) -> str:
+    said = f"{entry.name} every {entry.seconds:g} s"
+    if entry.slow_run:
+        said += f" (every third occurrence runs {entry.slow_run:g} s, the others 0.2 s)"
+    return said if entry.overlap == "buffer_all" else f"{said}, overlap {entry.overlap}"
 
 
 def _row(name: str, figures: dict[str, float]) -> str:
@@ -71,7 +78,7 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"{PAUSE_SECONDS:.0f} s then SIGCONT, while Kafka and Cassandra are up), Cassandra "
         f"restarts, and Kafka or {broker} restarts (`scripts/services down` + `up`);",
         *([f"- periodic entries fired by the dispatchers (`scheduler_periodic`), each an "
-           f"interval: {', '.join(f'{name} every {seconds:g} s' for name, seconds in o.periodic)};"]
+           f"interval: {', '.join(_entry(PeriodicEntry(*e)) for e in o.periodic)};"]
           if o.periodic else []),
         f"- drained: {'yes' if facts.drained else 'NO (drain timeout reached)'}.",
         "",
@@ -111,7 +118,11 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         *([f"| periodic entries: occurrences due / run | {c['periodic_expected']} / {c['periodic_ran']} |",
            f"| **... missed** / **runs under no occurrence's key** | **{c['periodic_missed']}** / "
            f"**{c['periodic_strays']}** |",
-           f"| ... occurrences run twice (at least once) | {c['periodic_duplicates']} |"]
+           f"| ... occurrences run twice (at least once) | {c['periodic_duplicates']} |",
+           f"| ... skipped by their entry's overlap policy / skips not judged | "
+           f"{c['periodic_skipped']} / {c['periodic_skips_not_judged']} |",
+           f"| **... run against their overlap policy** / **skipped wrongly** | "
+           f"**{c['periodic_overlap_broken']}** / **{c['periodic_skipped_wrongly']}** |"]
           if o.periodic else []),
         f"| dispatchers/workers that exited by themselves (restarted) or faults that failed | "
         f"{len(facts.unexpected_exits)} |",

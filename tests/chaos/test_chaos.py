@@ -134,10 +134,15 @@ def test_the_chaos_run_catches_a_dispatcher_that_commits_before_it_persists(
 BROKEN = Options(tasks=200, ordering_ids=20, kinds=(), produce_seconds=10.0, drain_seconds=6.0,
                  delay=(1.0, 5.0), slow_share=0.5, cancel_share=0.3, periodic=PERIODIC_ENTRIES)
 # Mutants share a run where none can break the others' rules: a task released early is
-# neither a cancel dropped nor a periodic key made up. Those that release an ordering id's
-# tasks wrongly each run alone, since either could break the other's rule too.
-BROKEN_TOGETHER = ("ignore-cancels,periodic-made-up-keys,release-early", "release-out-of-order",
-                   "release-two-at-once")
+# neither a cancel dropped nor a periodic key made up, nor an overlap policy ignored. Those
+# that release an ordering id's tasks wrongly run apart, since either could break the
+# other's rule too.
+BROKEN_TOGETHER = ("ignore-cancels,periodic-made-up-keys,release-early,overlap-ignored",
+                   "release-out-of-order,overlap-skips-all", "release-two-at-once")
+# An overlap policy is judged on occurrences due from 10 s after the start to 10 s before
+# the end of scheduling: 15 s holds one of the slow entries' long runs and the occurrences
+# after it, whatever the phase.
+OVERLAP_PRODUCE_SECONDS = 35.0
 
 
 def test_every_mutant_is_shown_to_fail_its_verdict() -> None:
@@ -149,7 +154,10 @@ def test_every_mutant_is_shown_to_fail_its_verdict() -> None:
 @pytest.mark.parametrize("mutants", BROKEN_TOGETHER)
 def test_the_chaos_run_catches_a_dispatcher_broken_on_purpose(
         mutants: str, chaos_services: Path, tmp_path: Path) -> None:
-    verdict = run(replace(BROKEN, mutant=mutants), chaos_services, tmp_path)
+    options = replace(BROKEN, mutant=mutants)
+    if "overlap" in mutants:
+        options = replace(options, produce_seconds=OVERLAP_PRODUCE_SECONDS)
+    verdict = run(options, chaos_services, tmp_path)
 
     failed = {name: verdict.counts[MUTANTS[name]] for name in mutants.split(",")}
     assert all(failed.values()), (failed, verdict.counts)

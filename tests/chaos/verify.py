@@ -40,6 +40,13 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   its entry is a **periodic stray** (an occurrence fired under a made-up key could run
   twice). Two runs of an occurrence are duplicates (at least once); runs of one entry are
   checked for overlap like those of any ordering id, and its first starts for being early.
+- **overlap policy**: an entry whose ``overlap`` is ``skip`` or ``buffer_one`` may skip
+  occurrences (they are not missed). Each is judged against the run of the occurrence before
+  it that ran: an occurrence that ran while that run clearly went on (``skip``) or clearly
+  had not started (``buffer_one``) **broke the policy**; one skipped when that run had
+  clearly ended (``skip``) or started (``buffer_one``) was **skipped wrongly**. Clearly: by
+  more than 2 s, with no fault's window between the two occurrences; the rest are skips
+  not judged.
 - **lateness**: first start minus scheduled time (or minus the time of its accepted call,
   when that was made later: a call made again), over all keys that ran; "during faults"
   are keys due between a fault's injection and 5 s after its end; "quiet" the others. The
@@ -57,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_scheduler.keys import TaskKey
-from tests.chaos.harness import RunFacts, Task
+from tests.chaos.harness import PeriodicEntry, RunFacts, Task
 
 EARLY_TOLERANCE = 0.001
 PERIODIC_PREFIX = "periodic:"
@@ -67,6 +74,10 @@ PERIODIC_STARTUP = 10.0
 # ... and up to this long before the end of scheduling (a run may stop soon after it)
 PERIODIC_SETTLE = 10.0
 WINDOW_AFTER = 5.0  # seconds after a fault's end that still count as "during" it
+# An overlap policy is judged when the run before an occurrence started, or ended, more than
+# this long before or after it: a run's outcome is marked, and an occurrence fired, a little
+# after the moment the log shows.
+OVERLAP_SLACK = 2.0
 SAMPLES = 10  # examples kept per kind of violation
 
 
@@ -84,7 +95,8 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
 
     VIOLATIONS = ("lost", "early", "order_violations", "overlaps", "cancelled_but_ran",
-                  "not_accepted_but_ran", "retried_ran_twice", "periodic_missed", "periodic_strays")
+                  "not_accepted_but_ran", "retried_ran_twice", "periodic_missed", "periodic_strays",
+                  "periodic_overlap_broken", "periodic_skipped_wrongly")
 
     @property
     def ok(self) -> bool:
@@ -169,6 +181,7 @@ def verify(facts: RunFacts) -> Verdict:
     open_runs: dict[int, dict[str, Any]] = {}  # pid -> its running start (one task at a time per worker)
     completed: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)  # starts of runs that ended
     periodic_starts: list[dict[str, Any]] = []
+    periodic_ends: dict[str, float] = {}  # task id -> when its last run that ended ended
     for event in sorted(facts.executions, key=lambda e: e["t"]):
         pid = event["pid"]
         if event["event"] == "start":
@@ -190,6 +203,8 @@ def verify(facts: RunFacts) -> Verdict:
                 runs[begun["o"]].append((begun["t"], event["t"], begun["seq"]))
                 if not begun["o"].startswith(PERIODIC_PREFIX):
                     completed[(begun["o"], begun["seq"])].append(begun)
+                elif "task_id" in begun:
+                    periodic_ends[begun["task_id"]] = event["t"]
     for pid, begun in open_runs.items():
         end = facts.killed_workers.get(pid, facts.finished)
         runs[begun["o"]].append((begun["t"], end, begun["seq"]))
@@ -285,7 +300,7 @@ def verify(facts: RunFacts) -> Verdict:
             if end > latest_end:
                 latest_end, latest_seq = end, seq
 
-    _verify_periodic(verdict, facts, periodic_starts)
+    _verify_periodic(verdict, facts, periodic_starts, periodic_ends)
 
     # lateness overall, during faults (per kind) and quiet; recovery per fault kind
     windows = sorted((f.inject, (f.restore or f.inject) + WINDOW_AFTER, f.kind) for f in facts.faults)
@@ -341,13 +356,16 @@ def occurrence_ids(name: str, seconds: float, since: float, until: float) -> dic
     return found
 
 
-def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, Any]]) -> None:
-    for name in ("periodic_expected", "periodic_ran", "periodic_duplicates"):
+def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, Any]],
+                     ends: dict[str, float]) -> None:
+    for name in ("periodic_expected", "periodic_ran", "periodic_duplicates", "periodic_skipped",
+                 "periodic_skips_not_judged"):
         verdict.counts[name] = 0
-    entries = dict(facts.options.periodic)
+    entries = {entry[0]: PeriodicEntry(*entry) for entry in facts.options.periodic}
     by_entry: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in starts:
         by_entry[event["o"].removeprefix(PERIODIC_PREFIX)].append(event)
+    windows = [(f.inject, (f.restore or f.inject) + WINDOW_AFTER) for f in facts.faults]
     lateness: list[float] = []
     for name in sorted(set(entries) | set(by_entry)):
         events = by_entry.get(name, [])
@@ -355,7 +373,8 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
             for event in events:
                 verdict.flag("periodic_strays", f"a run of {name}, no entry of the run: {event}")
             continue
-        known = occurrence_ids(name, entries[name], facts.started - 600, facts.finished + 600)
+        entry = entries[name]
+        known = occurrence_ids(name, entry.seconds, facts.started - 600, facts.finished + 600)
         first_start: dict[str, float] = {}
         for event in events:
             at = known.get(event.get("task_id", ""))
@@ -371,13 +390,56 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
             if started - at < -EARLY_TOLERANCE:
                 verdict.flag("early", f"periodic:{name} occurrence {at:.3f} started "
                                       f"{at - started:.3f}s before it")
-            lateness.append(started - at)
-        expected = occurrence_ids(name, entries[name], facts.started + PERIODIC_STARTUP,
+            if entry.overlap == "buffer_all":  # the others wait or skip by design
+                lateness.append(started - at)
+        expected = occurrence_ids(name, entry.seconds, facts.started + PERIODIC_STARTUP,
                                   facts.produced_until - PERIODIC_SETTLE)
         verdict.counts["periodic_expected"] += len(expected)
         verdict.counts["periodic_ran"] += sum(1 for task_id in expected if task_id in first_start)
+        if entry.overlap != "buffer_all":
+            _judge_overlap(verdict, entry, known, expected, first_start, ends, windows)
+            continue
         for task_id, at in sorted(expected.items(), key=lambda item: item[1]):
             if task_id not in first_start:
                 verdict.flag("periodic_missed", f"{name}: the occurrence at {at / 1000:.3f} never started")
     if entries:
         verdict.lateness["periodic occurrences"] = percentiles(lateness)
+
+
+def _judge_overlap(verdict: Verdict, entry: PeriodicEntry, known: dict[str, int],
+                   expected: dict[str, int], first_start: dict[str, float], ends: dict[str, float],
+                   windows: list[tuple[float, float]]) -> None:
+    """Each occurrence of an entry with an overlap policy ran or was skipped as the policy
+    says, judged against the run of the occurrence before it that ran (the one its dispatcher
+    looked at): with ``skip``, an occurrence is skipped while that run goes on; with
+    ``buffer_one``, while that occurrence still waits to start. Only clear cases are judged:
+    the two occurrences due outside any fault (whose outcomes may be marked late), and the
+    run before started or ended more than OVERLAP_SLACK away from the occurrence."""
+    ran = sorted((at / 1000, task_id) for task_id, at in known.items() if task_id in first_start)
+    for task_id, at_ms in sorted(expected.items(), key=lambda item: item[1]):
+        at = at_ms / 1000
+        index = bisect.bisect_left(ran, (at, ""))
+        if index == 0:
+            if task_id not in first_start:
+                verdict.counts["periodic_skips_not_judged"] += 1
+            continue
+        before_at, before_id = ran[index - 1]
+        began, ended = first_start[before_id], ends.get(before_id, float("inf"))
+        if any(low <= at and before_at <= high for low, high in windows):
+            if task_id not in first_start:
+                verdict.counts["periodic_skips_not_judged"] += 1
+            continue
+        if entry.overlap == "skip":
+            busy, done = began < at - OVERLAP_SLACK and ended > at + OVERLAP_SLACK, ended < at - OVERLAP_SLACK
+            state = f"the run of {before_at:.3f} ran {began:.3f}-{ended:.3f}"
+        else:
+            busy, done = began > at + OVERLAP_SLACK, began < at - OVERLAP_SLACK
+            state = f"the occurrence of {before_at:.3f} started at {began:.3f}"
+        if task_id in first_start and busy:
+            verdict.flag("periodic_overlap_broken", f"{entry.name} ({entry.overlap}): the occurrence "
+                                                    f"at {at:.3f} ran, though {state}")
+        elif task_id not in first_start and done:
+            verdict.flag("periodic_skipped_wrongly", f"{entry.name} ({entry.overlap}): the "
+                                                     f"occurrence at {at:.3f} was skipped, though {state}")
+        elif task_id not in first_start:
+            verdict.counts["periodic_skipped"] += 1

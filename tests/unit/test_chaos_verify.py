@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.harness import Fault, Options, RunFacts, Task
+from tests.chaos.harness import Fault, Options, PeriodicEntry, RunFacts, Task
 from tests.chaos.verify import Verdict, occurrence_ids, verify
 
 T0 = 1_900_000_000.0  # the run's start (epoch seconds)
@@ -216,18 +216,20 @@ def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
 ENTRY = ("tick", 2.0)
 
 
-def periodic_facts(executions: list[dict[str, Any]]) -> RunFacts:
-    return RunFacts(Options(kinds=(), periodic=(ENTRY,)), [], [], executions, {}, [],
-                    T0, T0 + 100, T0 + 200, True, "")
+def periodic_facts(executions: list[dict[str, Any]], entry: PeriodicEntry | tuple[str, float] = ENTRY,
+                   faults: list[Fault] | None = None) -> RunFacts:
+    return RunFacts(Options(kinds=(), periodic=(PeriodicEntry(*entry),)), [], faults or [], executions,
+                    {}, [], T0, T0 + 100, T0 + 200, True, "")
 
 
 def tick(at: float, start: float | None = None, end: float | None = None, pid: int = 1,
-         task_id: str | None = None) -> list[dict[str, Any]]:
+         task_id: str | None = None, entry: tuple[str, float] = ENTRY) -> list[dict[str, Any]]:
     """A run of the occurrence at T0 + *at* (by default starting 20 ms after it)."""
+    name, seconds = entry[:2]
     if task_id is None:
-        [task_id] = occurrence_ids("tick", 2.0, T0 + at, T0 + at)
+        [task_id] = occurrence_ids(name, seconds, T0 + at, T0 + at)
     start = at + 0.02 if start is None else start
-    events = run("periodic:tick", 0, start, start + 0.01 if end is None else end, pid)
+    events = run(f"periodic:{name}", 0, start, start + 0.01 if end is None else end, pid)
     for event in events:
         event["task_id"] = task_id
     return events
@@ -265,3 +267,63 @@ def test_two_runs_of_an_entry_at_once_overlap_and_a_run_before_its_time_is_early
     assert violations(verify(periodic_facts(overlapping)))["overlaps"] >= 1
     early = every_occurrence(but=(80.0,)) + tick(80.0, start=79.5)
     assert violations(verify(periodic_facts(early))) == {"early": 1}
+
+
+# --- overlap policies: an entry every 5 s (occurrences due from T0 + 10 to T0 + 90); the run
+# of T0 + 10 takes 12 s, so that the occurrences of 15 and 20 fall during it
+SKIP = PeriodicEntry("slow", 5.0, "skip", 12.0)
+BUFFER_ONE = PeriodicEntry("slow", 5.0, "buffer_one", 12.0)
+
+
+def slow_runs(entry: PeriodicEntry, ran: dict[float, float], long_run: float = 10.0,
+              till: float = 95.0) -> list[dict[str, Any]]:
+    """Runs of *entry*'s occurrences: those of *ran* (occurrence: start), then every
+    occurrence from 25 on unless *ran* names it (start None: skipped); the first 12 s long."""
+    starts = {10.0: 10.02, **ran}
+    at = 25.0
+    while at <= till:
+        starts.setdefault(at, at + 0.02)
+        at += entry.seconds
+    events = []
+    for at, start in sorted(starts.items()):
+        if start is not None:
+            end = start + 12.0 if at == long_run else start + 0.2
+            events += tick(at, start=start, end=end, entry=entry)
+    return events
+
+
+def test_a_skip_entry_skips_the_occurrences_due_while_its_run_goes_on() -> None:
+    verdict = verify(periodic_facts(slow_runs(SKIP, {}), SKIP))
+    assert verdict.ok and violations(verdict) == {}
+    assert verdict.counts["periodic_skipped"] == 2  # 15 and 20, during the run of 10 (to 22)
+    assert verdict.counts["periodic_expected"] - verdict.counts["periodic_ran"] == 2
+
+
+def test_a_skip_entry_that_runs_an_occurrence_due_during_its_run_breaks_its_policy() -> None:
+    verdict = verify(periodic_facts(slow_runs(SKIP, {15.0: 22.03}), SKIP))
+    assert violations(verdict) == {"periodic_overlap_broken": 1}
+
+
+def test_a_skip_entry_that_skips_after_its_run_ended_skipped_wrongly() -> None:
+    verdict = verify(periodic_facts(slow_runs(SKIP, {25.0: None}), SKIP))  # the run of 10 ended at 22
+    assert violations(verdict) == {"periodic_skipped_wrongly": 1}
+
+
+def test_a_buffer_one_entry_keeps_one_waiting_and_skips_the_next() -> None:
+    # 15 waits for the run of 10 (to 22); 20 finds it waiting and is skipped
+    verdict = verify(periodic_facts(slow_runs(BUFFER_ONE, {15.0: 22.03}), BUFFER_ONE))
+    assert verdict.ok and verdict.counts["periodic_skipped"] == 1
+    broken = verify(periodic_facts(slow_runs(BUFFER_ONE, {15.0: 22.03, 20.0: 22.3}), BUFFER_ONE))
+    assert violations(broken) == {"periodic_overlap_broken": 1}
+    wrongly = verify(periodic_facts(slow_runs(BUFFER_ONE, {15.0: None, 20.0: 22.03}), BUFFER_ONE))
+    assert violations(wrongly) == {"periodic_skipped_wrongly": 1}  # 15: the run of 10 had started
+
+
+def test_skips_near_a_fault_or_within_the_slack_are_not_judged() -> None:
+    fault = Fault("cassandra-restart", "cassandra", T0 + 23.0, T0 + 24.0)
+    verdict = verify(periodic_facts(slow_runs(SKIP, {25.0: None}), SKIP, [fault]))
+    assert verdict.ok and verdict.counts["periodic_skips_not_judged"] == 1
+    # the run of 10 ends at 23.5: 25 falls 1.5 s after it, skipped or not
+    for start in (None, 25.02):
+        close = verify(periodic_facts(slow_runs(SKIP, {10.0: 11.5, 25.0: start}), SKIP))
+        assert close.ok, violations(close)
