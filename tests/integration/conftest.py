@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.dispatch_fixtures import schedule, scheduler  # noqa: F401
+from tests.integration.dispatch_fixtures import namespaces, schedule, scheduler  # noqa: F401
 from tests.integration.private_redis import private_redis  # noqa: F401
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
-from tests.services import REPO, drop_scheduler
+from tests.integration.namespaces import Namespaces, schedulers
+from tests.services import REPO
 from tests.waiting import wait_until
 
 APP = "tests.apps.dispatching"
@@ -148,20 +149,29 @@ class AppProcesses(Scheduler):
                     "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h", ready="ready.")
 
 
+@pytest.fixture(scope="session")
+def namespaces(kafka_bootstrap: str, cassandra_contact: str) -> Iterator[Namespaces]:
+    """The test app's topics and keyspaces, made a test ahead (see tests.integration.namespaces)."""
+    made = schedulers(APP, kafka_bootstrap)
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def scheduler(kafka_bootstrap: str, cassandra_contact: str, redis_url: str, broker_url: str,
-              unique_name: str, tmp_path: Path) -> Iterator[Scheduler]:
+def scheduler(namespaces: Namespaces, kafka_bootstrap: str, redis_url: str, broker_url: str,
+              tmp_path: Path) -> Iterator[Scheduler]:
+    """The test app's scheduler on a topic, keyspace and queue of its own (made by
+    ``scheduler init``), for the test to start dispatchers and workers of."""
+    name = namespaces.take()
     execlog = tmp_path / "executions.jsonl"
     env = {**os.environ,
-           "CELERY_SCHEDULER_TEST_TOPIC": unique_name, "CELERY_SCHEDULER_TEST_KEYSPACE": unique_name,
-           "CELERY_SCHEDULER_TEST_QUEUE": unique_name, "CELERY_SCHEDULER_TEST_EXECLOG": str(execlog),
+           "CELERY_SCHEDULER_TEST_TOPIC": name, "CELERY_SCHEDULER_TEST_KEYSPACE": name,
+           "CELERY_SCHEDULER_TEST_QUEUE": name, "CELERY_SCHEDULER_TEST_EXECLOG": str(execlog),
            "CELERY_SCHEDULER_TEST_KAFKA": kafka_bootstrap, "CELERY_SCHEDULER_TEST_BROKER": broker_url}
     scheduler = Scheduler(env, execlog, tmp_path)
-    result = scheduler.cli("init")
-    assert result.returncode == 0, result.stderr
     yield scheduler
     scheduler.stop_all(kill_workers=True)
-    drop_scheduler(unique_name, unique_name)
+    namespaces.drop(name)
 
 
 @pytest.fixture
