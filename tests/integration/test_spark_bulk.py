@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
 UTC = dt.timezone.utc
 PARTITIONS = 6  # tests.apps.dispatching's default
-ROWS = 100_000
+ROWS = 20_000
 SAMPLE = 20  # due a few seconds after the job, to run through a dispatcher and a worker
 
 
@@ -38,7 +38,8 @@ def test_a_dataframe_is_scheduled_row_by_row_with_refused_rows_kept(
     from celery_scheduler.spark import schedule_dataframe
 
     now = dt.datetime.now(UTC).replace(microsecond=0)
-    soon, later = now + dt.timedelta(seconds=45), now + dt.timedelta(days=1, microseconds=250)
+    # soon: due while the job runs again (a time up to scheduler_grace_seconds past is taken)
+    soon, later = now + dt.timedelta(seconds=10), now + dt.timedelta(days=1, microseconds=250)
     rows = []
     for n in range(ROWS):
         ordering_id, when = f"bulk-{n % 5000}", (soon if n < SAMPLE else later)
