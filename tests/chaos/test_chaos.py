@@ -36,7 +36,8 @@ from tests.chaos.harness import (
 from tests.chaos.report import render
 from tests.chaos.verify import Verdict, verify
 
-pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+# serial: the runs restart services and judge lateness, beside no other test
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

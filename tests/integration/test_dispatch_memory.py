@@ -12,7 +12,8 @@ from confluent_kafka import Consumer, TopicPartition
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.test_dispatch import utc
 
-pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+# serial: a dispatcher's memory is measured while it stores 100,000 tasks, with no other test's
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.serial]
 
 TASKS = int(os.environ.get("CELERY_SCHEDULER_MEMORY_TASKS", "100000"))
 # The dispatcher's resident memory may not exceed this, whatever the number of far-future

@@ -22,7 +22,8 @@ from celery_scheduler.tasklog.kafka import create_topic
 from celery_scheduler.wire import Outcome, outcome_topic
 from tests.integration.kafka_cluster import KafkaCluster, kafka_broker  # noqa: F401
 
-pytestmark = pytest.mark.kafka
+# one test at a time among those that run a Kafka broker of their own (kafka_cluster's ports)
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("own-kafka-broker")]
 
 PARTITIONS = 2
 STALL_SECONDS = worker.STUCK_AFTER_SECONDS + 3  # long enough to be found stuck once

@@ -39,7 +39,8 @@ from celery_scheduler.store.cqlsession import (
 from tests.integration.cassandra_cluster import CassandraCluster, cassandra_cluster  # noqa: F401
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.cassandra
+# serial: three nodes of its own, killed and stalled, beside no other test
+pytestmark = [pytest.mark.cassandra, pytest.mark.serial]
 
 # The node killed: the seed and the first contact point, so the driver loses its control
 # connection as well.

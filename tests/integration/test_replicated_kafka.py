@@ -26,7 +26,8 @@ from tests.integration.kafka_cluster import KafkaCluster, kafka_cluster  # noqa:
 from tests.integration.raw_topic import own_scheduler, scheduling_client
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+# serial: three brokers of its own, killed and stalled, beside no other test
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.serial]
 
 ORDERING_IDS = [f"acct-{i}" for i in range(8)]
 DELAY = 1.5  # seconds between a schedule call and the task's time

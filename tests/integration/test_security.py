@@ -41,7 +41,9 @@ from tests.integration.raw_topic import (
 from tests.services import CASSANDRA, REPO
 from tests.waiting import wait_for_states, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
+# one test at a time among those that run a Kafka broker of their own (kafka_cluster's ports)
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
+              pytest.mark.xdist_group("own-kafka-broker")]
 
 SECRETS = {"k1": "rotation-secret-one-0123456789", "k2": "rotation-secret-two-0123456789"}
 REDIS_PASSWORD = "redis-pass-6e1f0c2a"

@@ -23,7 +23,8 @@ from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.raw_topic import read_topic
 from tests.services import drop_scheduler
 
-pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
+# the Spark modules on one test process, one after the other: one Spark JVM at a time
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.xdist_group("spark"),
               # PySpark's gateway leaves sockets to the JVM for the garbage collector
               pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]

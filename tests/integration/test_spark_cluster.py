@@ -26,7 +26,8 @@ from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.raw_topic import PARTITIONS, read_topic
 from tests.services import REPO
 
-pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
+# the Spark modules on one test process, one after the other: one Spark JVM at a time
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.xdist_group("spark"),
               pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
 UTC = dt.timezone.utc

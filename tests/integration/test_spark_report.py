@@ -13,7 +13,8 @@ from celery_scheduler.store.base import State
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.waiting import wait_for_states
 
-pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis,
+# the Spark modules on one test process, one after the other: one Spark JVM at a time
+pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.xdist_group("spark"),
               pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
 UTC = dt.timezone.utc
