@@ -38,9 +38,10 @@ SCENARIOS: dict[str, str] = {
     "6": "benchmarks.backlog",
     "8": "benchmarks.ceiling",
     "9": "benchmarks.duplicates",
+    "10": "benchmarks.periodic",
 }
 PACKAGES = ("celery", "kombu", "confluent-kafka", "cassandra-driver", "redis", "rq", "procrastinate",
-            "psycopg", "celery-longterm-scheduler")
+            "psycopg", "celery-longterm-scheduler", "celery-redbeat")
 
 
 def _versions() -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery, current_task, signals
 from celery_longterm_scheduler import Task as LongtermTask
 
-from benchmarks.execlog import write_end, write_start
+from benchmarks.execlog import occurrence_of, write_end, write_start
 from celery_scheduler import scheduled_task
 from celery_scheduler.wire import HEADER
 
@@ -62,9 +62,13 @@ def sequence_key(ordering_id: str, seq: int, *args: Any, **kwargs: Any) -> str:
 RELEASED_HEADER = "bench_released"
 
 
+TICK = "bench.tick"
+
+
 @signals.before_task_publish.connect
 def _stamp_release(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    if headers is not None and HEADER in headers:
+    # a release of the dispatcher's, or a periodic run sent by any system (celery beat too)
+    if headers is not None and (HEADER in headers or headers.get("task") == TICK):
         headers[RELEASED_HEADER] = time.time()
 
 
@@ -99,6 +103,41 @@ def plain(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
 @app.task(name="bench.longterm", base=LongtermTask)
 def longterm(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
     body(ordering_id, seq, at, sleep)
+
+
+@app.task(name=TICK, bind=True)
+def tick(self: Any, name: str) -> None:
+    """A run of periodic entry *name*: logged under the entry, its occurrence's minute as seq."""
+    published = getattr(self.request, RELEASED_HEADER, None)
+    sent = published if isinstance(published, float) else time.time()
+    at = occurrence_of(sent)
+    write_start(EXECLOG, name, int(at // 60), at, sent)
+
+
+# BENCH_PERIODIC=N: N entries of bench.tick, every minute (BENCH_PERIODIC_HOUR=H: once a day at
+# H:00 instead, so that none fires while memory is sampled), for the dispatchers
+# (scheduler_periodic), celery beat and redbeat (BENCH_REDBEAT=1: its keys named after the
+# stack, so that the stack's clean-up deletes them)
+PERIODIC = int(os.environ.get("BENCH_PERIODIC", "0"))
+if PERIODIC:
+    from celery.schedules import crontab
+
+    from celery_scheduler import periodic_tasks
+
+    hour = os.environ.get("BENCH_PERIODIC_HOUR")
+    # one schedule object for every entry, as a settings module that builds them in a loop does
+    when = crontab(minute=0, hour=int(hour)) if hour else crontab()
+    app.conf.beat_schedule = {f"p{i}": {"task": TICK, "schedule": when, "args": [f"p{i}"]}
+                              for i in range(PERIODIC)}
+    app.conf.scheduler_periodic = True
+    app.conf.redbeat_redis_url = REDIS
+    app.conf.redbeat_key_prefix = f"redbeat:{os.environ.get('BENCH_TOPIC', 'bench')}:"
+    # redbeat's lock is held for five of beat's longest sleeps (by default 5 x 300 s): a
+    # beat set up to stand in for another wakes every 5 s and holds the lock 25 s
+    app.conf.beat_max_loop_interval = 5
+    app.conf.redbeat_lock_timeout = 25
+    if os.environ.get("BENCH_PLAIN_WORKER") != "1":
+        periodic_tasks.install(app)
 
 
 @signals.worker_ready.connect

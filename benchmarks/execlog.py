@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Start", "read", "read_ends", "write_end", "write_start"]
+__all__ = ["Start", "occurrence_of", "read", "read_ends", "write_end", "write_start"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,13 @@ class Start:
     @property
     def lateness(self) -> float:
         return self.started - self.at
+
+
+def occurrence_of(published: float) -> float:
+    """The minute an entry firing every minute fired for, from when its run was sent: at or
+    after the minute (celery beat), or up to the release-ahead before it (a dispatcher), so
+    the minute that starts within a second after *published* or before it."""
+    return (published + 1.0) // 60 * 60
 
 
 def start_line(ordering_id: str, seq: int, at: float, released: float | None = None) -> str:
