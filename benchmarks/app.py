@@ -20,7 +20,7 @@ from celery_longterm_scheduler import Task as LongtermTask
 
 from benchmarks.execlog import occurrence_of, write_end, write_start
 from celery_scheduler import scheduled_task
-from celery_scheduler.wire import HEADER
+from celery_scheduler.wire import HEADER, parse_header
 
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 # celery-longterm-scheduler wants a Redis database of its own (one sorted set for all tasks)
@@ -107,10 +107,13 @@ def longterm(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
 
 @app.task(name=TICK, bind=True)
 def tick(self: Any, name: str) -> None:
-    """A run of periodic entry *name*: logged under the entry, its occurrence's minute as seq."""
+    """A run of periodic entry *name*: logged under the entry, its occurrence's minute as seq
+    (a dispatcher's release names its occurrence; celery beat's runs are told by when they
+    were sent)."""
     published = getattr(self.request, RELEASED_HEADER, None)
     sent = published if isinstance(published, float) else time.time()
-    at = occurrence_of(sent)
+    release = parse_header(getattr(self.request, HEADER, None))
+    at = release.key.scheduled_ms / 1000 if release is not None else occurrence_of(sent)
     write_start(EXECLOG, name, int(at // 60), at, sent)
 
 
