@@ -5,9 +5,9 @@ N entries of ``bench.tick``, each a ``crontab()`` (every minute), in the app's
 ``beat_schedule``: the dispatchers fire them (``scheduler_periodic``), or one ``celery beat``
 process with its default scheduler (a shelve file), or ``celery beat -S
 redbeat.RedBeatScheduler`` (the entries in Redis, a lock so that one beat of several fires).
-The same plain Celery workers run the runs of every system; each run logs when it started,
-its entry, and when its message was sent (``benchmarks.app.tick``), which gives the minute it
-fired for.
+Two Celery workers run the runs of every system (with the package's hooks for ours, as its
+docs say; Celery as it comes for the peers); each run logs when it started, its entry, and
+when its message was sent (``benchmarks.app.tick``), which gives the minute it fired for.
 
 Figures, over the whole minutes of the window: occurrences that ran once, that never ran,
 that ran twice or more; how late each occurrence's message was sent (the scheduler's own
@@ -109,7 +109,9 @@ def _fire(ctx: Context, system: str, entries: int, minutes: int, kill: bool) -> 
     env = {"BENCH_PERIODIC": str(entries)}
     with stack(ctx.tmp, init=system == OURS, env=env, partitions=12) as s:
         for _ in range(WORKERS):
-            s.worker("solo", plain=True)
+            # ours with the package's worker hooks (install(app) in every process, as the docs
+            # say), the peers' as Celery comes
+            s.worker("solo", plain=system != OURS)
         schedulers = _schedulers(s, system, 2)
         # the first whole minute at least 15 s after every scheduler is up (a dispatcher
         # writes an occurrence 5 s ahead), and the window's last
@@ -210,8 +212,9 @@ def run(ctx: Context) -> list[Section]:
         "celery_scheduler: two dispatchers (scheduler_periodic = True); celery beat: one beat "
         "(a second would fire every entry twice), its default PersistentScheduler; "
         "celery-redbeat: two beats with RedBeatScheduler, one holding its Redis lock.",
-        f"the runs go to {WORKERS} plain Celery workers (solo pool) on Redis, the same for every "
-        "system. Each run logs when it started and when its message was sent (a "
+        f"the runs go to {WORKERS} Celery workers (solo pool) on Redis: celery_scheduler's with "
+        "its worker hooks (periodic_tasks.install in every process, as its docs say), the peers' "
+        "as Celery comes. Each run logs when it started and when its message was sent (a "
         "before_task_publish stamp, in the beat or the dispatcher), which names the minute it "
         "fired for; an occurrence is the entry and that minute.",
         "sent after the occurrence is the scheduler's own part; started after it adds the broker "
