@@ -3,12 +3,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.namespaces import fresh_name
 from tests.services import RABBITMQ, REPO, require
 from tests.waiting import wait_until
 
@@ -44,7 +44,7 @@ def broker_url(redis_url: str) -> str:
 @pytest.fixture
 def unique_name() -> str:
     """A name no other test run uses: topics, keyspaces and queues are made per test."""
-    return f"t_{uuid.uuid4().hex[:12]}"
+    return fresh_name()
 
 
 class WorkerProcess:

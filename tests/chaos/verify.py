@@ -300,10 +300,11 @@ def verify(facts: RunFacts) -> Verdict:
             if end > latest_end:
                 latest_end, latest_seq = end, seq
 
-    _verify_periodic(verdict, facts, periodic_starts, periodic_ends)
+    windows = sorted((f.inject, (f.restore or f.inject) + WINDOW_AFTER, f.kind) for f in facts.faults)
+    _verify_periodic(verdict, facts, periodic_starts, periodic_ends,
+                     [(begin, end) for begin, end, _ in windows])
 
     # lateness overall, during faults (per kind) and quiet; recovery per fault kind
-    windows = sorted((f.inject, (f.restore or f.inject) + WINDOW_AFTER, f.kind) for f in facts.faults)
     due = sorted((tasks[key].at_ms / 1000, late) for key, late in lateness.items())
     due_times = [d for d, _ in due]
     during: set[int] = set()
@@ -357,7 +358,7 @@ def occurrence_ids(name: str, seconds: float, since: float, until: float) -> dic
 
 
 def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, Any]],
-                     ends: dict[str, float]) -> None:
+                     ends: dict[str, float], windows: list[tuple[float, float]]) -> None:
     for name in ("periodic_expected", "periodic_ran", "periodic_duplicates", "periodic_skipped",
                  "periodic_skips_not_judged"):
         verdict.counts[name] = 0
@@ -365,7 +366,6 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
     by_entry: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in starts:
         by_entry[event["o"].removeprefix(PERIODIC_PREFIX)].append(event)
-    windows = [(f.inject, (f.restore or f.inject) + WINDOW_AFTER) for f in facts.faults]
     lateness: list[float] = []
     for name in sorted(set(entries) | set(by_entry)):
         events = by_entry.get(name, [])
