@@ -10,7 +10,9 @@ made from the entry and the occurrence alone::
 
 so that any number of processes computing the same occurrence make the same key, and the
 scheduler's dedupe by key runs it once; and an entry's occurrences share an ordering id, so
-they run one after another, in order, never side by side.
+they run one after another, in order, never side by side. An entry whose ``overlap`` is
+``"allow_all"`` gives each occurrence an ordering id of its own, in the entry's partition
+(:func:`ordering_id_of`), so that its runs may go on side by side.
 
 Where this differs from celery beat (which keeps a last-run time per entry in one process):
 
@@ -38,7 +40,8 @@ import datetime as dt
 import enum
 import hashlib
 import json
-from collections.abc import Collection, Iterator, Mapping
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -47,10 +50,11 @@ from celery.schedules import crontab, schedule, solar
 from celery_scheduler.calls import check_options
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import PeriodicEntryError, ScheduleError
-from celery_scheduler.keys import MAX_MS, TaskKey, to_epoch_ms
+from celery_scheduler.keys import MAX_KEY_LENGTH, MAX_MS, TaskKey, to_epoch_ms
 
 __all__ = ["PERIODIC_PREFIX", "CatchUp", "Entry", "Overlap", "app_entries", "entries",
-           "envelope_of", "every", "key", "missed", "next_occurrence", "occurrences", "to_fire"]
+           "entry_name_of", "envelope_of", "every", "key", "missed", "next_occurrence",
+           "occurrences", "ordering_id_of", "to_fire"]
 
 PERIODIC_PREFIX = "periodic:"
 # The keys celery beat reads in an entry; the options that are the package's own.
@@ -66,6 +70,11 @@ MAX_OCCURRENCES = 100_000
 # pole, once a year, is found.
 SOLAR_SEARCH_DAYS = 400
 _UTC = dt.timezone.utc
+# The end of an allow_all occurrence's ordering id: "@", the occurrence, and "#n" when n > 0.
+_OCCURRENCE_SUFFIX = re.compile(r"@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00(#\d+)?$")
+# More than enough tries to land in one partition of any topic (about as many as it has).
+_SALT_TRIES = 1_000_000
+_LONGEST_SUFFIX = len(f"@2000-01-01T00:00:00.000+00:00#{_SALT_TRIES}")
 
 
 class CatchUp(str, enum.Enum):
@@ -83,6 +92,12 @@ class Overlap(str, enum.Enum):
     BUFFER_ALL = "buffer_all"  # it waits, and runs after (the default)
     BUFFER_ONE = "buffer_one"  # it waits, unless one is already waiting: then it is skipped
     SKIP = "skip"  # it is skipped
+    ALLOW_ALL = "allow_all"  # it runs at its time, beside the runs before it
+
+    @property
+    def looks_back(self) -> bool:
+        """Whether an occurrence looks at the run before it to know whether it runs."""
+        return self in (Overlap.BUFFER_ONE, Overlap.SKIP)
 
 
 @dataclass(frozen=True)
@@ -172,6 +187,9 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None,
     """Check one ``beat_schedule`` item; :class:`PeriodicEntryError` names what is wrong."""
     if not isinstance(name, str) or not name.strip():
         raise PeriodicEntryError(str(name), "its name must be a non-empty string")
+    if _OCCURRENCE_SUFFIX.search(name):
+        raise PeriodicEntryError(name, "its name must not end in '@' and a time in UTC, as an "
+                                       "allow_all entry's occurrences do: rename it")
     if not isinstance(spec, Mapping):
         raise PeriodicEntryError(name, f"it must be a mapping, got {type(spec).__name__}")
     unknown = sorted(set(spec) - CELERY_KEYS - OWN_KEYS)
@@ -204,6 +222,10 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None,
         raise PeriodicEntryError(name, f"its options: {exc}") from None
     catch_up = _choice(name, spec, "catch_up", CatchUp.LAST)
     overlap = _choice(name, spec, "overlap", Overlap.BUFFER_ALL)
+    longest = len(PERIODIC_PREFIX + name) + (_LONGEST_SUFFIX if overlap is Overlap.ALLOW_ALL else 0)
+    if longest > MAX_KEY_LENGTH:
+        raise PeriodicEntryError(name, f"its name is {len(name)} characters long: its runs' ordering "
+                                       f"id would be {longest}, over {MAX_KEY_LENGTH}; shorten it")
     start_ms = _moment(name, spec, "start")
     until_ms = _moment(name, spec, "until")
     jitter = spec.get("jitter", 0)
@@ -334,17 +356,50 @@ def _jitter(entry: Entry, occurrence_ms: int) -> int:
     return int.from_bytes(digest[:8], "big") % entry.jitter_ms
 
 
-def key(entry: Entry, occurrence_ms: int) -> TaskKey:
-    """The task key of the entry's occurrence at *occurrence_ms*: the same wherever computed."""
-    unique = dt.datetime.fromtimestamp(occurrence_ms / 1000, _UTC).isoformat(timespec="milliseconds")
-    return TaskKey(entry.ordering_id, occurrence_ms + _jitter(entry, occurrence_ms), unique)
+def _iso(occurrence_ms: int) -> str:
+    return dt.datetime.fromtimestamp(occurrence_ms / 1000, _UTC).isoformat(timespec="milliseconds")
 
 
-def envelope_of(entry: Entry, occurrence_ms: int, retry: RetryPolicy, enqueued_ms: int
+def ordering_id_of(entry: Entry, occurrence_ms: int, partition_of: Callable[[str], int] | None
+                   ) -> str:
+    """The ordering id of the entry's occurrence at *occurrence_ms*: the entry's, or for an
+    ``allow_all`` entry one of the occurrence's own: the entry's, ``@`` and the occurrence,
+    then ``#n`` for the least n (none for 0) that puts it in the entry's partition, by
+    *partition_of* (the topic's partitioner). So the dispatcher that fires the entry releases
+    its runs, and a cancel or a status read by key finds each where it finds the entry's."""
+    if entry.overlap is not Overlap.ALLOW_ALL:
+        return entry.ordering_id
+    if partition_of is None:
+        raise ValueError(f"entry {entry.name!r} is allow_all: its keys need the topic's partitioner")
+    home = partition_of(entry.ordering_id)
+    base = f"{entry.ordering_id}@{_iso(occurrence_ms)}"
+    for n in range(_SALT_TRIES):
+        candidate = f"{base}#{n}" if n else base
+        if partition_of(candidate) == home:
+            return candidate
+    raise ValueError(f"no ordering id of {base!r} lands in partition {home}")
+
+
+def entry_name_of(ordering_id: str) -> str | None:
+    """The name of the entry an occurrence's ordering id belongs to (None: not periodic)."""
+    if not ordering_id.startswith(PERIODIC_PREFIX):
+        return None
+    return _OCCURRENCE_SUFFIX.sub("", ordering_id[len(PERIODIC_PREFIX):])
+
+
+def key(entry: Entry, occurrence_ms: int, partition_of: Callable[[str], int] | None = None
+        ) -> TaskKey:
+    """The task key of the entry's occurrence at *occurrence_ms*: the same wherever computed
+    (*partition_of*, the topic's partitioner, is needed for an ``allow_all`` entry)."""
+    return TaskKey(ordering_id_of(entry, occurrence_ms, partition_of),
+                   occurrence_ms + _jitter(entry, occurrence_ms), _iso(occurrence_ms))
+
+
+def envelope_of(entry: Entry, occurrence: TaskKey, retry: RetryPolicy, enqueued_ms: int
                 ) -> ScheduleEnvelope:
-    """The task of the entry's occurrence at *occurrence_ms*: its key (:func:`key`), the
-    entry's task, arguments and Celery options."""
-    return ScheduleEnvelope(key=key(entry, occurrence_ms), task=entry.task, args=list(entry.args),
+    """The task of the entry's occurrence whose key is *occurrence* (:func:`key`): the entry's
+    task, arguments and Celery options."""
+    return ScheduleEnvelope(key=occurrence, task=entry.task, args=list(entry.args),
                             kwargs=dict(entry.kwargs), options=dict(entry.options), retry=retry,
                             enqueued_ms=enqueued_ms)
 

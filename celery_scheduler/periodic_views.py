@@ -58,7 +58,7 @@ def entry_views(app: Any, client: SchedulerClient, upcoming: int = 3,
     for entry in entries:
         last = lasts[entry.name]
         if last is not None:
-            last_keys[entry.name] = key(entry, last)
+            last_keys[entry.name] = key(entry, last, lambda ordering_id: partition_for(ordering_id, count))
     statuses = dict(zip(last_keys, client.store.statuses(list(last_keys.values())), strict=True))
     now = client.clock() if now_ms is None else now_ms
     scheduled = registry.names(app)

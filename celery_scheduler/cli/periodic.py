@@ -16,15 +16,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Callable
 
 import click
 
 from celery_scheduler.cli.group import _app, _fail, scheduler
-from celery_scheduler.client import get_client
+from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.clock import now_ms
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.keys import MAX_MS, TaskKey, from_epoch_ms, to_epoch_ms
-from celery_scheduler.periodic import Entry, app_entries, envelope_of, occurrences
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.periodic import Entry, Overlap, app_entries, envelope_of, occurrences, ordering_id_of
+from celery_scheduler.periodic import key as key_of
 from celery_scheduler.periodic_views import entry_views
 
 __all__ = ["periodic"]
@@ -47,6 +50,12 @@ def _time(text: str, what: str) -> int:
     if when.tzinfo is None:
         raise click.BadParameter(f"{text!r} has no UTC offset; add one (Z for UTC)", param_hint=what)
     return to_epoch_ms(when, dt.timezone.utc)
+
+
+def _partitioner(client: SchedulerClient) -> Callable[[str], int]:
+    """The topic's partitioner, for the keys of an allow_all entry (the partition count is
+    read when first needed)."""
+    return lambda ordering_id: partition_for(ordering_id, client.task_log.partitions())
 
 
 def _entry(app: object, name: str) -> Entry:
@@ -103,10 +112,9 @@ def trigger(ctx: click.Context, name: str) -> None:
     entry = _entry(app, name)
     client = get_client(app)
     now = now_ms()
-    key = TaskKey(entry.ordering_id, now, f"trigger-{_iso(now)}")
-    envelope = dataclasses.replace(envelope_of(entry, now, client.settings.retry_policy, now), key=key)
     try:
-        client.publish(envelope)
+        key = TaskKey(ordering_id_of(entry, now, _partitioner(client)), now, f"trigger-{_iso(now)}")
+        client.publish(envelope_of(entry, key, client.settings.retry_policy, now))
     except SchedulerError as exc:
         _fail(exc)
     click.echo(f"scheduled {key} now")
@@ -141,8 +149,9 @@ def backfill(ctx: click.Context, name: str, since: str, until: str, yes: bool) -
     client = get_client(app)
     retry = client.settings.retry_policy
     try:  # not acknowledged: the same backfill made again runs each occurrence once
-        client.publish_many([(entry.ordering_id, client.encode(envelope_of(entry, at, retry, now_ms())))
-                             for at in found]).wait(client.settings.kafka_produce_timeout * 2)
+        keys = [key_of(entry, at, _partitioner(client)) for at in found]
+        client.publish_many([(k.ordering_id, client.encode(envelope_of(entry, k, retry, now_ms())))
+                             for k in keys]).wait(client.settings.kafka_produce_timeout * 2)
     except SchedulerError as exc:
         _fail(exc)
     click.echo(f"scheduled {len(found)} occurrence(s) of {name}, {_iso(found[0])} to {_iso(found[-1])}")
@@ -188,7 +197,7 @@ for _action, _doc in (
 @click.option("--options", "options_json", default="{}", show_default=True, help="Celery options, JSON")
 @click.option("--catch-up", type=click.Choice(["last", "all", "none"]), default="last", show_default=True)
 @click.option("--jitter", type=click.FloatRange(min=0), default=0.0, show_default=True, help="seconds")
-@click.option("--overlap", type=click.Choice(["buffer_all", "buffer_one", "skip"]), default="buffer_all",
+@click.option("--overlap", type=click.Choice([o.value for o in Overlap]), default="buffer_all",
               show_default=True, help="what an occurrence does while the run before has not finished")
 @click.pass_context
 def add(ctx: click.Context, name: str, task: str, every: float | None, cron: str | None,

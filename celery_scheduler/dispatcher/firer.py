@@ -23,7 +23,7 @@ from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.outages import Outages
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import Entry, Overlap, app_entries, envelope_of, key
+from celery_scheduler.periodic import Entry, Overlap, app_entries, envelope_of
 from celery_scheduler.store.base import Operation, Put, ScheduleStore, State
 
 __all__ = ["CHANGES_EVERY_MS", "FIRE_AHEAD_MS", "Firer", "firer_of"]
@@ -112,17 +112,20 @@ class Firer:
             return 0
         written = self._kept_by_overlap(due)
         if written:
-            self.write([Put(o.partition, envelope_of(o.entry, o.at_ms, self.retry_of(o.entry.task), now))
+            self.write([Put(o.partition, envelope_of(o.entry, self.plan.key_of(o.entry, o.at_ms),
+                                                     self.retry_of(o.entry.task), now))
                         for o in written])
         for partition, fired in self.plan.fired(due).items():
             self.store.note_fired(partition, fired)
         for occurrence in due:
             if occurrence in written:
                 self._written[occurrence.entry.name] = occurrence.at_ms
-                logger.info("fired periodic entry %r for %s", occurrence.entry.name, occurrence.key)
+                logger.info("fired periodic entry %r for %s", occurrence.entry.name,
+                            self.plan.key_of(occurrence.entry, occurrence.at_ms))
             else:
                 logger.info("skipped periodic entry %r at %s: its run before had not finished "
-                            "(overlap %s)", occurrence.entry.name, occurrence.key.scheduled_at,
+                            "(overlap %s)", occurrence.entry.name,
+                            self.plan.key_of(occurrence.entry, occurrence.at_ms).scheduled_at,
                             occurrence.entry.overlap.value)
         self.fired_count += len(written)
         return len(written)
@@ -130,10 +133,11 @@ class Firer:
     def _kept_by_overlap(self, due: list[Occurrence]) -> list[Occurrence]:
         """The occurrences to write: all of them, but those an entry's overlap policy skips
         because the run before has not finished (``skip``) or not started (``buffer_one``)."""
-        looked = {o.entry.name for o in due if o.entry.overlap is not Overlap.BUFFER_ALL}
+        looked = {o.entry.name for o in due if o.entry.overlap.looks_back}
         before = {name: at for name in looked
                   if (at := self._written.get(name, self.plan.last_of(name))) is not None}
-        found = self.store.statuses([key(self.plan.entry(name), at) for name, at in before.items()])
+        found = self.store.statuses([self.plan.key_of(self.plan.entry(name), at)
+                                     for name, at in before.items()])
         states: dict[str, State | None] = {name: status.state if status is not None else None
                                            for name, status in zip(before, found, strict=True)}
         kept = []

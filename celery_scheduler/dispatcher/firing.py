@@ -29,7 +29,7 @@ from typing import NamedTuple
 from celery.schedules import crontab, solar
 
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.periodic import Entry, Overlap, key, missed, next_occurrence
+from celery_scheduler.periodic import Entry, key, missed, next_occurrence
 
 __all__ = ["Firing", "Occurrence"]
 
@@ -42,10 +42,6 @@ class Occurrence(NamedTuple):
     entry: Entry
     partition: int
     at_ms: int
-
-    @property
-    def key(self) -> TaskKey:
-        return key(self.entry, self.at_ms)
 
 
 class Firing:
@@ -169,7 +165,7 @@ class Firing:
     def _due_at(self, entry: Entry, at: int) -> int:
         """When the occurrence at *at* is written: *ahead_ms* before it, or at its time for an
         entry whose overlap policy looks at the run before it (so it looks as late as it can)."""
-        return at - self._ahead_ms if entry.overlap is Overlap.BUFFER_ALL else at
+        return at if entry.overlap.looks_back else at - self._ahead_ms
 
     def _upcoming(self, horizon: int) -> list[tuple[int, str]]:
         """The (occurrence, entry) of the heap up to *horizon*, stale items dropped."""
@@ -196,6 +192,10 @@ class Firing:
 
     def entry(self, name: str) -> Entry:
         return self._by_name[name]
+
+    def key_of(self, entry: Entry, at_ms: int) -> TaskKey:
+        """The task key of *entry*'s occurrence at *at_ms* (:func:`celery_scheduler.periodic.key`)."""
+        return key(entry, at_ms, self._partition_of)
 
     def last_of(self, name: str) -> int | None:
         """The latest occurrence of entry *name* fired here or read from the store."""

@@ -58,6 +58,8 @@ MUTANTS = {
     "overlap-ignored": "periodic_overlap_broken",
     # an entry with an overlap policy fired once, then skipped as if its run never ended
     "overlap-skips-all": "periodic_skipped_wrongly",
+    # an allow_all entry's occurrences under the entry's one ordering id: each waits
+    "allow-all-serial": "periodic_allow_all_waited",
 }
 MUTANT_COMMIT_FIRST = "commit-before-persist"
 
@@ -127,11 +129,14 @@ SLOW_QUEUE = f"{app.conf.task_default_queue}-slow"
 @app.task(name="chaos.tick", bind=True)
 def tick(self: Any, name: str, every: float = 0.0, slow_run: float = 0.0) -> None:
     release = parse_header(getattr(self.request, HEADER, None))
-    where = {} if release is None else {"p": release.partition, "a": release.attempt}
-    log("start", f"periodic:{name}", 0, task_id=self.request.id, **where)
+    # under the ordering id of its key (an allow_all occurrence's own), and its time
+    ordering_id = f"periodic:{name}" if release is None else release.key.ordering_id
+    where = {} if release is None else {"p": release.partition, "a": release.attempt,
+                                        "at": release.key.scheduled_ms / 1000}
+    log("start", ordering_id, 0, task_id=self.request.id, **where)
     if slow_run and release is not None:
         time.sleep(slow_run if release.key.scheduled_ms // int(every * 1000) % 3 == 0 else 0.2)
-    log("end", f"periodic:{name}", 0)
+    log("end", ordering_id, 0)
 
 
 if PERIODIC:
@@ -241,8 +246,8 @@ def _periodic_made_up_keys() -> None:
 
     occurrence_key = periodic.key
 
-    def made_up(entry: Any, occurrence_ms: int) -> TaskKey:
-        key = occurrence_key(entry, occurrence_ms)
+    def made_up(entry: Any, occurrence_ms: int, partition_of: Any = None) -> TaskKey:
+        key = occurrence_key(entry, occurrence_ms, partition_of)
         if entry.overlap is not periodic.Overlap.BUFFER_ALL:
             return key  # left to the overlap mutants, which share its run
         return TaskKey(key.ordering_id, key.scheduled_ms, f"{key.uniqueness_key}-{uuid.uuid4().hex[:6]}")
@@ -258,12 +263,17 @@ def _overlap_ignored() -> None:
 
 def _overlap_skips_all() -> None:
     from celery_scheduler.dispatcher.firer import Firer
-    from celery_scheduler.periodic import Overlap
 
     def skips(self: Firer, due: list[Any]) -> list[Any]:
-        return [o for o in due if o.entry.overlap is Overlap.BUFFER_ALL or o.entry.name not in self._written]
+        return [o for o in due if not o.entry.overlap.looks_back or o.entry.name not in self._written]
 
     Firer._kept_by_overlap = skips  # type: ignore[method-assign]
+
+
+def _allow_all_serial() -> None:
+    from celery_scheduler import periodic
+
+    periodic.ordering_id_of = lambda entry, occurrence_ms, partition_of: entry.ordering_id  # type: ignore[assignment]
 
 
 _BREAK = {"commit-before-persist": _commit_first, "ignore-cancels": _ignore_cancels,
@@ -271,7 +281,8 @@ _BREAK = {"commit-before-persist": _commit_first, "ignore-cancels": _ignore_canc
           "release-out-of-order": _release_out_of_order,
           "skip-missed-occurrences": _skip_missed_occurrences,
           "periodic-made-up-keys": _periodic_made_up_keys,
-          "overlap-ignored": _overlap_ignored, "overlap-skips-all": _overlap_skips_all}
+          "overlap-ignored": _overlap_ignored, "overlap-skips-all": _overlap_skips_all,
+          "allow-all-serial": _allow_all_serial}
 # Patched in this module, which only harness processes import; the package is untouched.
 # Several mutants, comma-separated, break the dispatcher in each of their ways.
 for _mutant in os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT", "").split(","):

@@ -193,7 +193,7 @@ class PeriodicEntry(NamedTuple):
     seconds: float  # the interval
     overlap: str = "buffer_all"  # the entry's overlap policy
     # every third occurrence (by its time) runs this long, the others 0.2 s, on a worker of
-    # their own (two threads, one per entry, never killed); 0: runs take no time
+    # their own (threads enough for them all, never killed); 0: runs take no time
     slow_run: float = 0.0
 
 
@@ -228,14 +228,18 @@ class Options:
 
 
 # One periodic entry in each of the six partitions (their names hash there), every 2 or 3 s:
-# whichever dispatcher dies or pauses, entries of its partitions change hands. Two more every
-# 5 s, a third of whose runs take 14 s, so that their overlap policy skips occurrences: one
-# skips an occurrence while the run before goes on, one while the occurrence before waits.
+# whichever dispatcher dies or pauses, entries of its partitions change hands. Three more
+# every 5 s, a third of whose runs take 14 s, one for each other overlap policy: one skips an
+# occurrence while the run before goes on, one while the occurrence before waits, and one
+# runs each beside the run before.
 PERIODIC_ENTRIES = (PeriodicEntry("every-2s-0", 2.0), PeriodicEntry("every-3s-0", 3.0),
                     PeriodicEntry("every-3s-1", 3.0), PeriodicEntry("every-2s-2", 2.0),
                     PeriodicEntry("every-2s-3", 2.0), PeriodicEntry("every-3s-3", 3.0),
                     PeriodicEntry("slow-skip", 5.0, "skip", 14.0),
-                    PeriodicEntry("slow-buffer-one", 5.0, "buffer_one", 14.0))
+                    PeriodicEntry("slow-buffer-one", 5.0, "buffer_one", 14.0),
+                    PeriodicEntry("slow-allow-all", 5.0, "allow_all", 14.0))
+# The chaos app's topic's partitions (an allow_all occurrence's ordering id depends on them).
+PARTITIONS = 6
 
 
 def periodic_variable(entries: tuple[PeriodicEntry, ...]) -> str:
@@ -395,7 +399,7 @@ class Run:
         name = f"chaos_{uuid.uuid4().hex[:10]}"
         self.env = {**os.environ, **PORTS,
                     "CELERY_SCHEDULER_TEST_TOPIC": name, "CELERY_SCHEDULER_TEST_KEYSPACE": name,
-                    "CELERY_SCHEDULER_TEST_QUEUE": name,
+                    "CELERY_SCHEDULER_TEST_QUEUE": name, "CELERY_SCHEDULER_TEST_PARTITIONS": str(PARTITIONS),
                     "CELERY_SCHEDULER_TEST_EXECLOG": str(run_dir / "executions.jsonl"),
                     "CELERY_SCHEDULER_CHAOS_KAFKA": KAFKA,
                     "CELERY_SCHEDULER_CHAOS_BROKER": BROKERS[options.broker],
@@ -442,9 +446,10 @@ class Run:
         return process
 
     def _start_slow_worker(self) -> subprocess.Popen[bytes]:
-        """The worker of the slow periodic entries' queue: a thread for each, so that an
-        occurrence released starts at once (their overlap policies are judged by it)."""
-        process = self.cluster.worker("--pool=threads", "--concurrency=2",
+        """The worker of the slow periodic entries' queue: threads enough for every run that
+        may go on at once (two of the allow_all entry), so that an occurrence released starts
+        at once (their overlap policies are judged by it)."""
+        process = self.cluster.worker("--pool=threads", "--concurrency=6",
                                       "-Q", f"{self.env['CELERY_SCHEDULER_TEST_QUEUE']}-slow")
         self.slow_workers.append(process)
         return process

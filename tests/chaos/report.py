@@ -121,8 +121,9 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
            f"| ... occurrences run twice (at least once) | {c['periodic_duplicates']} |",
            f"| ... skipped by their entry's overlap policy / skips not judged | "
            f"{c['periodic_skipped']} / {c['periodic_skips_not_judged']} |",
-           f"| **... run against their overlap policy** / **skipped wrongly** | "
-           f"**{c['periodic_overlap_broken']}** / **{c['periodic_skipped_wrongly']}** |"]
+           f"| **... run against their overlap policy** / **skipped wrongly** / **waited "
+           f"(allow_all)** | **{c['periodic_overlap_broken']}** / **{c['periodic_skipped_wrongly']}** "
+           f"/ **{c['periodic_allow_all_waited']}** |"]
           if o.periodic else []),
         f"| dispatchers/workers that exited by themselves (restarted) or faults that failed | "
         f"{len(facts.unexpected_exits)} |",

@@ -46,7 +46,9 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   had not started (``buffer_one``) **broke the policy**; one skipped when that run had
   clearly ended (``skip``) or started (``buffer_one``) was **skipped wrongly**. Clearly: by
   more than 2 s, with no fault's window between the two occurrences; the rest are skips
-  not judged.
+  not judged. An ``allow_all`` entry's occurrences must each run (else missed), at their
+  time: one that started more than 2 s late, outside any fault's window, while a run of an
+  earlier occurrence clearly went on, **waited** for it.
 - **lateness**: first start minus scheduled time (or minus the time of its accepted call,
   when that was made later: a call made again), over all keys that ran; "during faults"
   are keys due between a fault's injection and 5 s after its end; "quiet" the others. The
@@ -58,16 +60,20 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery_scheduler.keys import TaskKey
-from tests.chaos.harness import PeriodicEntry, RunFacts, Task
+from celery_scheduler.partitioner import partition_for
+from tests.chaos.harness import PARTITIONS, PeriodicEntry, RunFacts, Task
 
 EARLY_TOLERANCE = 0.001
 PERIODIC_PREFIX = "periodic:"
+# the end of an allow_all occurrence's ordering id: "@", the occurrence, and "#n" when n > 0
+ALLOW_ALL_SUFFIX = re.compile(r"@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00(#\d+)?$")
 # Seconds from the run's start (a dispatcher holds partitions by then) before an entry's
 # occurrences must run: it fires from its first occurrence after its partition was taken.
 PERIODIC_STARTUP = 10.0
@@ -96,7 +102,7 @@ class Verdict:
 
     VIOLATIONS = ("lost", "early", "order_violations", "overlaps", "cancelled_but_ran",
                   "not_accepted_but_ran", "retried_ran_twice", "periodic_missed", "periodic_strays",
-                  "periodic_overlap_broken", "periodic_skipped_wrongly")
+                  "periodic_overlap_broken", "periodic_skipped_wrongly", "periodic_allow_all_waited")
 
     @property
     def ok(self) -> bool:
@@ -344,17 +350,35 @@ def verify(facts: RunFacts) -> Verdict:
     return verdict
 
 
-def occurrence_ids(name: str, seconds: float, since: float, until: float) -> dict[str, int]:
+def occurrence_ids(name: str, seconds: float, since: float, until: float,
+                   overlap: str = "buffer_all") -> dict[str, int]:
     """The task ids of entry *name*'s occurrences in [since, until] (epoch seconds), by the
     occurrence (ms): an interval entry fires at the multiples of its interval since the epoch,
-    under the key (``periodic:<name>``, the occurrence, the occurrence in ISO 8601 UTC)."""
+    under the key (``periodic:<name>``, the occurrence, the occurrence in ISO 8601 UTC); an
+    ``allow_all`` entry's ordering id is the occurrence's own (:func:`allow_all_ordering_id`)."""
     every = int(seconds * 1000)
     first = -(-int(since * 1000) // every) * every
     found = {}
     for at in range(first, int(until * 1000) + 1, every):
         unique = dt.datetime.fromtimestamp(at / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
-        found[TaskKey(PERIODIC_PREFIX + name, at, unique).task_id] = at
+        ordering_id = (allow_all_ordering_id(name, unique) if overlap == "allow_all"
+                       else PERIODIC_PREFIX + name)
+        found[TaskKey(ordering_id, at, unique).task_id] = at
     return found
+
+
+def allow_all_ordering_id(name: str, occurrence: str) -> str:
+    """An allow_all occurrence's ordering id: ``periodic:<name>@<occurrence>``, then ``#n``
+    for the least n that puts it in the entry's partition of the chaos topic."""
+    home = partition_for(PERIODIC_PREFIX + name, PARTITIONS)
+    base = f"{PERIODIC_PREFIX}{name}@{occurrence}"
+    return next(candidate for n in itertools.count()
+                if partition_for(candidate := f"{base}#{n}" if n else base, PARTITIONS) == home)
+
+
+def entry_of_run(ordering_id: str) -> str:
+    """The entry a periodic run's ordering id names (an allow_all occurrence's included)."""
+    return ALLOW_ALL_SUFFIX.sub("", ordering_id.removeprefix(PERIODIC_PREFIX))
 
 
 def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, Any]],
@@ -365,7 +389,7 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
     entries = {entry[0]: PeriodicEntry(*entry) for entry in facts.options.periodic}
     by_entry: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in starts:
-        by_entry[event["o"].removeprefix(PERIODIC_PREFIX)].append(event)
+        by_entry[entry_of_run(event["o"])].append(event)
     lateness: list[float] = []
     for name in sorted(set(entries) | set(by_entry)):
         events = by_entry.get(name, [])
@@ -374,7 +398,8 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
                 verdict.flag("periodic_strays", f"a run of {name}, no entry of the run: {event}")
             continue
         entry = entries[name]
-        known = occurrence_ids(name, entry.seconds, facts.started - 600, facts.finished + 600)
+        known = occurrence_ids(name, entry.seconds, facts.started - 600, facts.finished + 600,
+                               entry.overlap)
         first_start: dict[str, float] = {}
         for event in events:
             at = known.get(event.get("task_id", ""))
@@ -390,20 +415,45 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
             if started - at < -EARLY_TOLERANCE:
                 verdict.flag("early", f"periodic:{name} occurrence {at:.3f} started "
                                       f"{at - started:.3f}s before it")
-            if entry.overlap == "buffer_all":  # the others wait or skip by design
+            if entry.overlap in ("buffer_all", "allow_all"):  # the others wait or skip by design
                 lateness.append(started - at)
         expected = occurrence_ids(name, entry.seconds, facts.started + PERIODIC_STARTUP,
-                                  facts.produced_until - PERIODIC_SETTLE)
+                                  facts.produced_until - PERIODIC_SETTLE, entry.overlap)
         verdict.counts["periodic_expected"] += len(expected)
         verdict.counts["periodic_ran"] += sum(1 for task_id in expected if task_id in first_start)
-        if entry.overlap != "buffer_all":
+        if entry.overlap in ("skip", "buffer_one"):
             _judge_overlap(verdict, entry, known, expected, first_start, ends, windows)
             continue
+        if entry.overlap == "allow_all":
+            _judge_allow_all(verdict, entry, events, ends, windows)
         for task_id, at in sorted(expected.items(), key=lambda item: item[1]):
             if task_id not in first_start:
                 verdict.flag("periodic_missed", f"{name}: the occurrence at {at / 1000:.3f} never started")
     if entries:
         verdict.lateness["periodic occurrences"] = percentiles(lateness)
+
+
+def _judge_allow_all(verdict: Verdict, entry: PeriodicEntry, events: list[dict[str, Any]],
+                     ends: dict[str, float], windows: list[tuple[float, float]]) -> None:
+    """An ``allow_all`` entry's occurrence starts at its time, whatever runs: one that started
+    more than OVERLAP_SLACK late, due outside any fault's window, while a run of an earlier
+    occurrence clearly went on at its time, **waited** for it. Each run logs the time its
+    key says (under whatever key it ran)."""
+    first: dict[str, tuple[float, float]] = {}  # task id -> (first start, its time)
+    for event in events:
+        if "at" in event and (event["task_id"] not in first or event["t"] < first[event["task_id"]][0]):
+            first[event["task_id"]] = (event["t"], event["at"])
+    runs = [(began, ends.get(task_id, float("inf")), at) for task_id, (began, at) in first.items()]
+    for began, _, at in runs:
+        if began - at <= OVERLAP_SLACK or any(low <= began and at <= high for low, high in windows):
+            continue
+        going = [(b, e) for b, e, other in runs
+                 if other < at and b < at - OVERLAP_SLACK and e > at + OVERLAP_SLACK]
+        if going:
+            b, e = going[0]
+            verdict.flag("periodic_allow_all_waited", f"{entry.name} (allow_all): the occurrence "
+                                                      f"at {at:.3f} started at {began:.3f}, "
+                                                      f"while a run went on {b:.3f}-{e:.3f}")
 
 
 def _judge_overlap(verdict: Verdict, entry: PeriodicEntry, known: dict[str, int],

@@ -3,12 +3,13 @@ its guarantee is broken, and only then."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 
 from tests.chaos.harness import Fault, Options, PeriodicEntry, RunFacts, Task
-from tests.chaos.verify import Verdict, occurrence_ids, verify
+from tests.chaos.verify import Verdict, allow_all_ordering_id, occurrence_ids, verify
 
 T0 = 1_900_000_000.0  # the run's start (epoch seconds)
 
@@ -327,3 +328,38 @@ def test_skips_near_a_fault_or_within_the_slack_are_not_judged() -> None:
     for start in (None, 25.02):
         close = verify(periodic_facts(slow_runs(SKIP, {10.0: 11.5, 25.0: start}), SKIP))
         assert close.ok, violations(close)
+
+
+# --- allow_all: each occurrence under an ordering id of its own, at its time
+ALLOW_ALL = PeriodicEntry("slow", 5.0, "allow_all", 14.0)
+
+
+def allow_all_runs(starts: dict[float, float], long_run: float = 10.0, till: float = 95.0
+                   ) -> list[dict[str, Any]]:
+    """Runs of ALLOW_ALL's occurrences from 10 to *till*, each 20 ms after its time unless
+    *starts* says otherwise (occurrence: start), the one of *long_run* 14 s long; each logs
+    its own ordering id and time, as the chaos app's runs do."""
+    events = []
+    at = 10.0
+    while at <= till:
+        start = starts.get(at, at + 0.02)
+        [(task_id, at_ms)] = occurrence_ids("slow", 5.0, T0 + at, T0 + at, "allow_all").items()
+        unique = dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
+        for event in run(allow_all_ordering_id("slow", unique), 0, start,
+                         start + (14.0 if at == long_run else 0.2)):
+            events.append({**event, "task_id": task_id, "at": at_ms / 1000})
+        at += ALLOW_ALL.seconds
+    return events
+
+
+def test_allow_all_runs_side_by_side_each_on_time() -> None:
+    verdict = verify(periodic_facts(allow_all_runs({}), ALLOW_ALL))
+    assert verdict.ok and violations(verdict) == {}  # 15 and 20 ran during the run of 10
+    assert verdict.counts["periodic_expected"] == verdict.counts["periodic_ran"] == 17
+
+
+def test_an_allow_all_occurrence_that_waited_for_the_run_before_is_flagged() -> None:
+    verdict = verify(periodic_facts(allow_all_runs({15.0: 24.03, 20.0: 24.3}), ALLOW_ALL))
+    assert violations(verdict) == {"periodic_allow_all_waited": 2}
+    missing = [e for e in allow_all_runs({}) if abs(e["at"] - (T0 + 40)) > 0.001]
+    assert violations(verify(periodic_facts(missing, ALLOW_ALL))) == {"periodic_missed": 1}

@@ -104,6 +104,7 @@ def test_a_store_outage_is_said_once_and_the_occurrence_fires_once_it_is_over(
     ("buffer_one", "released", True), ("buffer_one", "pending", False),
     ("skip", "released", False), ("skip", "pending", False),
     ("skip", "succeeded", True), ("buffer_one", "succeeded", True),
+    ("allow_all", "released", True), ("allow_all", "pending", True),
 ])
 def test_the_overlap_policy_looks_at_the_run_before(overlap: str, state: str, written: bool) -> None:
     entry = entry_of("report", {"task": "proj.report", "schedule": 60, "overlap": overlap})
@@ -117,7 +118,7 @@ def test_the_overlap_policy_looks_at_the_run_before(overlap: str, state: str, wr
     assert fire.step() == 0  # 9:02 is a minute away (and the looking kinds wait for their time)
     clock.ms = NINE + 2 * MINUTE
     assert fire.step() == 1  # nothing before it: written
-    previous = store.task(periodic_key(entry, NINE + 2 * MINUTE))
+    previous = store.task(periodic_key(entry, NINE + 2 * MINUTE, lambda o: partition_for(o, PARTITIONS)))
     assert previous is not None
     if state == "released":
         store.mark_released_many([(previous, 1, NINE + 10 * MINUTE)], clock.ms)
@@ -127,3 +128,24 @@ def test_the_overlap_policy_looks_at_the_run_before(overlap: str, state: str, wr
     clock.ms = NINE + 3 * MINUTE
     assert fire.step() == int(written)
     assert store.last_fired(HOME) == {"report": NINE + 3 * MINUTE}  # skipped or not, done with
+
+
+def test_allow_all_occurrences_have_ordering_ids_of_their_own_in_the_entrys_partition() -> None:
+    entry = entry_of("sync", {"task": "proj.sync", "schedule": 60, "overlap": "allow_all"})
+    home = partition_for(entry.ordering_id, PARTITIONS)
+    store, clock = MemoryScheduleStore(), Clock(NINE + 30_000)
+    engine = Engine(store, lambda task, release: None, "d1", clock=clock)
+    ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
+                    dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
+                    clock=clock)
+    plan = Firing([entry], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=5_000)
+    fire = Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(), clock=clock)
+    for minute in range(1, 6):
+        clock.ms = NINE + minute * MINUTE - 4_000  # written ahead, as buffer_all's are
+        assert fire.step() == 1
+    pending = store.statuses_in_state(State.PENDING, 100)
+    ordering_ids = {s.key.ordering_id for s in pending}
+    assert len(ordering_ids) == 5  # none waits for another
+    assert all(o.startswith("periodic:sync@2030-01-01T09:0") for o in ordering_ids)
+    assert {s.partition for s in pending} == {home}
+    assert {partition_for(o, PARTITIONS) for o in ordering_ids} == {home}

@@ -5,6 +5,7 @@ runs after downtime."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import zoneinfo
 from typing import Any
@@ -14,9 +15,11 @@ from celery.schedules import crontab, schedule, solar
 
 from celery_scheduler import periodic
 from celery_scheduler.errors import ConfigurationError, PeriodicEntryError
+from celery_scheduler.partitioner import partition_for
 from celery_scheduler.periodic import (
     CatchUp,
     entries,
+    entry_name_of,
     entry_of,
     key,
     next_occurrence,
@@ -83,6 +86,31 @@ def test_every_process_computes_the_same_key_for_an_occurrence() -> None:
     assert len(spread) > 10  # the jitter differs between occurrences
     plain = entry_of("sync", {"task": "t", "schedule": 60})
     assert key(plain, at).scheduled_ms == at
+
+
+@pytest.mark.parametrize("partitions", [1, 6, 12, 64])
+def test_an_allow_all_occurrence_has_an_ordering_id_of_its_own_in_the_entrys_partition(
+        partitions: int) -> None:
+    entry = entry_of("sync", {"task": "t", "schedule": 60, "overlap": "allow_all"})
+    partition_of = functools.partial(partition_for, partitions=partitions)
+    at = ms(2030, 1, 1, 9, 0)
+    keys = [key(entry, at + n * 60_000, partition_of) for n in range(200)]
+    assert len({k.ordering_id for k in keys}) == 200  # none waits for another
+    assert {partition_of(k.ordering_id) for k in keys} == {partition_of(entry.ordering_id)}
+    assert keys[0].ordering_id.startswith("periodic:sync@2030-01-01T09:00:00.000+00:00")
+    assert keys == [key(entry, at + n * 60_000, partition_of) for n in range(200)]  # the same again
+    assert {entry_name_of(k.ordering_id) for k in keys} == {"sync"}
+    assert entry_name_of(entry.ordering_id) == "sync" and entry_name_of("customer-1") is None
+    with pytest.raises(ValueError, match="allow_all: its keys need the topic's partitioner"):
+        key(entry, at)
+
+
+def test_an_entry_named_like_an_allow_all_occurrence_or_too_long_for_one_is_refused() -> None:
+    with pytest.raises(PeriodicEntryError, match="must not end in '@' and a time"):
+        entry_of("sync@2030-01-01T09:00:00.000+00:00#3", {"task": "t", "schedule": 60})
+    entry_of("a" * 480, {"task": "t", "schedule": 60})  # its ordering id fits
+    with pytest.raises(PeriodicEntryError, match="its runs' ordering id would be"):
+        entry_of("a" * 480, {"task": "t", "schedule": 60, "overlap": "allow_all"})
 
 
 @pytest.mark.parametrize(("catch_up", "missed"), [
