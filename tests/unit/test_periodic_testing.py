@@ -309,7 +309,7 @@ def test_a_schedule_typed_by_an_operator_is_refused_naming_what_is_wrong(
         assert refused.status_code == 422 and problem in refused.json()["message"]
 
 
-@pytest.mark.parametrize("overlap", ["buffer_all", "buffer_one", "skip"])
+@pytest.mark.parametrize("overlap", ["buffer_all", "buffer_one", "skip", "allow_all"])
 def test_an_occurrence_whose_run_before_waits_for_a_retry_runs_after_it_or_is_skipped(
         overlap: str) -> None:
     app = Celery(f"overlap_{overlap}", broker="memory://", backend="cache+memory://",
@@ -331,7 +331,13 @@ def test_an_occurrence_whose_run_before_waits_for_a_retry_runs_after_it_or_is_sk
     ran = {f"{run.envelope.key.scheduled_at:%-H:%M:%S}" for run in runs}
     # 9:00:40 fails and is retried 15-30 s later, by 9:01:10; at 9:00:50 it is waiting for that
     assert {"9:00:40", "9:01:20", "9:01:30", "9:01:40", "9:01:50"} <= ran
-    assert ("9:00:50" in ran) is (overlap == "buffer_all")
+    assert ("9:00:50" in ran) is (overlap in ("buffer_all", "allow_all"))
+    order = [f"{run.envelope.key.scheduled_at:%-H:%M:%S}" for run in runs]
+    retried = len(order) - 1 - order[::-1].index("9:00:40")  # the second run of 9:00:40
+    if overlap == "allow_all":  # at its time, beside the retry: not after it
+        assert order.index("9:00:50") < retried
+    elif overlap == "buffer_all":
+        assert order.index("9:00:50") > retried
 
 
 def test_an_entry_starts_and_ends_when_it_says_or_after_its_count() -> None:
