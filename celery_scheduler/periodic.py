@@ -43,6 +43,7 @@ import json
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 from celery.schedules import crontab, schedule, solar
@@ -70,6 +71,7 @@ MAX_OCCURRENCES = 100_000
 # pole, once a year, is found.
 SOLAR_SEARCH_DAYS = 400
 _UTC = dt.timezone.utc
+_NONE: Mapping[str, Any] = MappingProxyType({})  # an entry's kwargs or options when it has none
 # The end of an allow_all occurrence's ordering id: "@", the occurrence, and "#n" when n > 0.
 _OCCURRENCE_SUFFIX = re.compile(r"@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00(#\d+)?$")
 # More than enough tries to land in one partition of any topic (about as many as it has).
@@ -100,7 +102,7 @@ class Overlap(str, enum.Enum):
         return self in (Overlap.BUFFER_ONE, Overlap.SKIP)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One periodic entry, checked: *schedule* is Celery's (``schedule``, ``crontab`` or
     ``solar``)."""
@@ -233,9 +235,10 @@ def entry_of(name: Any, spec: Any, known_tasks: Collection[str] | None = None,
         jitter = jitter.total_seconds()
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 86_400:
         raise PeriodicEntryError(name, f"'jitter' must be 0 to 86,400 seconds, got {jitter!r}")
+    # a dispatcher holds every entry: the many with no kwargs or options share one empty mapping
     entry = Entry(name, task, _schedule(name, spec["schedule"], relative), tuple(args),
-                  dict(kwargs), checked_options, catch_up, int(jitter * 1000), overlap,
-                  start_ms, until_ms)
+                  dict(kwargs) if kwargs else _NONE, checked_options or _NONE,
+                  catch_up, int(jitter * 1000), overlap, start_ms, until_ms)
     count = spec.get("count")
     if count is None:
         return entry

@@ -14,15 +14,14 @@ before it existed; after a time with no owner, the entry's ``catch_up`` says whi
 occurrences still run. Fired occurrences are noted only once the store acknowledged their
 tasks, so a crash between the two fires them again, under the same keys.
 
-Each entry's next occurrence waits in a heap, so a step costs one comparison when nothing is
-due, whatever the number of entries.
+Each entry's next occurrence waits in a heap of times, so a step costs one comparison when
+nothing is due, whatever the number of entries.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import heapq
-import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -65,12 +64,13 @@ class Firing:
         self._last: dict[int, dict[str, int | None]] = {}
         # occurrences found missed when a partition was taken, not scheduled yet
         self._missed: list[Occurrence] = []
-        # the next occurrence of each entry of a taken partition, and a heap of them: an item
-        # (time, number, name) that is no longer its entry's next is stale, and skipped. The
-        # number tells apart two items of one entry and time (an entry taken again, say)
-        self._next: dict[str, tuple[int, int]] = {}
-        self._heap: list[tuple[int, int, str]] = []
-        self._numbers = itertools.count()
+        # the next occurrence of each entry of a taken partition; a heap of those times, and
+        # the entries waiting for each: an entry listed at a time that is no longer its next
+        # is stale there, and skipped. Entries that share a crontab share one time (one heap
+        # item and one list for thousands of them: a dispatcher holds every entry)
+        self._next: dict[str, int] = {}
+        self._times: list[int] = []
+        self._waiting: dict[int, list[str]] = {}
         # (schedule, start, until, after) -> next occurrence: see _schedule
         self._computed: dict[tuple[str, int | None, int | None, int], int | None] = {}
 
@@ -139,9 +139,13 @@ class Firing:
         if at is None:  # the entry has ended (until, count)
             self._next.pop(name, None)
             return
-        item = (at, next(self._numbers), name)
-        self._next[name] = item[:2]
-        heapq.heappush(self._heap, item)
+        self._next[name] = at
+        names = self._waiting.get(at)
+        if names is None:
+            self._waiting[at] = [name]
+            heapq.heappush(self._times, at)
+        else:
+            names.append(name)
 
     def dropped(self, partitions: Iterable[int]) -> None:
         """These partitions fire elsewhere now (their lease was lost or given up)."""
@@ -168,27 +172,33 @@ class Firing:
         return at if entry.overlap.looks_back else at - self._ahead_ms
 
     def _upcoming(self, horizon: int) -> list[tuple[int, str]]:
-        """The (occurrence, entry) of the heap up to *horizon*, stale items dropped."""
-        kept: list[tuple[int, int, str]] = []
-        while self._heap and self._heap[0][0] <= horizon:
-            item = heapq.heappop(self._heap)
-            at, number, name = item
-            if self._next.get(name) == (at, number):  # else stale: fired, dropped, taken again
-                kept.append(item)
-        for item in kept:
-            heapq.heappush(self._heap, item)
-        return [(at, name) for at, _, name in kept]
+        """The (occurrence, entry) waiting up to *horizon*, in time order; stale ones dropped
+        (fired, dropped, or listed twice: an entry taken again)."""
+        found: list[tuple[int, str]] = []
+        kept: list[int] = []
+        while self._times and self._times[0] <= horizon:
+            at = heapq.heappop(self._times)
+            names = self._waiting.pop(at)
+            live = [name for name in dict.fromkeys(names) if self._next.get(name) == at]
+            if live:
+                self._waiting[at] = live
+                kept.append(at)
+                found.extend((at, name) for name in live)
+        for at in kept:
+            heapq.heappush(self._times, at)
+        return found
 
     def next_at(self) -> int | None:
         """When an occurrence is next written (None: no entry fires here)."""
         if self._missed:
             return min(o.at_ms for o in self._missed)
-        while self._heap and self._next.get(self._heap[0][2]) != self._heap[0][:2]:
-            heapq.heappop(self._heap)  # stale
-        if not self._heap:
+        while self._times and not any(self._next.get(name) == self._times[0]
+                                      for name in self._waiting[self._times[0]]):
+            del self._waiting[heapq.heappop(self._times)]  # stale
+        if not self._times:
             return None
         return min(self._due_at(self._by_name[name], at)
-                   for at, name in self._upcoming(self._heap[0][0] + self._ahead_ms))
+                   for at, name in self._upcoming(self._times[0] + self._ahead_ms))
 
     def entry(self, name: str) -> Entry:
         return self._by_name[name]
@@ -218,7 +228,7 @@ class Firing:
                 lasts[name] = occurrence.at_ms
                 written.setdefault(occurrence.partition, {})[name] = occurrence.at_ms
             upcoming = self._next.get(name)
-            if upcoming is not None and upcoming[0] <= occurrence.at_ms:
+            if upcoming is not None and upcoming <= occurrence.at_ms:
                 self._schedule(name, occurrence.at_ms)
         self._missed = [o for o in self._missed if (o.entry.name, o.at_ms) not in done]
         return written

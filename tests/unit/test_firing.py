@@ -4,6 +4,7 @@ schedules when it takes a partition, and that a hand-over neither repeats nor sk
 from __future__ import annotations
 
 import datetime as dt
+import tracemalloc
 
 import pytest
 from celery.schedules import crontab
@@ -188,3 +189,29 @@ def test_an_entry_changed_at_run_time_is_taken_again_and_fires_each_occurrence_o
     assert times(plan.due(ms(2030, 1, 1, 9, 5, 57))) == [ms(2030, 1, 1, 9, 6)]
     plan.update([], {})
     assert plan.partitions == frozenset() and plan.due(ms(2030, 1, 1, 9, 7, 57)) == []
+
+
+def test_many_entries_of_one_crontab_cost_little_memory_and_all_fire() -> None:
+    """A dispatcher holds every entry and its next occurrence: 20,000 entries that share a
+    crontab take under 500 bytes each, their names and args included (Entry without a
+    __dict__, one empty mapping for the kwargs and options they lack, one heap item for the
+    time they share), and each fires."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        every = crontab()
+        entries = [entry_of(f"e{i}", {"task": "t", "schedule": every, "args": [i]})
+                   for i in range(20_000)]
+        plan = firing(*entries)
+        now = ms(2030, 1, 1, 9, 0, 30)
+        for partition in plan.to_take(range(PARTITIONS)):
+            plan.taken(partition, {}, now)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert used / len(entries) < 500, f"{used / len(entries):.0f} bytes an entry"
+    assert plan.next_at() == ms(2030, 1, 1, 9, 0, 55)
+    due = plan.due(ms(2030, 1, 1, 9, 0, 55))
+    assert sorted(o.entry.name for o in due) == sorted(e.name for e in entries)
+    plan.fired(due)
+    assert plan.next_at() == ms(2030, 1, 1, 9, 1, 55)
