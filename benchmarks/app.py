@@ -133,6 +133,8 @@ if PERIODIC:
     app.conf.beat_schedule = {f"p{i}": {"task": TICK, "schedule": when, "args": [f"p{i}"]}
                               for i in range(PERIODIC)}
     app.conf.scheduler_periodic = True
+    if os.environ.get("BENCH_PERIODIC_AHEAD"):  # scheduler_periodic_ahead_seconds
+        app.conf.scheduler_periodic_ahead_seconds = float(os.environ["BENCH_PERIODIC_AHEAD"])
     app.conf.redbeat_redis_url = REDIS
     app.conf.redbeat_key_prefix = f"redbeat:{os.environ.get('BENCH_TOPIC', 'bench')}:"
     # redbeat's lock is held for five of beat's longest sleeps (by default 5 x 300 s): a

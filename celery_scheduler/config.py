@@ -111,6 +111,9 @@ class Settings:
     # periodic entries (app.conf.beat_schedule) fired by the dispatchers, with no celery beat
     # (celery_scheduler.periodic)
     periodic: bool = False
+    # how long before its time an occurrence (overlap buffer_all or allow_all) is written:
+    # time for its task to be stored, loaded and marked released before it is due
+    periodic_ahead_seconds: float = 5.0
 
     # OpenTelemetry: schedule calls carry the caller's trace context, and each run of the
     # task is a span of that trace (celery_scheduler.tracing)
@@ -135,7 +138,7 @@ class Settings:
         for name in ("grace_seconds", "kafka_produce_timeout", "max_in_flight",
                      "eta_threshold_seconds", "release_ahead_seconds",
                      "partition_lease_seconds", "lookahead_seconds", "startup_timeout",
-                     "ingest_linger_seconds"):
+                     "ingest_linger_seconds", "periodic_ahead_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")
         if self.signing_keys:

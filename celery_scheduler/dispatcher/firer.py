@@ -24,15 +24,12 @@ from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.outages import Outages
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.periodic import Entry, Overlap, app_entries, envelope_of
-from celery_scheduler.store.base import Operation, Put, ScheduleStore, State
+from celery_scheduler.store.base import Cancel, Operation, Put, ScheduleStore, State
 
-__all__ = ["CHANGES_EVERY_MS", "FIRE_AHEAD_MS", "Firer", "firer_of"]
+__all__ = ["CHANGES_EVERY_MS", "Firer", "firer_of"]
 
 logger = logging.getLogger(__name__)
 
-# How long before its time an occurrence is written: enough for the engine to load it and
-# mark it released ahead (scheduler_release_ahead_seconds), so that it starts on time.
-FIRE_AHEAD_MS = 5_000
 # How often the changes made to entries at run time are read (one small request).
 CHANGES_EVERY_MS = 2_000
 
@@ -97,8 +94,34 @@ class Firer:
             logger.info("periodic entries changed at run time: %d in force%s%s", len(after),
                         f", no longer {sorted(before - after)}" if before - after else "",
                         f", now also {sorted(after - before)}" if after - before else "")
+            self._withdraw(in_force[0], now)
             self._in_force = in_force
             self.plan.update(*in_force)
+
+    def _withdraw(self, after: Sequence[Entry], now: int) -> None:
+        """The occurrences written ahead of their time by a definition no longer in force (its
+        entry paused, deleted or changed) are cancelled, but those the new definition has too,
+        which are written again by it. The entry's last fired is noted as *now*: a changed
+        entry fires by its new definition from its next occurrence on."""
+        replacing = {entry.name: entry for entry in after}
+        for entry in self._in_force[0]:
+            new = replacing.get(entry.name)
+            if new == entry:
+                continue
+            withdrawn = self.plan.written_ahead(entry.name, now, new)
+            if withdrawn is None:
+                continue
+            partition, rewrite, cancel = withdrawn
+            operations: list[Operation] = [Cancel(partition, found) for found in cancel]
+            if new is not None:
+                retry = self.retry_of(new.task)
+                operations += [Put(partition, envelope_of(new, found, retry, now)) for found in rewrite]
+            self.write(operations)
+            self.store.note_fired(partition, {entry.name: now})
+            self._written.pop(entry.name, None)
+            logger.info("periodic entry %r %s: of its occurrences written ahead, %d cancelled, %d "
+                        "written again by its new definition", entry.name,
+                        "changed" if new is not None else "paused or deleted", len(cancel), len(rewrite))
 
     def _step(self) -> int:
         self._read_changes(self.clock())
@@ -179,7 +202,7 @@ def firer_of(app: Any, settings: Settings, store: ScheduleStore,
         logger.info("firing %d periodic entr%s: %s", len(entries), "y" if len(entries) == 1 else "ies",
                     ", ".join(sorted(e.name for e in entries)))
     plan = Firing(entries, lambda ordering_id: partition_for(ordering_id, partitions),
-                  app.timezone, FIRE_AHEAD_MS)
+                  app.timezone, int(settings.periodic_ahead_seconds * 1000))
 
     def retry_of(task: str) -> RetryPolicy:
         found = registry.get(task)

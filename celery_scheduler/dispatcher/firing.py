@@ -28,7 +28,7 @@ from typing import NamedTuple
 from celery.schedules import crontab, solar
 
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.periodic import Entry, key, missed, next_occurrence
+from celery_scheduler.periodic import Entry, key, missed, next_occurrence, occurrences
 
 __all__ = ["Firing", "Occurrence"]
 
@@ -206,6 +206,27 @@ class Firing:
     def key_of(self, entry: Entry, at_ms: int) -> TaskKey:
         """The task key of *entry*'s occurrence at *at_ms* (:func:`celery_scheduler.periodic.key`)."""
         return key(entry, at_ms, self._partition_of)
+
+    def written_ahead(self, name: str, now_ms: int, replacement: Entry | None
+                      ) -> tuple[int, list[TaskKey], list[TaskKey]] | None:
+        """What withdraws entry *name*'s occurrences written (here, or by the owner before)
+        whose time has not come at *now_ms*, now that *replacement* is in force instead of it
+        (None: paused or deleted): its partition, the keys *replacement* has too (to write
+        again by it, as a pending task is rewritten in place), and the keys to cancel. None
+        when nothing waits."""
+        entry, last, partition = self._by_name.get(name), self.last_of(name), self._partition.get(name)
+        if entry is None or last is None or partition is None or last <= now_ms - entry.jitter_ms:
+            return None
+        ahead = [(at, found) for at in occurrences(entry, now_ms - entry.jitter_ms, last, self._tz)
+                 if (found := self.key_of(entry, at)).scheduled_ms > now_ms]
+        if not ahead:
+            return None
+        kept: set[int] = set()
+        if replacement is not None:
+            kept = set(occurrences(replacement, ahead[0][0] - 1, ahead[-1][0], self._tz))
+        rewrite = [found for at, found in ahead
+                   if replacement is not None and at in kept and self.key_of(replacement, at) == found]
+        return partition, rewrite, [found for _, found in ahead if found not in rewrite]
 
     def last_of(self, name: str) -> int | None:
         """The latest occurrence of entry *name* fired here or read from the store."""

@@ -17,7 +17,8 @@ from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.periodic import entry_of
 from celery_scheduler.periodic import key as periodic_key
-from celery_scheduler.store.base import State
+from celery_scheduler.periodic_changes import definition_of
+from celery_scheduler.store.base import EntryChange, State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from tests.unit.fakes import PARTITIONS, OutageStore
 
@@ -149,3 +150,49 @@ def test_allow_all_occurrences_have_ordering_ids_of_their_own_in_the_entrys_part
     assert all(o.startswith("periodic:sync@2030-01-01T09:0") for o in ordering_ids)
     assert {s.partition for s in pending} == {home}
     assert {partition_for(o, PARTITIONS) for o in ordering_ids} == {home}
+
+
+def ahead_firer(store: MemoryScheduleStore, clock: Clock) -> Firer:
+    """A firer of ENTRY (in the code) writing its occurrences 150 s ahead: two wait at a time."""
+    engine = Engine(store, lambda task, release: None, "d1", clock=clock)
+    ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
+                    dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
+                    clock=clock)
+    plan = Firing([ENTRY], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=150_000)
+    return Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(),
+                 clock=clock, code=[ENTRY])
+
+
+def test_a_paused_entry_cancels_what_it_wrote_ahead_and_fires_nothing_more() -> None:
+    store, clock = MemoryScheduleStore(), Clock(NINE + 1_000)
+    fire = ahead_firer(store, clock)
+    assert fire.step() + fire.step() == 2  # one occurrence of an entry a step
+    assert pending_times(store) == [NINE + MINUTE, NINE + 2 * MINUTE]
+    store.change_entry(EntryChange("report", paused=True, updated_ms=clock.ms))
+    clock.ms += 3_000  # changes are read every two seconds
+    fire.step()
+    assert pending_times(store) == []
+    for at in (NINE + MINUTE, NINE + 2 * MINUTE):
+        status = store.status(periodic_key(ENTRY, at))
+        assert status is not None and status.state is State.CANCELLED
+    clock.ms += 5 * MINUTE
+    assert fire.step() == 0
+
+
+def test_a_changed_entry_rewrites_the_occurrences_it_still_has_and_cancels_the_others() -> None:
+    store, clock = MemoryScheduleStore(), Clock(NINE + 1_000)
+    fire = ahead_firer(store, clock)
+    assert fire.step() + fire.step() == 2  # one occurrence of an entry a step
+    # now every two minutes, with other arguments: 9:02 is still an occurrence, 9:01 is not
+    store.change_entry(EntryChange("report", definition=definition_of(
+        "report", {"task": "proj.report", "schedule": 120, "args": [2]}), updated_ms=clock.ms))
+    clock.ms += 3_000
+    fire.step()
+    assert pending_times(store) == [NINE + 2 * MINUTE]
+    gone = store.status(periodic_key(ENTRY, NINE + MINUTE))
+    assert gone is not None and gone.state is State.CANCELLED
+    task = store.task(periodic_key(ENTRY, NINE + 2 * MINUTE))
+    assert task is not None and task.envelope.args == [2]
+    clock.ms = NINE + 3 * MINUTE
+    fire.step()
+    assert pending_times(store) == [NINE + 2 * MINUTE, NINE + 4 * MINUTE]
