@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 
 import pytest
 
@@ -15,7 +16,7 @@ from celery_scheduler.dispatcher.firing import Firing
 from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import entry_of
+from celery_scheduler.periodic import Entry, entry_of
 from celery_scheduler.periodic import key as periodic_key
 from celery_scheduler.periodic_changes import definition_of
 from celery_scheduler.store.base import EntryChange, State
@@ -38,14 +39,15 @@ class Clock:
         return self.ms
 
 
-def firer(store: MemoryScheduleStore, clock: Clock, owner: str = "d1") -> tuple[Firer, Engine]:
+def firer(store: MemoryScheduleStore, clock: Clock, owner: str = "d1", ahead_ms: int = 5_000,
+          code: Sequence[Entry] = ()) -> tuple[Firer, Engine]:
     engine = Engine(store, lambda task, release: None, owner, clock=clock)
     ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
                     dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
                     clock=clock)
-    plan = Firing([ENTRY], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=5_000)
+    plan = Firing([ENTRY], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=ahead_ms)
     return Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(),
-                 clock=clock), engine
+                 clock=clock, code=code), engine
 
 
 def pending_times(store: MemoryScheduleStore) -> list[int]:
@@ -154,13 +156,7 @@ def test_allow_all_occurrences_have_ordering_ids_of_their_own_in_the_entrys_part
 
 def ahead_firer(store: MemoryScheduleStore, clock: Clock) -> Firer:
     """A firer of ENTRY (in the code) writing its occurrences 150 s ahead: two wait at a time."""
-    engine = Engine(store, lambda task, release: None, "d1", clock=clock)
-    ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
-                    dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
-                    clock=clock)
-    plan = Firing([ENTRY], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=150_000)
-    return Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(),
-                 clock=clock, code=[ENTRY])
+    return firer(store, clock, ahead_ms=150_000, code=[ENTRY])[0]
 
 
 def test_a_paused_entry_cancels_what_it_wrote_ahead_and_fires_nothing_more() -> None:
