@@ -45,6 +45,7 @@ app.conf.update(
     scheduler_max_attempts=3,
     scheduler_on_exhausted=os.environ.get("CELERY_SCHEDULER_TEST_ON_EXHAUSTED", "skip"),
     scheduler_release_eta=os.environ.get("CELERY_SCHEDULER_TEST_RELEASE_ETA") == "1",
+    scheduler_release_ahead_seconds=float(os.environ.get("CELERY_SCHEDULER_TEST_RELEASE_AHEAD", "0.5")),
     task_default_queue=os.environ.get("CELERY_SCHEDULER_TEST_QUEUE", "dispatching"),
     # Celery reads this once, when the app first publishes: it cannot be changed later.
     # Workers keep accepting JSON only, whatever it is.

@@ -85,7 +85,9 @@ def test_tasks_run_on_time_in_order_per_ordering_id(scheduler: Scheduler, schedu
 @both_brokers
 def test_with_release_eta_tasks_go_out_ahead_and_their_worker_holds_them(
         scheduler: Scheduler, schedule) -> None:
-    starts = run_on_time(scheduler, schedule, {"CELERY_SCHEDULER_TEST_RELEASE_ETA": "1"})
+    # marked 2 s ahead: on a busy machine the default 0.5 s may all go to the marking
+    starts = run_on_time(scheduler, schedule, {"CELERY_SCHEDULER_TEST_RELEASE_ETA": "1",
+                                               "CELERY_SCHEDULER_TEST_RELEASE_AHEAD": "2"})
     # Marked ahead of their due time, they went to the broker at once, their due time as
     # Celery's eta (one marked late would go without): the worker held them until then.
     etas = [(dt.datetime.fromisoformat(s["eta"]), s["scheduled_for"]) for s in starts
