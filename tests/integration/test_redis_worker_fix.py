@@ -10,7 +10,6 @@ same worker without the fix exits, so the first one shows the fix, not luck.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +37,9 @@ def holding_worker_through_a_restart(start_worker: Callable[..., WorkerProcess],
         sender.send_task("dispatching.record", ("held", seq), countdown=60, queue=queue)
     wait_until(lambda: worker.log().count("] received") == HELD, 20, worker.log)
     private_redis.stop()
-    time.sleep(2)  # the worker sees the connection fail
+    # the worker sees the connection fail (Celery's consumer says so), or exits without the fix
+    wait_until(lambda: "Connection to broker lost" in worker.log() or worker.process.poll() is not None,
+               30, worker.log)
     private_redis.start()
     return worker, sender
 

@@ -22,6 +22,7 @@ from celery_scheduler.partitioner import partition_for
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.raw_topic import read_topic
 from tests.services import drop_scheduler
+from tests.waiting import wait_until
 
 # the Spark modules on one test process, one after the other: one Spark JVM at a time
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis, pytest.mark.xdist_group("spark"),
@@ -176,15 +177,17 @@ def test_migration_moves_every_task_to_a_topic_with_another_partition_count(
         target.dispatcher()  # step 4
         target.worker()
         target.wait_for_starts(20, timeout=120)
-        time.sleep(2)
-        starts = target.starts()
-        for o in range(5):  # each ran once, in order per ordering id
-            assert [s["seq"] for s in starts if s["o"] == f"move-{o}"] == [0, 1, 2, 3]
         client = SchedulerClient(settings)
         try:
+            # every moved task recorded as succeeded: none can be released again after this
+            wait_until(lambda: all(getattr(client.store.status(h.key), "state", None) is State.SUCCEEDED
+                                   for h in soon), 60, "every moved task recorded as succeeded")
             statuses = [client.store.status(h.key) for h in later]
         finally:
             client.close()
+        starts = target.starts()
+        for o in range(5):  # each ran once, in order per ordering id
+            assert [s["seq"] for s in starts if s["o"] == f"move-{o}"] == [0, 1, 2, 3]
         assert all(s is not None and s.state is State.PENDING for s in statuses)
         assert {s.partition for s in statuses if s} <= {0, 1, 2, 3}
         assert all(s.partition == partition_for(h.key.ordering_id, 4)
