@@ -8,7 +8,7 @@ from collections import Counter
 
 from tests.apps.chaos import MUTANTS
 from tests.chaos.harness import PAUSE_SECONDS, PeriodicEntry, RunFacts
-from tests.chaos.verify import WINDOW_AFTER, Verdict
+from tests.chaos.verify import WINDOW_AFTER, Verdict, unexpected_exits
 from tests.chaos.verify import __doc__ as RULES
 
 
@@ -125,8 +125,10 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
            f"(allow_all)** | **{c['periodic_overlap_broken']}** / **{c['periodic_skipped_wrongly']}** "
            f"/ **{c['periodic_allow_all_waited']}** |"]
           if o.periodic else []),
-        f"| dispatchers/workers that exited by themselves (restarted) or faults that failed | "
-        f"{len(facts.unexpected_exits)} |",
+        f"| workers that stopped their task by ending their process, no beat of it having reached "
+        f"Kafka for its run lease (by design; restarted) | {c['lease_stops']} |",
+        f"| dispatchers/workers that exited otherwise (restarted) or faults that failed | "
+        f"{len(unexpected_exits(facts))} |",
         "",
         "### Lateness (first start minus scheduled time, seconds)",
         "",
@@ -165,12 +167,12 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         lines += ["", f"A restarted dispatcher leased its first partition {min(rejoin):.1f}-"
                       f"{max(rejoin):.1f} s after the SIGKILL (median {median:.1f} s)."]
     problems = {name: examples for name, examples in verdict.examples.items() if examples}
-    if problems or verdict.notes or facts.unexpected_exits:
+    if problems or verdict.notes or unexpected_exits(facts):
         lines += ["", "## Findings", ""]
         for name, examples in problems.items():
             lines.append(f"- {name}: " + "; ".join(examples[:5]))
         lines += [f"- {note}" for note in verdict.notes[:10]]
-        lines += [f"- unexpected: {exit_.splitlines()[0]}" for exit_ in facts.unexpected_exits[:10]]
+        lines += [f"- unexpected: {exit_.splitlines()[0]}" for exit_ in unexpected_exits(facts)[:10]]
     if rules:
         lines += ["", "## Rules", "", (RULES or "").strip(), ""]
     return "\n".join(lines)

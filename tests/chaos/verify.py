@@ -184,7 +184,9 @@ def verify(facts: RunFacts) -> Verdict:
     tasks = {(t.ordering_id, t.seq): t for t in facts.tasks}
     starts: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     runs: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # o -> (start, end, seq)
-    open_runs: dict[int, dict[str, Any]] = {}  # pid -> its running start (one task at a time per worker)
+    # (pid, ordering id) -> its running start: a worker runs one task at a time, but a slow
+    # periodic worker two (threads), of two entries; an end names its ordering id
+    open_runs: dict[tuple[int, str], dict[str, Any]] = {}
     completed: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)  # starts of runs that ended
     periodic_starts: list[dict[str, Any]] = []
     periodic_ends: dict[str, float] = {}  # task id -> when its last run that ended ended
@@ -194,28 +196,35 @@ def verify(facts: RunFacts) -> Verdict:
             key = (event["o"], event["seq"])
             if event["o"].startswith(PERIODIC_PREFIX):
                 periodic_starts.append(event)
-                open_runs[pid] = event
+                open_runs[(pid, event["o"])] = event
                 continue
             if key not in tasks:
                 verdict.flag("unknown_runs", str(event))
                 continue
             starts[key].append(event)
-            if pid in open_runs:  # the previous run of this process never ended: impossible
-                verdict.notes.append(f"pid {pid} started {key} while {open_runs[pid]} had no end")
-            open_runs[pid] = event
+            busy = [begun for (other, _), begun in open_runs.items() if other == pid]
+            if busy:  # the previous run of this process never ended: impossible
+                verdict.notes.append(f"pid {pid} started {key} while {busy[0]} had no end")
+            open_runs[(pid, event["o"])] = event
         else:
-            begun = open_runs.pop(pid, None)
+            begun = open_runs.pop((pid, event["o"]), None)
             if begun is not None:
                 runs[begun["o"]].append((begun["t"], event["t"], begun["seq"]))
                 if not begun["o"].startswith(PERIODIC_PREFIX):
                     completed[(begun["o"], begun["seq"])].append(begun)
                 elif "task_id" in begun:
                     periodic_ends[begun["task_id"]] = event["t"]
-    for pid, begun in open_runs.items():
-        end = facts.killed_workers.get(pid, facts.finished)
+    # a run cut short ended when its worker was killed, or stopped itself (see lease_stops)
+    stops = lease_stops(facts.unexpected_exits)
+    verdict.counts["lease_stops"] = len(stops)
+    ended = {**facts.killed_workers, **stops}
+    for (pid, _), begun in open_runs.items():
+        end = ended.get(pid, facts.finished)
         runs[begun["o"]].append((begun["t"], end, begun["seq"]))
-        if pid not in facts.killed_workers:
+        if pid not in ended:
             verdict.notes.append(f"run {begun['o']}/{begun['seq']} in pid {pid} never ended")
+        elif begun["o"].startswith(PERIODIC_PREFIX) and "task_id" in begun:
+            periodic_ends[begun["task_id"]] = max(periodic_ends.get(begun["task_id"], end), end)
 
     first_start: dict[tuple[str, int], float] = {}
     for key, events in starts.items():
@@ -381,6 +390,34 @@ def entry_of_run(ordering_id: str) -> str:
     return ALLOW_ALL_SUFFIX.sub("", ordering_id.removeprefix(PERIODIC_PREFIX))
 
 
+# A worker whose running task has had no beat reach Kafka for its run lease ends its own
+# process to stop the task (celery_scheduler.heartbeat): by design, not a failure. The harness
+# keeps the tail of the log of a worker that exited by itself; its last line says so, and when.
+_KILLED_WORKER = re.compile(r"pid (\d+) \(([^)]*worker)\) exited with -9:")
+_LEASE_STOP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): CRITICAL/MainProcess\] [^\n]*"
+                         r"so it is stopped here \(its process is killed\)\s*$")
+
+
+def lease_stops(exits: Iterable[str]) -> dict[int, float]:
+    """Of *exits* (the harness's unexpected exits), the workers that stopped their task
+    because its run lease could not be kept: pid -> when (epoch seconds, from the log line,
+    which Celery writes in local time)."""
+    found: dict[int, float] = {}
+    for text in exits:
+        head, stop = _KILLED_WORKER.match(text), _LEASE_STOP.search(text)
+        if head and stop:
+            at = dt.datetime.strptime(stop.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            found[int(head.group(1))] = at + int(stop.group(2)) / 1000
+    return found
+
+
+def unexpected_exits(facts: RunFacts) -> list[str]:
+    """The exits of *facts* that were neither a fault nor a worker's lease stop."""
+    stopped = lease_stops(facts.unexpected_exits)
+    return [text for text in facts.unexpected_exits
+            if not ((head := _KILLED_WORKER.match(text)) and int(head.group(1)) in stopped)]
+
+
 def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, Any]],
                      ends: dict[str, float], windows: list[tuple[float, float]]) -> None:
     for name in ("periodic_expected", "periodic_ran", "periodic_duplicates", "periodic_skipped",
@@ -437,8 +474,9 @@ def _judge_allow_all(verdict: Verdict, entry: PeriodicEntry, events: list[dict[s
                      ends: dict[str, float], windows: list[tuple[float, float]]) -> None:
     """An ``allow_all`` entry's occurrence starts at its time, whatever runs: one that started
     more than OVERLAP_SLACK late, due outside any fault's window, while a run of an earlier
-    occurrence clearly went on at its time, **waited** for it. Each run logs the time its
-    key says (under whatever key it ran)."""
+    occurrence clearly went on at its time, and not before that run ended, **waited** for it
+    (one late for another cause, a recovery that outlasts its fault's window, starts while the
+    run still goes on). Each run logs the time its key says (under whatever key it ran)."""
     first: dict[str, tuple[float, float]] = {}  # task id -> (first start, its time)
     for event in events:
         if "at" in event and (event["task_id"] not in first or event["t"] < first[event["task_id"]][0]):
@@ -448,7 +486,7 @@ def _judge_allow_all(verdict: Verdict, entry: PeriodicEntry, events: list[dict[s
         if began - at <= OVERLAP_SLACK or any(low <= began and at <= high for low, high in windows):
             continue
         going = [(b, e) for b, e, other in runs
-                 if other < at and b < at - OVERLAP_SLACK and e > at + OVERLAP_SLACK]
+                 if other < at and b < at - OVERLAP_SLACK and e > at + OVERLAP_SLACK and began >= e]
         if going:
             b, e = going[0]
             verdict.flag("periodic_allow_all_waited", f"{entry.name} (allow_all): the occurrence "

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.harness import Fault, Options, PeriodicEntry, RunFacts, Task
-from tests.chaos.verify import Verdict, allow_all_ordering_id, occurrence_ids, verify
+from tests.chaos.verify import Verdict, allow_all_ordering_id, lease_stops, occurrence_ids, verify
 
 T0 = 1_900_000_000.0  # the run's start (epoch seconds)
 
@@ -363,3 +363,15 @@ def test_an_allow_all_occurrence_that_waited_for_the_run_before_is_flagged() -> 
     assert violations(verdict) == {"periodic_allow_all_waited": 2}
     missing = [e for e in allow_all_runs({}) if abs(e["at"] - (T0 + 40)) > 0.001]
     assert violations(verify(periodic_facts(missing, ALLOW_ALL))) == {"periodic_missed": 1}
+
+
+def test_a_worker_that_stopped_its_task_for_its_run_lease_is_told_from_an_unexpected_exit() -> None:
+    line = ("[2026-12-06 04:33:48,077: CRITICAL/MainProcess] periodic:slow-skip@... (attempt 1) has "
+            "had no beat reach Kafka for its run lease (20.0s): a dispatcher may release it again, "
+            "so it is stopped here (its process is killed)\n")
+    stopped = "pid 7 (slow periodic worker) exited with -9:\n[2026-12-06 04:33:45,782: ERROR] x\n" + line
+    at = dt.datetime(2026, 12, 6, 4, 33, 48, 77_000).timestamp()  # Celery logs local time
+    assert lease_stops([stopped]) == {7: pytest.approx(at)}
+    # killed otherwise, or a dispatcher, or that line not the last: unexpected
+    assert lease_stops([stopped.replace("-9", "1"), stopped.replace("slow periodic worker", "dispatcher"),
+                        stopped + "[2026-12-06 04:33:49,000: INFO] later\n"]) == {}
