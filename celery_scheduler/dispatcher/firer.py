@@ -30,6 +30,9 @@ __all__ = ["CHANGES_EVERY_MS", "Firer", "firer_of"]
 
 logger = logging.getLogger(__name__)
 
+# How many occurrences before the last one fired a new owner looks through for the run before
+# (skip, buffer_one), when the owner before skipped the last one.
+LOOK_BACK = 20
 # How often the changes made to entries at run time are read (one small request).
 CHANGES_EVERY_MS = 2_000
 
@@ -163,6 +166,17 @@ class Firer:
                                      for name, at in before.items()])
         states: dict[str, State | None] = {name: status.state if status is not None else None
                                            for name, status in zip(before, found, strict=True)}
+        # What the store says an entry fired last may be an occurrence the owner before skipped
+        # (never written): the run before is then the latest occurrence it wrote before that.
+        for name in [n for n, state in states.items() if state is None and n not in self._written]:
+            entry = self.plan.entry(name)
+            earlier = self.plan.earlier(entry, before[name], LOOK_BACK)
+            found = self.store.statuses([self.plan.key_of(entry, at) for at in earlier])
+            written = [(at, status) for at, status in zip(earlier, found, strict=True) if status is not None]
+            if written:
+                before[name], states[name] = written[-1][0], written[-1][1].state
+        for name, at in before.items():
+            self._written.setdefault(name, at)  # a skip keeps looking at the same run
         kept = []
         for occurrence in sorted(due, key=lambda o: o.at_ms):
             entry = occurrence.entry

@@ -28,11 +28,12 @@ from typing import NamedTuple
 from celery.schedules import crontab, solar
 
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.periodic import Entry, key, missed, next_occurrence, occurrences
+from celery_scheduler.periodic import Entry, every, key, missed, next_occurrence, occurrences
 
 __all__ = ["Firing", "Occurrence"]
 
 MEMO_SIZE = 4096
+DAY_MS = 86_400_000
 
 
 class Occurrence(NamedTuple):
@@ -202,6 +203,13 @@ class Firing:
 
     def entry(self, name: str) -> Entry:
         return self._by_name[name]
+
+    def earlier(self, entry: Entry, at_ms: int, count: int) -> list[int]:
+        """Up to *count* occurrences of *entry* before *at_ms*, the latest last (an interval's
+        looked for over *count* intervals, a crontab's or solar event's over the day before)."""
+        span = DAY_MS if isinstance(entry.schedule, (crontab, solar)) else (
+            int(every(entry.schedule).total_seconds() * 1000) * (count + 1))
+        return occurrences(entry, at_ms - span, at_ms - 1, self._tz)[-count:]
 
     def key_of(self, entry: Entry, at_ms: int) -> TaskKey:
         """The task key of *entry*'s occurrence at *at_ms* (:func:`celery_scheduler.periodic.key`)."""

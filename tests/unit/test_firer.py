@@ -40,12 +40,12 @@ class Clock:
 
 
 def firer(store: MemoryScheduleStore, clock: Clock, owner: str = "d1", ahead_ms: int = 5_000,
-          code: Sequence[Entry] = ()) -> tuple[Firer, Engine]:
+          code: Sequence[Entry] = (), entry: Entry = ENTRY) -> tuple[Firer, Engine]:
     engine = Engine(store, lambda task, release: None, owner, clock=clock)
     ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
                     dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
                     clock=clock)
-    plan = Firing([ENTRY], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=ahead_ms)
+    plan = Firing([entry], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=ahead_ms)
     return Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(),
                  clock=clock, code=code), engine
 
@@ -192,3 +192,26 @@ def test_a_changed_entry_rewrites_the_occurrences_it_still_has_and_cancels_the_o
     clock.ms = NINE + 3 * MINUTE
     fire.step()
     assert pending_times(store) == [NINE + 2 * MINUTE, NINE + 4 * MINUTE]
+
+
+def test_a_new_owner_looks_past_an_occurrence_the_owner_before_skipped() -> None:
+    """The store notes a skipped occurrence as fired, but nothing of it was written: a new
+    owner finds the run before among the occurrences before it, and skips while it goes on."""
+    entry = entry_of("report", {"task": "proj.report", "schedule": 60, "overlap": "skip"})
+    store, clock = MemoryScheduleStore(), Clock(NINE + MINUTE)
+    old, _ = firer(store, clock, entry=entry)
+    assert old.step() == 0  # taken: it fires from 9:02
+    clock.ms = NINE + 2 * MINUTE
+    assert old.step() == 1
+    running = store.task(periodic_key(entry, NINE + 2 * MINUTE))
+    assert running is not None
+    store.mark_released_many([(running, 1, NINE + 10 * MINUTE)], clock.ms)
+    clock.ms = NINE + 3 * MINUTE
+    assert old.step() == 0  # skipped: 9:02 still runs
+    assert store.last_fired(HOME) == {"report": NINE + 3 * MINUTE}
+    new, _ = firer(store, clock, owner="d2", entry=entry)  # the partition changed hands
+    clock.ms = NINE + 4 * MINUTE
+    assert new.step() == 0  # 9:02 still runs: 9:04 is skipped too
+    store.finish_many([running], State.SUCCEEDED, clock.ms)
+    clock.ms = NINE + 5 * MINUTE
+    assert new.step() == 1
