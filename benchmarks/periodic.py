@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from benchmarks.context import Context, utc
+from benchmarks.context import Context
 from benchmarks.harness import APP, Stack, log, stack
 from benchmarks.memory import rss_mb
 from benchmarks.report import Section
@@ -146,36 +146,6 @@ def _fire(ctx: Context, system: str, entries: int, minutes: int, kill: bool) -> 
     return firing
 
 
-def _floor(ctx: Context, entries: int) -> Firing:
-    """Celery alone, no scheduler: *entries* runs of ``bench.tick`` sent well ahead with one
-    minute as their ``eta``, to the same workers (plain), who hold them until then. How late
-    they start is the workers' part of a minute's firing on this machine, whoever sends it."""
-    from benchmarks import app
-
-    with stack(ctx.tmp, init=False) as s:
-        for _ in range(WORKERS):
-            s.worker("solo", plain=True)
-        minute = math.floor((time.time() + 40) / MINUTE) + 1
-        at = minute * MINUTE
-        for i in range(entries):
-            app.tick.apply_async((f"p{i}", at), eta=utc(at), queue=s.name)
-        if time.time() > at - 5:
-            raise RuntimeError(f"sending {entries} runs took until {at - time.time():.1f}s before their time")
-        log(f"10 floor: {entries} runs sent with eta, minute {minute}")
-        deadline = at + 120
-        while time.time() < deadline:
-            if len({x.ordering_id for x in s.starts() if x.seq == minute}) >= entries:
-                break
-            s.check_alive()
-            time.sleep(1)
-        time.sleep(3)
-        firing = count_firings([(x.ordering_id, x.seq, x.at, x.started, x.released)
-                                for x in s.starts()], entries, minute, minute)
-    log(f"10 floor: {firing.once} of {firing.expected} ran once; started p99 "
-        f"{percentile(firing.started_late, 99):.3f}s")
-    return firing
-
-
 def _rows(section: Section, system: str, firing: Firing, judge: bool, peers: dict[str, Firing]
           ) -> None:
     ours = system == OURS
@@ -234,14 +204,6 @@ def run(ctx: Context) -> list[Section]:
                 errors.append(f"{system}{' (killed)' if kill else ''}: {type(exc).__name__}: {exc}"[:500])
     for system, firing in firings.items():
         _rows(ten, system, firing, not ctx.quick, {k: v for k, v in firings.items() if k != system})
-    try:
-        floor = _floor(ctx, entries)
-        ten.add("Celery alone (runs sent ahead with eta): run started after the occurrence, p99",
-                Figure.of([percentile(floor.started_late, 99)], "s", 3))
-        ten.add("Celery alone (runs sent ahead with eta): runs started / sent",
-                Figure.of([floor.once / floor.expected if floor.expected else math.nan], "%", 2))
-    except Exception as exc:
-        errors.append(f"Celery alone: {type(exc).__name__}: {exc}"[:500])
     for system, firing in killed.items():
         _rows(ten_b, system, firing, not ctx.quick, {k: v for k, v in killed.items() if k != system})
     ten.method = [
@@ -257,10 +219,6 @@ def run(ctx: Context) -> list[Section]:
         "fired for; an occurrence is the entry and that minute.",
         "sent after the occurrence is the scheduler's own part; started after it adds the broker "
         "and the workers, who take the minute's runs one after another. One run per system.",
-        f"Celery alone: the {entries} runs of one minute sent by the benchmark 40 s or more ahead, "
-        "with that minute as their eta, to the same two workers as Celery comes, who hold them "
-        "until then: no scheduler's work is left at the minute, so how late they start is the "
-        "workers' own part on this machine, the least any system here can do.",
     ]
     ten_b.method = [
         f"as 10 with {kill_minutes} minutes counted; 20 s after the middle minute's occurrences, "
