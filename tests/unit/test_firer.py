@@ -112,12 +112,7 @@ def test_a_store_outage_is_said_once_and_the_occurrence_fires_once_it_is_over(
 def test_the_overlap_policy_looks_at_the_run_before(overlap: str, state: str, written: bool) -> None:
     entry = entry_of("report", {"task": "proj.report", "schedule": 60, "overlap": overlap})
     store, clock = MemoryScheduleStore(), Clock(NINE + MINUTE)
-    engine = Engine(store, lambda task, release: None, "d1", clock=clock)
-    ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
-                    dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
-                    clock=clock)
-    plan = Firing([entry], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=5_000)
-    fire = Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(), clock=clock)
+    fire, _ = firer(store, clock, entry=entry)
     assert fire.step() == 0  # 9:02 is a minute away (and the looking kinds wait for their time)
     clock.ms = NINE + 2 * MINUTE
     assert fire.step() == 1  # nothing before it: written
@@ -137,12 +132,7 @@ def test_allow_all_occurrences_have_ordering_ids_of_their_own_in_the_entrys_part
     entry = entry_of("sync", {"task": "proj.sync", "schedule": 60, "overlap": "allow_all"})
     home = partition_for(entry.ordering_id, PARTITIONS)
     store, clock = MemoryScheduleStore(), Clock(NINE + 30_000)
-    engine = Engine(store, lambda task, release: None, "d1", clock=clock)
-    ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
-                    dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
-                    clock=clock)
-    plan = Firing([entry], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=5_000)
-    fire = Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(), clock=clock)
+    fire, _ = firer(store, clock, entry=entry)
     for minute in range(1, 6):
         clock.ms = NINE + minute * MINUTE - 4_000  # written ahead, as buffer_all's are
         assert fire.step() == 1
