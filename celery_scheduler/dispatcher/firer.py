@@ -137,21 +137,23 @@ class Firer:
         if not due:
             return 0
         written = self._kept_by_overlap(due)
+        # each key once (an allow_all one hashes until it lands in the entry's partition), and
+        # no lookups in a list: a minute's firing may be thousands of occurrences
+        keys = {id(o): self.plan.key_of(o.entry, o.at_ms) for o in due}
+        kept = {id(o) for o in written}
         if written:
-            self.write([Put(o.partition, envelope_of(o.entry, self.plan.key_of(o.entry, o.at_ms),
-                                                     self.retry_of(o.entry.task), now))
+            self.write([Put(o.partition, envelope_of(o.entry, keys[id(o)], self.retry_of(o.entry.task), now))
                         for o in written])
         for partition, fired in self.plan.fired(due).items():
             self.store.note_fired(partition, fired)
         for occurrence in due:
-            if occurrence in written:
+            found = keys[id(occurrence)]
+            if id(occurrence) in kept:
                 self._written[occurrence.entry.name] = occurrence.at_ms
-                logger.info("fired periodic entry %r for %s", occurrence.entry.name,
-                            self.plan.key_of(occurrence.entry, occurrence.at_ms))
+                logger.info("fired periodic entry %r for %s", occurrence.entry.name, found)
             else:
                 logger.info("skipped periodic entry %r at %s: its run before had not finished "
-                            "(overlap %s)", occurrence.entry.name,
-                            self.plan.key_of(occurrence.entry, occurrence.at_ms).scheduled_at,
+                            "(overlap %s)", occurrence.entry.name, found.scheduled_at,
                             occurrence.entry.overlap.value)
         self.fired_count += len(written)
         return len(written)
