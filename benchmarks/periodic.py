@@ -113,9 +113,10 @@ def _fire(ctx: Context, system: str, entries: int, minutes: int, kill: bool) -> 
             # say), the peers' as Celery comes
             s.worker("solo", plain=system != OURS)
         schedulers = _schedulers(s, system, 2)
-        # the first whole minute at least 15 s after every scheduler is up (a dispatcher
-        # writes an occurrence 5 s ahead), and the window's last
-        first = math.floor((time.time() + 15) / MINUTE) + 1
+        # the first whole minute at least 45 s after every scheduler is up (a dispatcher
+        # writes an occurrence scheduler_periodic_ahead_seconds, 30 s, ahead), and the
+        # window's last
+        first = math.floor((time.time() + 45) / MINUTE) + 1
         last = first + minutes - 1
         log(f"10 {system}: {entries} entries every minute, minutes {first}..{last}")
         if kill:

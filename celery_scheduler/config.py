@@ -112,8 +112,9 @@ class Settings:
     # (celery_scheduler.periodic)
     periodic: bool = False
     # how long before its time an occurrence (overlap buffer_all or allow_all) is written:
-    # time for its task to be stored, loaded and marked released before it is due
-    periodic_ahead_seconds: float = 5.0
+    # time for its task to be stored, loaded and marked released before it is due, with
+    # room for thousands of entries that share a time (writing 10,000 takes seconds)
+    periodic_ahead_seconds: float = 30.0
 
     # OpenTelemetry: schedule calls carry the caller's trace context, and each run of the
     # task is a span of that trace (celery_scheduler.tracing)

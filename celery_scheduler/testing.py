@@ -116,8 +116,10 @@ class SchedulerTesting:
                               task_log.partitions, allowed=lambda name: name in app.tasks,
                               clock=clock)
         self.engine.assign(range(task_log.partitions()))
-        # beat_schedule's entries, fired as the dispatcher fires them (scheduler_periodic)
-        self._firer = firer_of(app, settings, store, self._ingest.apply, lambda partition: True,
+        # beat_schedule's entries, fired as the dispatcher fires them (scheduler_periodic), each
+        # occurrence written at its time: advance() runs it on the way all the same
+        at_its_time = dataclasses.replace(settings, periodic_ahead_seconds=0)
+        self._firer = firer_of(app, at_its_time, store, self._ingest.apply, lambda partition: True,
                                task_log.partitions(), clock, changes_every_ms=0)
 
     # --- time ------------------------------------------------------------------------------
