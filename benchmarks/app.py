@@ -106,14 +106,15 @@ def longterm(ordering_id: str, seq: int, at: float, sleep: float = 0.0) -> None:
 
 
 @app.task(name=TICK, bind=True)
-def tick(self: Any, name: str) -> None:
+def tick(self: Any, name: str, at: float | None = None) -> None:
     """A run of periodic entry *name*: logged under the entry, its occurrence's minute as seq
     (a dispatcher's release names its occurrence; celery beat's runs are told by when they
-    were sent)."""
+    were sent; runs queued by hand before their minute, for the workers' floor, carry it)."""
     published = getattr(self.request, RELEASED_HEADER, None)
     sent = published if isinstance(published, float) else time.time()
     release = parse_header(getattr(self.request, HEADER, None))
-    at = release.key.scheduled_ms / 1000 if release is not None else occurrence_of(sent)
+    if at is None:
+        at = release.key.scheduled_ms / 1000 if release is not None else occurrence_of(sent)
     write_start(EXECLOG, name, int(at // 60), at, sent)
 
 

@@ -16,6 +16,12 @@ part) and how late its run started (with the workers' part, the same for every s
 beat SIGKILLed and started again after RESTART_AFTER (what a supervisor does); of two
 redbeat beats, the one holding the lock SIGKILLed. 10c: a dispatcher's memory with many
 entries (once a day, so none fires while it is sampled).
+
+The workers' floor: the same number of runs of the same task queued in Redis before each
+minute while the two workers are stopped (SIGSTOP), and continued (SIGCONT) at the minute.
+No scheduler can make a run start before the workers take it, so how late these start
+bounds every system's "started" figure on this machine, and the workers' CPU per run says
+which resource sets it.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+import psutil
+
 from benchmarks.context import Context
+from benchmarks.cpu import CpuMeter, local_services
 from benchmarks.harness import APP, Stack, log, stack
 from benchmarks.memory import rss_mb
 from benchmarks.report import Section
@@ -37,8 +46,11 @@ from benchmarks.stats import Figure, percentile
 __all__ = ["Firing", "count_firings", "run"]
 
 OURS, BEAT, REDBEAT = "celery_scheduler", "celery beat", "celery-redbeat"
+FLOOR = "Celery workers alone, runs queued before the minute"
+QUEUED_AHEAD = 30.0  # seconds before the minute the workers stop and the runs are queued
 SYSTEMS = (OURS, BEAT, REDBEAT)
 WORKERS = 2
+CORES = psutil.cpu_count() or 1
 RESTART_AFTER = 10.0  # seconds a killed celery beat stays down
 MINUTE = 60.0
 
@@ -147,6 +159,76 @@ def _fire(ctx: Context, system: str, entries: int, minutes: int, kill: bool) -> 
     return firing
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The workers' part alone: the runs, and the workers' CPU while they took them."""
+
+    firing: Firing
+    cpu_ms_per_run: float  # the workers' CPU seconds from the minute until the runs started
+    busy: float  # the machine's busy share of its cores over the same windows (0..1)
+
+
+def _floor(ctx: Context, entries: int, minutes: int) -> Floor:
+    with stack(ctx.tmp, init=False) as s:
+        bench = s.use_client()
+        workers = [s.worker("solo", plain=True) for _ in range(WORKERS)]
+        meter = CpuMeter({"workers": [w.pid for w in workers], **local_services()})
+        first = math.floor((time.time() + QUEUED_AHEAD + 15) / MINUTE) + 1
+        last = first + minutes - 1
+        log(f"10 floor: {entries} runs queued before each of minutes {first}..{last}")
+        cpu, busy, wall = 0.0, 0.0, 0.0
+        for minute in range(first, last + 1):
+            at = minute * MINUTE
+            time.sleep(max(0.0, at - QUEUED_AHEAD - time.time()))
+            for worker in workers:
+                worker.send_signal(signal.SIGSTOP)
+            try:
+                with bench.app.connection_for_write() as connection:
+                    for i in range(entries):
+                        bench.tick.apply_async((f"p{i}",), {"at": at}, queue=s.name,
+                                               connection=connection)
+                if time.time() > at:
+                    raise RuntimeError(f"queuing {entries} runs took more than "
+                                       f"{QUEUED_AHEAD:.0f} s")
+                time.sleep(at - time.time())
+                meter.start()
+            finally:
+                for worker in workers:
+                    worker.send_signal(signal.SIGCONT)
+            deadline = at + 50
+            while time.time() < deadline:
+                if len({x.ordering_id for x in s.starts() if x.seq == minute}) >= entries:
+                    break
+                s.check_alive()
+                time.sleep(0.5)  # reading the log costs the workers' cores too: not too often
+            use = meter.stop()
+            cpu += use.seconds["workers"]
+            busy += use.busy * use.wall
+            wall += use.wall
+        firing = count_firings([(x.ordering_id, x.seq, x.at, x.started, x.released)
+                                for x in s.starts()], entries, first, last)
+    floor = Floor(firing, 1000 * cpu / max(1, firing.once + firing.twice), busy / wall if wall else 0.0)
+    log(f"10 floor: started p99 {percentile(firing.started_late, 99):.3f}s, workers' CPU "
+        f"{floor.cpu_ms_per_run:.2f} ms a run, machine {100 * floor.busy:.0f}% busy")
+    return floor
+
+
+def _floor_rows(section: Section, floor: Floor, entries: int) -> None:
+    firing = floor.firing
+    section.add(f"{FLOOR}: runs started / queued",
+                Figure.of([(firing.once + firing.twice) / firing.expected if firing.expected
+                           else math.nan], "%", 2))
+    section.add(f"{FLOOR}: run started after the minute, p99",
+                Figure.of([percentile(firing.started_late, 99)], "s", 3))
+    section.add(f"{FLOOR}: run started after the minute, max",
+                Figure.of([max(firing.started_late, default=math.nan)], "s", 3))
+    section.add(f"{FLOOR}: workers' CPU per run", Figure.of([floor.cpu_ms_per_run], "ms", 2))
+    section.add(f"{FLOOR}: machine CPU busy (all {CORES} cores) while they ran",
+                Figure.of([floor.busy], "%"))
+    section.add(f"{FLOOR}: {entries:,} runs x the workers' CPU per run / {CORES} cores",
+                Figure.of([entries * floor.cpu_ms_per_run / 1000 / CORES], "s", 2))
+
+
 def _rows(section: Section, system: str, firing: Firing, judge: bool, peers: dict[str, Firing]
           ) -> None:
     ours = system == OURS
@@ -203,14 +285,24 @@ def run(ctx: Context) -> list[Section]:
                 into[system] = _fire(ctx, system, entries, kill_minutes if kill else minutes, kill)
             except Exception as exc:
                 errors.append(f"{system}{' (killed)' if kill else ''}: {type(exc).__name__}: {exc}"[:500])
+    floor_minutes = ctx.pick(1, 3)
+    try:
+        floor: Floor | None = _floor(ctx, entries, floor_minutes)
+    except Exception as exc:
+        floor = None
+        errors.append(f"workers alone: {type(exc).__name__}: {exc}"[:500])
     for system, firing in firings.items():
         _rows(ten, system, firing, not ctx.quick, {k: v for k, v in firings.items() if k != system})
+    if floor is not None:
+        _floor_rows(ten, floor, entries)
     for system, firing in killed.items():
         _rows(ten_b, system, firing, not ctx.quick, {k: v for k, v in killed.items() if k != system})
     ten.method = [
         f"{entries} entries of one task, each crontab() (every minute), in the app's beat_schedule; "
         f"{minutes} whole minutes are counted, from the first after the schedulers started. "
-        "celery_scheduler: two dispatchers (scheduler_periodic = True); celery beat: one beat "
+        "celery_scheduler: two dispatchers (scheduler_periodic = True, every other setting at "
+        "its default: occurrences written scheduler_periodic_ahead_seconds, 30 s, ahead); "
+        "celery beat: one beat "
         "(a second would fire every entry twice), its default PersistentScheduler; "
         "celery-redbeat: two beats with RedBeatScheduler, one holding its Redis lock.",
         f"the runs go to {WORKERS} Celery workers (solo pool) on Redis: celery_scheduler's with "
@@ -220,6 +312,12 @@ def run(ctx: Context) -> list[Section]:
         "fired for; an occurrence is the entry and that minute.",
         "sent after the occurrence is the scheduler's own part; started after it adds the broker "
         "and the workers, who take the minute's runs one after another. One run per system.",
+        f"{FLOOR}: the workers' floor. {WORKERS} workers as the peers' (Celery as it comes), "
+        f"stopped with SIGSTOP {QUEUED_AHEAD:.0f} s before each of {floor_minutes} minutes while "
+        f"the minute's {entries} runs of the same task are queued in Redis, continued with "
+        "SIGCONT at the minute; started after the minute as above, and the workers' CPU from the "
+        "minute until the minute's runs had all started. No scheduler can start a run before "
+        "the workers take it: this bounds every system's started figure on this machine.",
     ]
     ten_b.method = [
         f"as 10 with {kill_minutes} minutes counted; 20 s after the middle minute's occurrences, "

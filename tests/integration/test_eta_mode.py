@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_scheduler import eta
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.waiting import wait_until
 
@@ -58,8 +59,11 @@ def test_a_worker_killed_while_tasks_wait_loses_none_of_them(
     results = [schedule.eta_record.apply_async(("eta", n), {"scheduled_for": due}, countdown=8)
                for n in range(COUNT)]
     assert len({r.id for r in results}) == COUNT
-    time.sleep(2)
-    worker.send_signal(signal.SIGKILL)  # Celery's own eta tasks would be in its memory now
+    # once the dispatcher stored them all (Celery's own eta tasks would be in the worker's
+    # memory by then)
+    wait_until(lambda: all(eta.status(schedule.app, r.id) is not None for r in results), 30,
+               "the dispatcher storing the tasks")
+    worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=10)
     scheduler.worker()
     check_ran_once_on_time(scheduler, results, due)

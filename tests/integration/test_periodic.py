@@ -5,6 +5,8 @@ occurrence under another key nor skipping one."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 import signal
 import time
 from typing import Any
@@ -77,3 +79,38 @@ def test_each_occurrence_runs_once_on_time_and_a_killed_dispatcher_skips_none(
     print(f"{len(expected)} occurrences from {since:.0f} to {until:.0f}, {len(starts)} runs; away "
           f"from the kill, lateness median {late[len(late) // 2]:.3f}s, max {late[-1]:.3f}s")
     assert late[-1] < 1.0
+
+
+def test_a_pause_withdraws_the_occurrences_written_ahead(scheduler: Scheduler) -> None:  # noqa: F811
+    """With occurrences written scheduler_periodic_ahead_seconds (30 s) ahead, a pause read by
+    the dispatcher cancels them in the schedule: none runs after it, though each is there."""
+    scheduler.env["CELERY_SCHEDULER_TEST_PERIODIC"] = str(TICK)
+    dispatcher = scheduler.dispatcher()
+    scheduler.worker()
+
+    def ticks() -> list[dict[str, Any]]:
+        return [s for s in scheduler.starts() if s["o"] == "periodic:tick"]
+
+    wait_until(lambda: len(ticks()) >= 2, 30, "two occurrences run")
+    paused = scheduler.cli("periodic", "pause", "tick")
+    assert paused.returncode == 0, paused.stderr
+    said = wait_until(lambda: re.search(
+        r"periodic entry 'tick' paused or deleted: of its occurrences written ahead, (\d+) "
+        r"cancelled", scheduler.log_of(dispatcher)), 30, lambda: scheduler.log_of(dispatcher)[-3000:])
+    read_at = time.time()
+    # 30 s ahead at one every 2 s: about 15 written ahead, all withdrawn
+    assert int(said[1]) >= 10, said[0]
+    # one released before the pause was read may still start; nothing later does
+    time.sleep(5 * TICK)
+    later = [s for s in ticks() if s["t"] > read_at + TICK]
+    assert later == [], later
+    entries = scheduler.cli("periodic", "list", "--json")
+    assert entries.returncode == 0, entries.stderr
+    [entry] = [json.loads(line) for line in entries.stdout.splitlines()]
+    assert entry["state"] == "paused", entry
+    # what was written ahead is in the schedule, cancelled
+    listed = scheduler.cli("list", "--ordering-id", "periodic:tick", "--json")
+    assert listed.returncode == 0, listed.stderr
+    ahead = [task for task in json.loads(listed.stdout)
+             if dt.datetime.fromisoformat(task["at"]).timestamp() > read_at + TICK]
+    assert len(ahead) >= 5 and {task["state"] for task in ahead} == {"cancelled"}, ahead
