@@ -145,9 +145,10 @@ class Sorted:
 
 
 def sort_out(rows: Sequence[StoredTask], statuses: Sequence[TaskStatus | None]) -> Sorted:
-    """Pure: *rows* (matching a selection) with their *statuses*: pending keys to cancel,
-    released ones to leave, cancelled ones already done. A row marked released (its lease
-    set) counts as released even if its status lags."""
+    """Pure: *rows* (matching a selection) with their *statuses*: pending keys to cancel (and
+    blocked ones, failed and holding their ordering id), released ones to leave, cancelled
+    ones already done. A row marked released (its lease set) counts as released even if its
+    status lags."""
     pending: list[TaskKey] = []
     released: list[TaskKey] = []
     cancelled: list[TaskKey] = []
@@ -155,6 +156,8 @@ def sort_out(rows: Sequence[StoredTask], statuses: Sequence[TaskStatus | None]) 
         state = status.state if status is not None else State.PENDING
         if state is State.CANCELLED:
             cancelled.append(row.key)
+        elif state is State.FAILED and row.blocked:
+            pending.append(row.key)  # failed and holding its ordering id: a cancel frees it
         elif row.lease_until_ms > 0 or state is not State.PENDING:
             released.append(row.key)
         else:

@@ -3,6 +3,7 @@ path, released ones are left and reported apart, and a dry run changes nothing."
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Iterator
@@ -95,16 +96,18 @@ def row_of(key: TaskKey, lease_until_ms: int = 0) -> StoredTask:
 
 
 def test_a_released_key_is_left_to_run_and_a_cancelled_one_counted_apart() -> None:
-    marked, running, waiting, done, unknown = (TaskKey("c1", n, f"k{n}") for n in range(1, 6))
+    marked, running, waiting, done, unknown, blocked = (TaskKey("c1", n, f"k{n}") for n in range(1, 7))
     rows = [row_of(marked, lease_until_ms=300_000), row_of(running), row_of(waiting), row_of(done),
-            row_of(unknown)]
+            row_of(unknown), dataclasses.replace(row_of(blocked), blocked=True)]
     statuses = [None, TaskStatus(running, State.RELEASED, "unit.remind", 0),
                 TaskStatus(waiting, State.PENDING, "unit.remind", 0),
-                TaskStatus(done, State.CANCELLED, "unit.remind", 0), None]
+                TaskStatus(done, State.CANCELLED, "unit.remind", 0), None,
+                TaskStatus(blocked, State.FAILED, "unit.remind", 0)]
     found = sort_out(rows, statuses)
-    # a row marked released (its lease set) is released whatever its status says so far
+    # a row marked released (its lease set) is released whatever its status says so far; a
+    # blocked one (failed, holding its ordering id) is cancelled, which frees the others
     assert (found.pending, found.released, found.cancelled) == (
-        [waiting, unknown], [marked, running], [done])
+        [waiting, unknown, blocked], [marked, running], [done])
 
 
 def test_a_summary_says_what_each_count_is() -> None:
