@@ -12,8 +12,9 @@
     │   ├── ScheduleTimeError        the time is in the past beyond the grace window, or invalid
     │   ├── NotSerializableError     an argument or option cannot be encoded as JSON
     │   ├── EnvelopeTooLargeError    the encoded task is over the size limit
-    │   └── NotRetryableError        a retry was asked for a task that is not failed, or
-    │                                that failed before its task was kept for a retry
+    │   ├── NotRetryableError        a retry was asked for a task that is not failed, or
+    │   │                            that failed before its task was kept for a retry
+    │   └── SelectionError           a bulk cancel's selection is empty or contradicts itself
     ├── EnvelopeDecodeError          bytes from the topic are not a valid envelope
     ├── BrokerError                  the Celery broker did not take a release
     │   ├── ReleaseNotSentError      certainly not sent (no connection): sent again soon
@@ -49,6 +50,7 @@ __all__ = [
     "ScheduleTimeError",
     "SchedulerError",
     "SchemaMissingError",
+    "SelectionError",
     "StoreUnavailableError",
     "TaskLogError",
     "TaskLogUnavailableError",
@@ -99,6 +101,10 @@ class NotSerializableError(ScheduleError, TypeError):
 
 class EnvelopeTooLargeError(ScheduleError):
     """The encoded task exceeds ``scheduler_max_envelope_bytes``."""
+
+
+class SelectionError(ScheduleError):
+    """A bulk cancel was given no criterion, a time without its zone, or an empty span."""
 
 
 class EnvelopeDecodeError(SchedulerError, ValueError):

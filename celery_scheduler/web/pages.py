@@ -4,7 +4,8 @@ failed and blocked tasks, one task key, the dead letters, the periodic entries.
 Server-rendered from Jinja2 templates (``web/templates``, every value escaped; no scripts):
 a ``read`` token opens them, given once as ``?token=...`` and kept in a cookie (same-site
 only). With a ``write`` token the failed and blocked page also has retry buttons, and a
-cancel button per blocked task.
+cancel button per blocked task; an ordering id's page, a button that cancels every pending
+task of it after a page that counts them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from celery_scheduler import periodic_admin
+from celery_scheduler.bulk_cancel import Selection, cancel_many
 from celery_scheduler.envelope import CancelEnvelope
 from celery_scheduler.errors import NotRetryableError, PeriodicEntryError, SchedulerError
 from celery_scheduler.operations import (
@@ -156,7 +158,34 @@ def timeline(ordering_id: KeyPart, request: Request, token: Token = None) -> Res
               "unique": task["unique"],
               "cells": [task["at"], task["task"], task["state"], task["attempts"],
                         waiting_note(task), task["last_error"] or ""]} for task in tasks]
-    return _kept(_page(request, "timeline.html", title, tasks=shown), token)
+    return _kept(_page(request, "timeline.html", title, tasks=shown, path=segment(ordering_id),
+                       writer=_may_write(request, token)), token)
+
+
+@router.get("/ordering-ids/{ordering_id}/cancel", response_class=HTMLResponse)
+def cancel_many_asked(ordering_id: KeyPart, request: Request) -> Response:
+    """What cancelling every pending task of an ordering id would do, and the button to."""
+    return _cancel_many(ordering_id, request, dry_run=True)
+
+
+@router.post("/ordering-ids/{ordering_id}/cancel", response_class=HTMLResponse)
+def cancel_many_confirmed(ordering_id: KeyPart, request: Request) -> Response:
+    """The confirmed bulk cancel: needs the write token in the cookie."""
+    return _cancel_many(ordering_id, request, dry_run=False)
+
+
+def _cancel_many(ordering_id: str, request: Request, dry_run: bool) -> Response:
+    title = f"Cancel the pending tasks of {ordering_id}"
+    if not _may_write(request):
+        return _message(request, title, "Cancelling needs a write token of scheduler_api_tokens.",
+                        403)
+    try:
+        report = cancel_many(client(request), Selection(ordering_id=ordering_id), dry_run=dry_run)
+    except SchedulerError as exc:
+        return _message(request, title, str(exc), 503 if dry_run else 422)
+    return _page(request, "cancel_many.html", title, report=report, summary=report.summary(),
+                 path=segment(ordering_id), examples={
+                     kind: [str(key) for key in keys] for kind, keys in report.examples.items()})
 
 
 @router.get("/attention", response_class=HTMLResponse)

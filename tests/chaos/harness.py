@@ -240,6 +240,10 @@ PERIODIC_ENTRIES = (PeriodicEntry("every-2s-0", 2.0), PeriodicEntry("every-3s-0"
                     PeriodicEntry("slow-allow-all", 5.0, "allow_all", 14.0))
 # The chaos app's topic's partitions (an allow_all occurrence's ordering id depends on them).
 PARTITIONS = 6
+# Threads of the worker that runs the slow entries: enough for every run that may go on at
+# once in a run without faults (runs of an occurrence released again after an outage add to
+# them, and then an occurrence may wait for a thread).
+SLOW_WORKER_THREADS = 6
 
 
 def periodic_variable(entries: tuple[PeriodicEntry, ...]) -> str:
@@ -449,7 +453,7 @@ class Run:
         """The worker of the slow periodic entries' queue: threads enough for every run that
         may go on at once (two of the allow_all entry), so that an occurrence released starts
         at once (their overlap policies are judged by it)."""
-        process = self.cluster.worker("--pool=threads", "--concurrency=6",
+        process = self.cluster.worker("--pool=threads", f"--concurrency={SLOW_WORKER_THREADS}",
                                       "-Q", f"{self.env['CELERY_SCHEDULER_TEST_QUEUE']}-slow")
         self.slow_workers.append(process)
         return process

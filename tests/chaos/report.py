@@ -123,7 +123,9 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
            f"{c['periodic_skipped']} / {c['periodic_skips_not_judged']} |",
            f"| **... run against their overlap policy** / **skipped wrongly** / **waited "
            f"(allow_all)** | **{c['periodic_overlap_broken']}** / **{c['periodic_skipped_wrongly']}** "
-           f"/ **{c['periodic_allow_all_waited']}** |"]
+           f"/ **{c['periodic_allow_all_waited']}** |",
+           f"| ... allow_all occurrences late while every thread of the slow entries' worker was "
+           f"busy (not judged) | {c.get('periodic_allow_all_worker_full', 0)} |"]
           if o.periodic else []),
         f"| workers that stopped their task by ending their process, no beat of it having reached "
         f"Kafka for its run lease (by design; restarted) | {c['lease_stops']} |",

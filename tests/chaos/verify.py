@@ -48,7 +48,9 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   more than 2 s, with no fault's window between the two occurrences; the rest are skips
   not judged. An ``allow_all`` entry's occurrences must each run (else missed), at their
   time: one that started more than 2 s late, outside any fault's window, while a run of an
-  earlier occurrence clearly went on, **waited** for it.
+  earlier occurrence clearly went on, **waited** for it, unless every thread of the worker
+  that runs the slow entries was busy then (runs released again after an outage add to
+  those that may go on at once): that one waited for a thread, and is counted apart.
 - **lateness**: first start minus scheduled time (or minus the time of its accepted call,
   when that was made later: a call made again), over all keys that ran; "during faults"
   are keys due between a fault's injection and 5 s after its end; "quiet" the others. The
@@ -68,7 +70,7 @@ from typing import Any
 
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
-from tests.chaos.harness import PARTITIONS, PeriodicEntry, RunFacts, Task
+from tests.chaos.harness import PARTITIONS, SLOW_WORKER_THREADS, PeriodicEntry, RunFacts, Task
 
 EARLY_TOLERANCE = 0.001
 PERIODIC_PREFIX = "periodic:"
@@ -317,7 +319,7 @@ def verify(facts: RunFacts) -> Verdict:
 
     windows = sorted((f.inject, (f.restore or f.inject) + WINDOW_AFTER, f.kind) for f in facts.faults)
     _verify_periodic(verdict, facts, periodic_starts, periodic_ends,
-                     [(begin, end) for begin, end, _ in windows])
+                     [(begin, end) for begin, end, _ in windows], runs)
 
     # lateness overall, during faults (per kind) and quiet; recovery per fault kind
     due = sorted((tasks[key].at_ms / 1000, late) for key, late in lateness.items())
@@ -419,11 +421,21 @@ def unexpected_exits(facts: RunFacts) -> list[str]:
 
 
 def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, Any]],
-                     ends: dict[str, float], windows: list[tuple[float, float]]) -> None:
+                     ends: dict[str, float], windows: list[tuple[float, float]],
+                     runs: dict[str, list[tuple[float, float, int]]] | None = None) -> None:
     for name in ("periodic_expected", "periodic_ran", "periodic_duplicates", "periodic_skipped",
-                 "periodic_skips_not_judged"):
+                 "periodic_skips_not_judged", "periodic_allow_all_worker_full"):
         verdict.counts[name] = 0
     entries = {entry[0]: PeriodicEntry(*entry) for entry in facts.options.periodic}
+    # every run of the slow entries, which share one worker's threads
+    slow = {name for name, entry in entries.items() if entry.slow_run}
+    slow_spans = [(begin, end) for ordering_id, spans in (runs or {}).items()
+                  if ordering_id.startswith(PERIODIC_PREFIX) and entry_of_run(ordering_id) in slow
+                  for begin, end, _ in spans]
+
+    def slow_worker_full(at: float) -> bool:
+        return sum(1 for begin, end in slow_spans if begin <= at < end) >= SLOW_WORKER_THREADS
+
     by_entry: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in starts:
         by_entry[entry_of_run(event["o"])].append(event)
@@ -462,7 +474,7 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
             _judge_overlap(verdict, entry, known, expected, first_start, ends, windows)
             continue
         if entry.overlap == "allow_all":
-            _judge_allow_all(verdict, entry, events, ends, windows)
+            _judge_allow_all(verdict, entry, events, ends, windows, slow_worker_full)
         for task_id, at in sorted(expected.items(), key=lambda item: item[1]):
             if task_id not in first_start:
                 verdict.flag("periodic_missed", f"{name}: the occurrence at {at / 1000:.3f} never started")
@@ -471,12 +483,16 @@ def _verify_periodic(verdict: Verdict, facts: RunFacts, starts: list[dict[str, A
 
 
 def _judge_allow_all(verdict: Verdict, entry: PeriodicEntry, events: list[dict[str, Any]],
-                     ends: dict[str, float], windows: list[tuple[float, float]]) -> None:
+                     ends: dict[str, float], windows: list[tuple[float, float]],
+                     worker_full: Any = lambda at: False) -> None:
     """An ``allow_all`` entry's occurrence starts at its time, whatever runs: one that started
     more than OVERLAP_SLACK late, due outside any fault's window, while a run of an earlier
     occurrence clearly went on at its time, and not before that run ended, **waited** for it
     (one late for another cause, a recovery that outlasts its fault's window, starts while the
-    run still goes on). Each run logs the time its key says (under whatever key it ran)."""
+    run still goes on). One due while every thread of the slow entries' worker was busy (runs
+    released again after an outage add to those that may go on at once) waited for a thread,
+    not for the run: counted apart. Each run logs the time its key says (under whatever key it
+    ran)."""
     first: dict[str, tuple[float, float]] = {}  # task id -> (first start, its time)
     for event in events:
         if "at" in event and (event["task_id"] not in first or event["t"] < first[event["task_id"]][0]):
@@ -487,7 +503,9 @@ def _judge_allow_all(verdict: Verdict, entry: PeriodicEntry, events: list[dict[s
             continue
         going = [(b, e) for b, e, other in runs
                  if other < at and b < at - OVERLAP_SLACK and e > at + OVERLAP_SLACK and began >= e]
-        if going:
+        if going and worker_full(at + OVERLAP_SLACK):
+            verdict.counts["periodic_allow_all_worker_full"] += 1
+        elif going:
             b, e = going[0]
             verdict.flag("periodic_allow_all_waited", f"{entry.name} (allow_all): the occurrence "
                                                       f"at {at:.3f} started at {began:.3f}, "

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from tests.chaos.harness import Fault, Options, PeriodicEntry, RunFacts, Task
-from tests.chaos.verify import Verdict, allow_all_ordering_id, lease_stops, occurrence_ids, verify
+from tests.chaos.verify import (
+    Verdict,
+    _judge_allow_all,
+    allow_all_ordering_id,
+    lease_stops,
+    occurrence_ids,
+    verify,
+)
 
 T0 = 1_900_000_000.0  # the run's start (epoch seconds)
 
@@ -363,6 +370,21 @@ def test_an_allow_all_occurrence_that_waited_for_the_run_before_is_flagged() -> 
     assert violations(verdict) == {"periodic_allow_all_waited": 2}
     missing = [e for e in allow_all_runs({}) if abs(e["at"] - (T0 + 40)) > 0.001]
     assert violations(verify(periodic_facts(missing, ALLOW_ALL))) == {"periodic_missed": 1}
+
+
+def test_an_allow_all_occurrence_due_while_every_thread_of_the_worker_ran_waited_for_a_thread() -> None:
+    # the run of 10 goes on until 24.02, and 15 starts only then: with a thread free at 15 it
+    # waited for that run; with every thread busy (runs released again after an outage) for
+    # a thread, which is the worker's, not the scheduler's
+    events = allow_all_runs({15.0: 24.03})
+    ends = {e["task_id"]: e["t"] for e in events if e["event"] == "end"}
+    starts = [e for e in events if e["event"] == "start"]
+    for full, flagged in ((False, 1), (True, 0)):
+        verdict = Verdict()
+        verdict.counts["periodic_allow_all_worker_full"] = 0
+        _judge_allow_all(verdict, ALLOW_ALL, starts, ends, [], lambda at, full=full: full)
+        assert verdict.counts.get("periodic_allow_all_waited", 0) == flagged
+        assert verdict.counts["periodic_allow_all_worker_full"] == 1 - flagged
 
 
 def test_a_worker_that_stopped_its_task_for_its_run_lease_is_told_from_an_unexpected_exit() -> None:
