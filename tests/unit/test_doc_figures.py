@@ -4,8 +4,8 @@ README.md, docs/production.md and docs/comparison.md quote what the benchmarks a
 runs measured; a figure typed by hand from a run no report keeps (or left behind when the
 report was generated again) fails here. A figure is a number with a unit of measure (ms, s,
 %, tasks/s, MB, cores, x) in the text, not in code; it must appear in BENCHMARKS.md,
-RELIABILITY.md, docs/reliability-*.md or docs/benchmarks-periodic.md. The few such numbers that are settings or
-definitions rather than measurements are listed below with why.
+RELIABILITY.md, docs/reliability-*.md or docs/benchmarks-periodic.md. The few such numbers
+that are settings or definitions rather than measurements are listed below with why.
 """
 
 from __future__ import annotations
