@@ -9,7 +9,7 @@ import json
 import click
 
 from celery_scheduler.bulk_cancel import BulkCancel, Selection, cancel_many, settle
-from celery_scheduler.cli.group import _app, _fail, scheduler
+from celery_scheduler.cli.group import _app, _fail, _time, scheduler
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import SchedulerError
 
@@ -19,10 +19,7 @@ __all__ = ["cancel_many_command"]
 def _when(text: str | None, option: str) -> dt.datetime | None:
     if text is None:
         return None
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not an ISO 8601 time", param_hint=option) from None
+    when = _time(text, option)
     return when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
 
 

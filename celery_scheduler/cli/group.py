@@ -33,11 +33,16 @@ def _fail(exc: SchedulerError) -> None:
     sys.exit(1)
 
 
-def _key(ordering_id: str, at: str, uniqueness_key: str) -> TaskKey:
+def _time(text: str, param_hint: str) -> dt.datetime:
+    """An ISO 8601 time given on the command line (a trailing Z is UTC)."""
     try:
-        when = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise click.BadParameter(f"{at!r} is not an ISO 8601 time", param_hint="AT") from None
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time", param_hint=param_hint) from None
+
+
+def _key(ordering_id: str, at: str, uniqueness_key: str) -> TaskKey:
+    when = _time(at, "AT")
     try:
         return TaskKey(check_key_part(ordering_id, "ordering id"),
                        to_epoch_ms(when, dt.timezone.utc),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -20,21 +19,14 @@ from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import SelectionError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.records import State, StoredTask, TaskStatus
-from celery_scheduler.testing import SchedulerTesting, scheduler_testing
+from celery_scheduler.testing import SchedulerTesting
 from celery_scheduler.web import create_app
-from tests.unit.apps import app, calls, charge, remind
+from tests.unit.apps import app, charge, remind
+from tests.unit.conftest import START
 
 UTC = dt.timezone.utc
 READ = {"Authorization": "Bearer read-token-0123456789"}
 WRITE = {"Authorization": "Bearer write-token-0123456789"}
-START = dt.datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def scheduler() -> Iterator[SchedulerTesting]:
-    calls.clear()
-    with scheduler_testing(app, start=START) as testing:
-        yield testing
 
 
 def test_a_selection_needs_a_criterion_an_aware_time_and_a_span() -> None:
