@@ -17,9 +17,10 @@ the harness's own Kafka, Cassandra and broker (which it restarts at will):
   ``periodic:<name>`` with its task id, which names the occurrence.
 
 The leases are the package's defaults unless ``CELERY_SCHEDULER_TEST_LEASE`` (the run lease)
-or ``CELERY_SCHEDULER_TEST_START_LEASE`` say otherwise. Each execution appends a ``start`` and
-an ``end`` line (JSON) to the execution log, with the release's partition, lease epoch,
-attempt, start lease's end and when it was marked, from the message header.
+or ``CELERY_SCHEDULER_TEST_START_LEASE`` say otherwise, and so is how far ahead occurrences
+are written unless ``CELERY_SCHEDULER_CHAOS_PERIODIC_AHEAD`` does. Each execution appends a
+``start`` and an ``end`` line (JSON) to the execution log, with the release's partition,
+lease epoch, attempt, start lease's end and when it was marked, from the message header.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ if os.environ.get("CELERY_SCHEDULER_CHAOS_CLUSTER") == "1":
         scheduler_cassandra_serial_consistency="LOCAL_SERIAL",
     )
 for variable, setting in (("CELERY_SCHEDULER_TEST_LEASE", "scheduler_lease_seconds"),
-                          ("CELERY_SCHEDULER_TEST_START_LEASE", "scheduler_start_lease_seconds")):
+                          ("CELERY_SCHEDULER_TEST_START_LEASE", "scheduler_start_lease_seconds"),
+                          ("CELERY_SCHEDULER_CHAOS_PERIODIC_AHEAD", "scheduler_periodic_ahead_seconds")):
     if os.environ.get(variable):
         app.conf[setting] = float(os.environ[variable])
 

@@ -225,6 +225,9 @@ class Options:
     broker: str = "redis"  # the Celery broker: redis or rabbitmq (with its own restarts)
     # periodic entries the dispatchers fire (scheduler_periodic)
     periodic: tuple[PeriodicEntry, ...] = ()
+    # how far ahead the dispatchers write their occurrences (scheduler_periodic_ahead_seconds);
+    # None: the package's default
+    periodic_ahead: float | None = None
 
 
 # One periodic entry in each of the six partitions (their names hash there), every 2 or 3 s:
@@ -414,6 +417,9 @@ class Run:
                             CELERY_SCHEDULER_CHAOS_CASSANDRA_PORT=CLUSTER_PORTS["CASSANDRA_CLUSTER_PORT"])
         self.env.pop("CELERY_SCHEDULER_CHAOS_MUTANT", None)
         self.env["CELERY_SCHEDULER_CHAOS_PERIODIC"] = periodic_variable(options.periodic)
+        self.env.pop("CELERY_SCHEDULER_CHAOS_PERIODIC_AHEAD", None)
+        if options.periodic_ahead is not None:
+            self.env["CELERY_SCHEDULER_CHAOS_PERIODIC_AHEAD"] = f"{options.periodic_ahead:g}"
         self.cluster = Scheduler(self.env, run_dir / "executions.jsonl", run_dir)
         self.dispatchers: list[subprocess.Popen[bytes]] = []
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -731,6 +737,10 @@ class Run:
                              "commitlog_sync batch (a write is acknowledged once its replica "
                              "synced it)",
             })
+        if self.options.periodic:
+            ahead = (s.periodic_ahead_seconds if self.options.periodic_ahead is None
+                     else self.options.periodic_ahead)
+            conditions["periodic occurrences written ahead"] = f"{ahead:g} s"
         if self.options.far_tasks:
             low, high = self.options.far_delay
             conditions["far-ahead tasks"] = (f"{self.options.far_tasks} scheduled in the first third of "
