@@ -14,7 +14,9 @@
     │   ├── EnvelopeTooLargeError    the encoded task is over the size limit
     │   ├── NotRetryableError        a retry was asked for a task that is not failed, or
     │   │                            that failed before its task was kept for a retry
-    │   └── SelectionError           a bulk cancel's selection is empty or contradicts itself
+    │   ├── SelectionError           a bulk cancel's selection is empty or contradicts itself
+    │   └── PauseError               a pause names nothing or two things, or a resume names
+    │                                what is not paused
     ├── EnvelopeDecodeError          bytes from the topic are not a valid envelope
     ├── BrokerError                  the Celery broker did not take a release
     │   ├── ReleaseNotSentError      certainly not sent (no connection): sent again soon
@@ -42,6 +44,7 @@ __all__ = [
     "NotRetryableError",
     "NotSerializableError",
     "NotUnderTestError",
+    "PauseError",
     "PeriodicEntryError",
     "ReleaseNotSentError",
     "ReleaseUncertainError",
@@ -105,6 +108,11 @@ class EnvelopeTooLargeError(ScheduleError):
 
 class SelectionError(ScheduleError):
     """A bulk cancel was given no criterion, a time without its zone, or an empty span."""
+
+
+class PauseError(ScheduleError):
+    """A pause or resume named nothing, or more than one thing, or a resume named what is
+    not paused."""
 
 
 class EnvelopeDecodeError(SchedulerError, ValueError):

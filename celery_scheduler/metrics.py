@@ -15,6 +15,7 @@ celery_scheduler_release_lateness_seconds             histogram  release time mi
 celery_scheduler_loaded_tasks                         gauge      tasks held in memory
 celery_scheduler_in_flight_tasks                      gauge      released, outcome not yet seen
 celery_scheduler_owned_partitions                     gauge      partitions leased by this process
+celery_scheduler_held_ordering_ids                    gauge      ordering ids a pause holds here
 ====================================================  =========  ==============================
 """
 
@@ -43,6 +44,8 @@ class Metrics:
     def retried(self) -> None: ...
 
     def state(self, loaded: int, in_flight: int, partitions: int) -> None: ...
+
+    def held(self, ordering_ids: int) -> None: ...
 
 
 def _prometheus() -> Any:
@@ -74,6 +77,8 @@ class PrometheusMetrics(Metrics):
         self._loaded = p.Gauge("celery_scheduler_loaded_tasks", "tasks held in memory", **kw)
         self._in_flight = p.Gauge("celery_scheduler_in_flight_tasks", "released, not finished", **kw)
         self._partitions = p.Gauge("celery_scheduler_owned_partitions", "partitions leased", **kw)
+        self._held = p.Gauge("celery_scheduler_held_ordering_ids",
+                             "ordering ids whose due task a pause holds", **kw)
 
     def persisted(self, count: int = 1) -> None:
         self._persisted.inc(count)
@@ -98,6 +103,9 @@ class PrometheusMetrics(Metrics):
         self._loaded.set(loaded)
         self._in_flight.set(in_flight)
         self._partitions.set(partitions)
+
+    def held(self, ordering_ids: int) -> None:
+        self._held.set(ordering_ids)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> PrometheusMetrics:

@@ -112,6 +112,7 @@ class SchedulerTesting:
             # released and stored within run_due(), on this thread
             release_ahead_seconds=0, finish_linger_seconds=0),
             clock=clock)
+        self.engine.pauses.every_ms = 0  # a pause or resume holds from the next step on
         self._ingest = Ingest(self._reader, store, self.engine, self._dead_letters,
                               task_log.partitions, allowed=lambda name: name in app.tasks,
                               clock=clock)

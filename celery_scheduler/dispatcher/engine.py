@@ -9,7 +9,8 @@ ingest loop, outcomes reported by workers) on a queue, and in between:
    dispatcher holds its lease, so the tasks of a partition reach the engine that releases
    from it);
 2. loads each leased partition's schedule forward (bounded, see ``loader``);
-3. releases due tasks, at most one in flight per ordering id, to Celery;
+3. releases due tasks, at most one in flight per ordering id, to Celery, but none that the
+   operators' pauses hold (read every few seconds, see ``pausing``);
 4. acts on outcomes, read from the outcomes topic: success finishes the key and frees its
    ordering id; failure retries with jittered exponential backoff or, after the last
    attempt, fails (or blocks) it; a task whose outcome does not arrive before its lease
@@ -41,6 +42,7 @@ from celery_scheduler.dispatcher.loader import PartitionLoader
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Switching, Watch, Window
+from celery_scheduler.dispatcher.pausing import PauseWatch
 from celery_scheduler.dispatcher.releasing import Releaser
 from celery_scheduler.dispatcher.settling import Settler
 from celery_scheduler.dispatcher.state import (
@@ -99,6 +101,9 @@ class Engine:
         self._monotonic = monotonic
         self._rng = rng or random.Random()
         self.timetable = Timetable()
+        # the operators' pauses, read every few seconds; everything is held until first read
+        self.pauses = PauseWatch(store, monotonic=monotonic)
+        self.timetable.hold_by(self.pauses.held)
         # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
         self.claims = Claims()
         self.metrics = metrics or Metrics()
@@ -264,6 +269,8 @@ class Engine:
         watch = self._watch
         self._drain_events(self._wait_seconds())
         self.cancels.confirm()
+        if self.pauses.refresh(self.clock()):
+            self.timetable.hold_by(self.pauses.held)
         watch.lap("events")
         # Tasks already loaded and due go first: recording successes, lease upkeep and
         # schedule reads are store round trips that would otherwise stand between a due time
@@ -293,6 +300,7 @@ class Engine:
         watch.lap("release")
         self.metrics.state(len(self.timetable), self.timetable.in_flight_count(),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
+        self.metrics.held(self.timetable.held_count())
         watch.step_done(self)
 
     def _wait_seconds(self) -> float:

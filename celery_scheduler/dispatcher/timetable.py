@@ -4,6 +4,8 @@ Only a bounded window of the schedule is ever here (the loader decides what). Th
 enforces the ordering rule: per ordering id, the head task (earliest scheduled time) is
 released only when nothing of that ordering id is in flight, so tasks of one ordering id
 never overlap and run in schedule order, while any number of ordering ids run side by side.
+A head the operators' pauses hold (:attr:`Timetable.held`) is not taken: its ordering id
+waits, in order, until :meth:`Timetable.hold_by` lifts the pause.
 It does no I/O and is used from a single thread.
 """
 
@@ -15,6 +17,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from celery_scheduler.dispatcher.pausing import NOTHING, Held
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import RunTimes, StoredTask
@@ -103,6 +106,10 @@ class Timetable:
         # it was loaded), so that awaiting() need not look at every loaded task; those whose
         # lease was cleared since leave it when it is next read.
         self._leased: dict[TaskKey, Loaded] = {}
+        # What the operators' pauses hold, and the ordering ids whose head they held: out of
+        # the heap until hold_by() changes what is held.
+        self.held: Held = NOTHING
+        self._held_ids: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -192,6 +199,9 @@ class Timetable:
                 continue
             if head.due_ms != due_ms:  # stale entry; the current one is in the heap as well
                 continue
+            if self.held and self.held.holds(head.envelope.task, ordering_id):
+                self._held_ids.add(ordering_id)
+                continue
             if due_ms > now_ms and head.awaiting_outcome:
                 heapq.heappush(self._parked, entry)
                 continue
@@ -202,6 +212,20 @@ class Timetable:
             if limit is not None and len(released) >= limit:
                 break
         return released
+
+    def hold_by(self, held: Held) -> None:
+        """From now on, hold what *held* holds; the heads held so far are looked at again
+        (in due order, as ever: those still held are held again when taken)."""
+        self.held = held
+        released, self._held_ids = self._held_ids, set()
+        for ordering_id in released:
+            queue = self._queues.get(ordering_id)
+            if queue is not None:
+                self._schedule(ordering_id, queue)
+
+    def held_count(self) -> int:
+        """How many ordering ids a pause holds (their head was due and held)."""
+        return len(self._held_ids)
 
     def next_due_ms(self) -> int | None:
         """The earliest due time of a releasable head (may be stale-early, never late)."""
@@ -282,6 +306,7 @@ class Timetable:
             queue = self._queues.pop(ordering_id)
             if queue.in_flight is not None:
                 self._in_flight -= 1
+            self._held_ids.discard(ordering_id)
             for _, task in queue.tasks:
                 del self._by_key[task.key]
                 self._leased.pop(task.key, None)

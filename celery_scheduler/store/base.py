@@ -27,6 +27,8 @@ from celery_scheduler.store.records import (
     EntryChange,
     Lease,
     Operation,
+    Pause,
+    PauseScope,
     Put,
     Retry,
     RunTimes,
@@ -40,9 +42,9 @@ from celery_scheduler.store.records import (
 )
 
 __all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "LeaseTable", "Operation", "OperatorReads",
-           "PeriodicLog", "Put", "ReleaseLedger", "Retry", "RunTimes", "ScheduleStore", "State",
-           "StatusReads", "StoredTask", "TaskStatus", "TaskWriter", "bucket_of", "droppable",
-           "settled_state", "write_bucket"]
+           "Pause", "PauseScope", "PauseTable", "PeriodicLog", "Put", "ReleaseLedger", "Retry",
+           "RunTimes", "ScheduleStore", "State", "StatusReads", "StoredTask", "TaskStatus",
+           "TaskWriter", "bucket_of", "droppable", "settled_state", "write_bucket"]
 
 
 class StatusReads(abc.ABC):
@@ -292,7 +294,24 @@ class PeriodicLog(abc.ABC):
         """The entry is beat_schedule's again (or gone, if it was added at run time)."""
 
 
-class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, PeriodicLog):
+class PauseTable(abc.ABC):
+    """The operators' pauses (see :mod:`celery_scheduler.pauses`): few, read by every
+    dispatcher every few seconds, written by operators."""
+
+    @abc.abstractmethod
+    def pauses(self) -> list[Pause]:
+        """Every pause in force."""
+
+    @abc.abstractmethod
+    def put_pause(self, pause: Pause) -> None:
+        """Keep *pause* (it replaces one of the same scope and value)."""
+
+    @abc.abstractmethod
+    def drop_pause(self, scope: PauseScope, value: str) -> None:
+        """Forget the pause of *scope* and *value*, if there is one."""
+
+
+class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, PeriodicLog, PauseTable):
     """Persists pending tasks by (partition, time), task status by key, and partition leases."""
 
     bucket_seconds: int

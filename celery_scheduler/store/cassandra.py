@@ -34,6 +34,7 @@ from celery_scheduler.store.base import (
     TaskStatus,
 )
 from celery_scheduler.store.cassandra_leases import PartitionLeases
+from celery_scheduler.store.cassandra_pauses import Pauses
 from celery_scheduler.store.cassandra_periodic import PeriodicEntries
 from celery_scheduler.store.cassandra_views import OperatorViews
 from celery_scheduler.store.cql import (
@@ -62,7 +63,7 @@ logger = logging.getLogger(__name__)
 STATUSES_A_REQUEST = 100
 
 
-class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, ScheduleStore):
+class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pauses, ScheduleStore):
     """Pending tasks and task status in one Cassandra keyspace."""
 
     def __init__(self, contact_points: Sequence[str], keyspace: str, *, port: int = 9042,

@@ -38,6 +38,7 @@ from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.schema import (
     LEASES_TABLE,
     OLD_STATUS_TABLE,
+    PAUSES_TABLE,
     check_identifier,
     keyspace_statements,
 )
@@ -307,14 +308,15 @@ class CqlSession:
                 f"the scheduler's Cassandra keyspace {self.keyspace!r} keeps task statuses in "
                 f"{OLD_STATUS_TABLE!r}, as earlier versions did; stop the dispatchers and run "
                 "`celery -A <your app> scheduler init`, which moves them to 'key_status'")
-        with translate_errors("read the schema"):
-            leases = self._has_table(LEASES_TABLE)
-        if not leases:
-            raise SchemaMissingError(
-                f"the scheduler's Cassandra keyspace {self.keyspace!r} has no {LEASES_TABLE!r} "
-                "table, where this version keeps partition leases; run "
-                "`celery -A <your app> scheduler init` to add it (dispatchers of the earlier "
-                "version may keep running meanwhile)")
+        for table, kept in ((LEASES_TABLE, "partition leases"), (PAUSES_TABLE, "operators' pauses")):
+            with translate_errors("read the schema"):
+                present = self._has_table(table)
+            if not present:
+                raise SchemaMissingError(
+                    f"the scheduler's Cassandra keyspace {self.keyspace!r} has no {table!r} "
+                    f"table, where this version keeps {kept}; run "
+                    "`celery -A <your app> scheduler init` to add it (dispatchers of the earlier "
+                    "version may keep running meanwhile)")
         if not self._has_column("key_status", "outcome_generation"):
             raise SchemaMissingError(
                 f"the scheduler's Cassandra keyspace {self.keyspace!r} has no "

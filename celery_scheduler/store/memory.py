@@ -14,6 +14,8 @@ from celery_scheduler.store.base import (
     Cursor,
     EntryChange,
     Lease,
+    Pause,
+    PauseScope,
     RunTimes,
     ScheduleStore,
     State,
@@ -47,6 +49,7 @@ class MemoryScheduleStore(ScheduleStore):
         # partition -> periodic entry -> its latest occurrence fired
         self._fired: dict[int, dict[str, int]] = {}
         self._changes: dict[str, EntryChange] = {}  # periodic entries changed at run time
+        self._pauses: dict[tuple[PauseScope, str], Pause] = {}
         self._lock = threading.Lock()
 
     def create_schema(self, status_shards: int | None = None) -> int:
@@ -54,9 +57,10 @@ class MemoryScheduleStore(ScheduleStore):
 
     def drop_schema(self) -> bool:
         with self._lock:
-            held = bool(self._rows or self._status or self._leases or self._fired or self._changes)
+            held = bool(self._rows or self._status or self._leases or self._fired or self._changes
+                        or self._pauses)
             for table in (self._rows, self._index, self._status, self._leases, self._remnants,
-                          self._kept, self._fired, self._changes):
+                          self._kept, self._fired, self._changes, self._pauses):
                 table.clear()
         return held
 
@@ -79,6 +83,18 @@ class MemoryScheduleStore(ScheduleStore):
     def forget_entry_change(self, name: str) -> None:
         with self._lock:
             self._changes.pop(name, None)
+
+    def pauses(self) -> list[Pause]:
+        with self._lock:
+            return list(self._pauses.values())
+
+    def put_pause(self, pause: Pause) -> None:
+        with self._lock:
+            self._pauses[(pause.scope, pause.value)] = pause
+
+    def drop_pause(self, scope: PauseScope, value: str) -> None:
+        with self._lock:
+            self._pauses.pop((scope, value), None)
 
     def _set_row(self, task: StoredTask) -> None:
         self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task

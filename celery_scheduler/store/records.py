@@ -18,8 +18,9 @@ from typing import NamedTuple
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
-__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "Operation", "Put", "Retry", "RunTimes", "State",
-           "StoredTask", "TaskStatus", "bucket_of", "droppable", "settled_state", "write_bucket"]
+__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "Operation", "Pause", "PauseScope", "Put", "Retry",
+           "RunTimes", "State", "StoredTask", "TaskStatus", "bucket_of", "droppable", "settled_state",
+           "write_bucket"]
 
 
 class State(str, enum.Enum):
@@ -123,6 +124,30 @@ class EntryChange:
     definition: str | None = None  # the entry as JSON, added or replacing beat_schedule's
     resumed_ms: int = 0  # when it was last resumed: no occurrence before fires
     updated_ms: int = 0
+
+
+class PauseScope(str, enum.Enum):
+    """What one pause holds back: the tasks of one name, one ordering id, or everything."""
+
+    TASK = "task"
+    ORDERING_ID = "ordering_id"
+    ALL = "all"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """An operator's pause (see :mod:`celery_scheduler.pauses`): while it is kept, nothing it
+    holds is released. *value* is the task name or the ordering id ("" for everything)."""
+
+    scope: PauseScope
+    value: str
+    paused_ms: int
+    by: str = ""  # who paused it, as the operator's tool names them
+    reason: str = ""
+
+    @property
+    def label(self) -> str:
+        return "everything" if self.scope is PauseScope.ALL else f"{self.scope.value} {self.value!r}"
 
 
 @dataclass(frozen=True)

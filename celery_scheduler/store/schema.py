@@ -18,6 +18,7 @@ from typing import Any
 from celery_scheduler.errors import ConfigurationError
 
 __all__ = ["CHANGES_TABLE", "FIRED_TABLE", "LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE",
+           "PAUSES_TABLE",
            "STATUS_COLUMNS",
            "check_identifier", "keyspace_statements"]
 
@@ -36,6 +37,8 @@ OLD_LEASE_TABLE = "partition_lease"
 FIRED_TABLE = "periodic_fired"
 # The periodic entries changed at run time (paused, deleted, added): few, in one partition.
 CHANGES_TABLE = "periodic_changes"
+# The operators' pauses: few, in one partition.
+PAUSES_TABLE = "pauses"
 # The columns of a status besides its key, as both tables name them (the old table may
 # lack the last four, added to it after its first version).
 STATUS_COLUMNS = ("state", "task", "partition", "bucket", "attempts", "last_error", "outcome",
@@ -159,6 +162,16 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             resumed_at timestamp,
             updated_at timestamp,
             PRIMARY KEY (ring, entry)
+        )""",
+        # the operators' pauses; the ring is always 0 (see PAUSES_TABLE)
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{PAUSES_TABLE} (
+            ring int,
+            scope text,
+            value text,
+            paused_at timestamp,
+            paused_by text,
+            reason text,
+            PRIMARY KEY (ring, scope, value)
         )""",
         # the leases of earlier versions, each retired by the first dispatcher of this
         # version that leases its partition (see OLD_LEASE_TABLE)

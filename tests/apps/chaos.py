@@ -61,6 +61,8 @@ MUTANTS = {
     "overlap-skips-all": "periodic_skipped_wrongly",
     # an allow_all entry's occurrences under the entry's one ordering id: each waits
     "allow-all-serial": "periodic_allow_all_waited",
+    # the operators' pauses read and ignored: what they pause is released all the same
+    "ignore-pauses": "released_while_paused",
 }
 MUTANT_COMMIT_FIRST = "commit-before-persist"
 
@@ -278,13 +280,24 @@ def _allow_all_serial() -> None:
     periodic.ordering_id_of = lambda entry, occurrence_ms, partition_of: entry.ordering_id  # type: ignore[assignment]
 
 
+def _ignore_pauses() -> None:
+    from celery_scheduler.dispatcher import pausing
+
+    def refresh(self: pausing.PauseWatch, now_ms: int) -> bool:
+        changed = self.held != pausing.NOTHING
+        self.held = pausing.NOTHING
+        return changed
+
+    pausing.PauseWatch.refresh = refresh  # type: ignore[method-assign]
+
+
 _BREAK = {"commit-before-persist": _commit_first, "ignore-cancels": _ignore_cancels,
           "release-early": _release_early, "release-two-at-once": _release_two_at_once,
           "release-out-of-order": _release_out_of_order,
           "skip-missed-occurrences": _skip_missed_occurrences,
           "periodic-made-up-keys": _periodic_made_up_keys,
           "overlap-ignored": _overlap_ignored, "overlap-skips-all": _overlap_skips_all,
-          "allow-all-serial": _allow_all_serial}
+          "allow-all-serial": _allow_all_serial, "ignore-pauses": _ignore_pauses}
 # Patched in this module, which only harness processes import; the package is untouched.
 # Several mutants, comma-separated, break the dispatcher in each of their ways.
 for _mutant in os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT", "").split(","):

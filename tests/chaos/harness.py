@@ -228,6 +228,10 @@ class Options:
     # how far ahead the dispatchers write their occurrences (scheduler_periodic_ahead_seconds);
     # None: the package's default
     periodic_ahead: float | None = None
+    # Operators' pauses: every pause_gap seconds (about), pause_ids ordering ids are paused
+    # for PAUSE_HOLD seconds, then resumed; None: no pauses
+    pause_gap: float | None = None
+    pause_ids: int = 1
 
 
 # One periodic entry in each of the six partitions (their names hash there), every 2 or 3 s:
@@ -286,6 +290,20 @@ class Fault:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+# How long an operator's pause holds its ordering ids (seconds, drawn in this span).
+PAUSE_HOLD = (10.0, 20.0)
+
+
+@dataclass
+class OperatorPause:
+    """Ordering ids an operator paused: every pause call had returned at *paused*, and the
+    first resume call was made at *resumed* (epoch seconds)."""
+
+    ordering_ids: list[str]
+    paused: float
+    resumed: float = 0.0
+
+
 @dataclass
 class RunFacts:
     """Everything the verifier needs, and nothing it has to trust the scheduler for."""
@@ -304,6 +322,7 @@ class RunFacts:
     # what the run ran under: leases, consistency, replication, durability of each service
     conditions: dict[str, str] = field(default_factory=dict)
     release_ahead_ms: int = 500  # a release is marked no earlier than its due time less this
+    pauses: list[OperatorPause] = field(default_factory=list)
 
 
 def plan_tasks(options: Options, rng: random.Random) -> list[Task]:
@@ -439,6 +458,7 @@ class Run:
         self._next_restart = 0.0  # a process that keeps exiting is restarted every 5 s at most
         self.lane_errors: list[str] = []
         self._retries: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.pauses: list[OperatorPause] = []
 
     # --- processes --------------------------------------------------------------------
 
@@ -578,6 +598,53 @@ class Run:
             self.faults.append(fault)
             self.say(f"   fault: {kind} on {fault.target} over after "
                      f"{fault.restore - fault.inject:.1f}s {fault.detail or ''}")
+
+    # --- operators' pauses -------------------------------------------------------------
+
+    def _pauser(self, until: float) -> None:
+        """Until *until*: wait about pause_gap, pause pause_ids ordering ids for PAUSE_HOLD,
+        resume them. A pause call that raised (Cassandra away) is resumed at once; a resume
+        that raised is made again until it works, or what it holds would never run."""
+        from celery_scheduler import pauses
+        from celery_scheduler.errors import SchedulerError
+        from tests.apps import chaos
+
+        rng = random.Random(self.options.seed * 104729 + 3)
+        names = sorted({t.ordering_id for t in self.tasks})
+        gap = self.options.pause_gap or 0.0
+        while not self._stop.wait(rng.uniform(gap / 2, gap * 1.5)) and time.time() < until:
+            chosen = rng.sample(names, min(self.options.pause_ids, len(names)))
+            try:
+                for name in chosen:
+                    pauses.pause(chaos.app, ordering_id=name, reason="chaos", by="chaos")
+                held: OperatorPause | None = OperatorPause(chosen, time.time())
+                self.say(f"   pause: {len(chosen)} ordering id(s), e.g. {chosen[0]}")
+            except SchedulerError as exc:
+                held = None
+                self.say(f"   pause: failed ({exc}); resuming what it paused")
+            if held is not None:
+                self._stop.wait(rng.uniform(*PAUSE_HOLD))
+                held.resumed = time.time()
+                self.pauses.append(held)
+            self._resume(chosen)
+        self.say(f"   pauses: {len(self.pauses)} made")
+
+    def _resume(self, names: list[str]) -> None:
+        from celery_scheduler import pauses
+        from celery_scheduler.errors import PauseError, SchedulerError
+        from tests.apps import chaos
+
+        for name in names:
+            for _ in range(600):
+                try:
+                    pauses.resume(chaos.app, ordering_id=name)
+                    break
+                except PauseError:  # never paused (its pause call raised first)
+                    break
+                except SchedulerError:
+                    time.sleep(1.0)
+            else:
+                self.lane_errors.append(f"resume of {name}: failed for 10 minutes")
 
     # --- workload ---------------------------------------------------------------------
 
@@ -795,6 +862,8 @@ class Run:
                    threading.Thread(target=self._resolve, args=(handles,), name="resolve"),
                    threading.Thread(target=self._retry, name="retry")]
         threads += [threading.Thread(target=self._lane, args=(lane,), name="lane") for lane in self.lanes]
+        if o.pause_gap:
+            threads.append(threading.Thread(target=self._pauser, args=(started + window,), name="pauser"))
         self._threads = threads
         for thread in threads:
             thread.start()
@@ -827,7 +896,7 @@ class Run:
         return RunFacts(self.options, self.tasks, self.faults, self.executions.events,
                         self.killed_workers, self.unexpected + self.lane_errors, started,
                         produced_until, time.time(), drained, str(self.run_dir),
-                        self.conditions(), self._release_ahead_ms())
+                        self.conditions(), self._release_ahead_ms(), self.pauses)
 
     def _waiting(self, store: Any) -> list[Task]:
         """Accepted tasks that have not started and must: not those whose cancel was
@@ -878,5 +947,6 @@ def load_facts(path: Path) -> RunFacts:
     options["periodic"] = tuple(PeriodicEntry(*entry) for entry in options.get("periodic", ()))
     return RunFacts(options=Options(**options), tasks=[Task(**t) for t in data.pop("tasks")],
                     faults=[Fault(**f) for f in data.pop("faults")],
+                    pauses=[OperatorPause(**p) for p in data.pop("pauses", [])],
                     killed_workers={int(pid): at for pid, at in data.pop("killed_workers").items()},
                     **data)

@@ -7,7 +7,7 @@ import platform
 from collections import Counter
 
 from tests.apps.chaos import MUTANTS
-from tests.chaos.harness import PAUSE_SECONDS, PeriodicEntry, RunFacts
+from tests.chaos.harness import PAUSE_HOLD, PAUSE_SECONDS, PeriodicEntry, RunFacts
 from tests.chaos.verify import WINDOW_AFTER, Verdict, unexpected_exits
 from tests.chaos.verify import __doc__ as RULES
 
@@ -77,6 +77,9 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         f"of a dispatcher, SIGKILL + restart of a worker, SIGSTOP of a dispatcher for "
         f"{PAUSE_SECONDS:.0f} s then SIGCONT, while Kafka and Cassandra are up), Cassandra "
         f"restarts, and Kafka or {broker} restarts (`scripts/services down` + `up`);",
+        *([f"- operators' pauses (`celery_scheduler.pauses`): about every {o.pause_gap:g} s, "
+           f"{o.pause_ids} ordering id(s) paused for {PAUSE_HOLD[0]:g}-{PAUSE_HOLD[1]:g} s, then "
+           "resumed;"] if o.pause_gap else []),
         *([f"- periodic entries fired by the dispatchers (`scheduler_periodic`), each an "
            f"interval: {', '.join(_entry(PeriodicEntry(*e)) for e in o.periodic)};"]
           if o.periodic else []),
@@ -127,6 +130,10 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
            f"| ... allow_all occurrences late while every thread of the slow entries' worker was "
            f"busy (not judged) | {c.get('periodic_allow_all_worker_full', 0)} |"]
           if o.periodic else []),
+        *([f"| operators' pauses / keys they held (started once resumed) | "
+           f"{c['operator_pauses']} / {c['held_by_pauses']} |",
+           f"| **released while paused** | **{c['released_while_paused']}** |"]
+          if o.pause_gap else []),
         f"| workers that stopped their task by ending their process, no beat of it having reached "
         f"Kafka for its run lease (by design; restarted) | {c['lease_stops']} |",
         f"| dispatchers/workers that exited otherwise (restarted) or faults that failed | "

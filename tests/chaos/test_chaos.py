@@ -99,6 +99,9 @@ def test_quick_chaos_run_keeps_every_guarantee(broker: str, chaos_services: Path
     assert verdict.counts["order_violations"] == 0, violations
     assert verdict.counts["overlaps"] == 0, violations
     assert verdict.counts["cancelled_but_ran"] == 0, violations
+    # operators paused ordering ids meanwhile; nothing of them was released while paused
+    assert verdict.counts["operator_pauses"] > 0
+    assert verdict.counts["released_while_paused"] == 0, violations
     noisy = noisy_lines(tmp_path)
     print(f"WARNING-or-above lines per dispatcher log: {noisy}")
     assert noisy and max(noisy.values()) <= NOISY_LINES_PER_DISPATCHER, noisy
@@ -141,7 +144,10 @@ BROKEN = Options(tasks=200, ordering_ids=20, kinds=(), produce_seconds=10.0, dra
 # that release an ordering id's tasks wrongly run apart, since either could break the
 # other's rule too.
 BROKEN_TOGETHER = ("ignore-cancels,periodic-made-up-keys,release-early,overlap-ignored,allow-all-serial",
-                   "release-out-of-order,overlap-skips-all", "release-two-at-once")
+                   "release-out-of-order,overlap-skips-all", "release-two-at-once,ignore-pauses")
+# The run of a dispatcher that ignores pauses pauses a quarter of its ordering ids at a time,
+# soon after it starts: each has a task due about every second while it is paused.
+BROKEN_PAUSES = {"pause_gap": 2.0, "pause_ids": 5}
 # An overlap policy is judged on occurrences due from 10 s after the start to 10 s before
 # the end of scheduling: 15 s holds one of the slow entries' long runs and the occurrences
 # after it, whatever the phase.
@@ -160,6 +166,8 @@ def test_the_chaos_run_catches_a_dispatcher_broken_on_purpose(
     options = replace(BROKEN, mutant=mutants)
     if "overlap" in mutants:
         options = replace(options, produce_seconds=OVERLAP_PRODUCE_SECONDS)
+    if "ignore-pauses" in mutants:
+        options = replace(options, **BROKEN_PAUSES)  # type: ignore[arg-type]
     verdict = run(options, chaos_services, tmp_path)
 
     failed = {name: verdict.counts[MUTANTS[name]] for name in mutants.split(",")}

@@ -51,6 +51,12 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   earlier occurrence clearly went on, **waited** for it, unless every thread of the worker
   that runs the slow entries was busy then (runs released again after an outage add to
   those that may go on at once): that one waited for a thread, and is counted apart.
+- **released while paused**: a key of an ordering id an operator paused started from a
+  release marked (the release's header says when) after every pause call had returned plus
+  5 s (dispatchers read the pauses every 2 s, and a step may take a few seconds between its
+  read and its marks) and before the first resume call. A key due while its ordering id was
+  paused, or up to 5 s after, that first started once the pause began was **held by a
+  pause**: its lateness is the operator's doing, and is reported apart from the others.
 - **lateness**: first start minus scheduled time (or minus the time of its accepted call,
   when that was made later: a call made again), over all keys that ran; "during faults"
   are keys due between a fault's injection and 5 s after its end; "quiet" the others. The
@@ -70,7 +76,14 @@ from typing import Any
 
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
-from tests.chaos.harness import PARTITIONS, SLOW_WORKER_THREADS, PeriodicEntry, RunFacts, Task
+from tests.chaos.harness import (
+    PARTITIONS,
+    SLOW_WORKER_THREADS,
+    OperatorPause,
+    PeriodicEntry,
+    RunFacts,
+    Task,
+)
 
 EARLY_TOLERANCE = 0.001
 PERIODIC_PREFIX = "periodic:"
@@ -87,6 +100,10 @@ WINDOW_AFTER = 5.0  # seconds after a fault's end that still count as "during" i
 # after the moment the log shows.
 OVERLAP_SLACK = 2.0
 SAMPLES = 10  # examples kept per kind of violation
+# A release marked this long after an operator's pause call returned must not be of a key
+# it pauses: dispatchers read the pauses every 2 s (celery_scheduler.dispatcher.pausing), and
+# a step's marks may come a few seconds after its read while the services are slow.
+PAUSE_READ_SECONDS = 5.0
 
 
 @dataclass
@@ -104,7 +121,8 @@ class Verdict:
 
     VIOLATIONS = ("lost", "early", "order_violations", "overlaps", "cancelled_but_ran",
                   "not_accepted_but_ran", "retried_ran_twice", "periodic_missed", "periodic_strays",
-                  "periodic_overlap_broken", "periodic_skipped_wrongly", "periodic_allow_all_waited")
+                  "periodic_overlap_broken", "periodic_skipped_wrongly", "periodic_allow_all_waited",
+                  "released_while_paused")
 
     @property
     def ok(self) -> bool:
@@ -283,6 +301,10 @@ def verify(facts: RunFacts) -> Verdict:
             verdict.flag("early", f"{key} started {task.at_ms / 1000 - started:.3f}s before "
                                   f"{task.at_ms / 1000:.3f}")
         lateness[key] = started - max(task.at_ms, task.call_ms) / 1000
+    held = _verify_pauses(verdict, facts.pauses, starts, first_start, tasks)
+    if held:
+        verdict.lateness["held by operators' pauses"] = percentiles(lateness[key] for key in held)
+        lateness = {key: late for key, late in lateness.items() if key not in held}
 
     # order of first starts, overlap of any runs, late duplicates
     by_ordering_id: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -359,6 +381,32 @@ def verify(facts: RunFacts) -> Verdict:
     verdict.counts["pauses_with_takeover"] = sum(
         1 for f in pauses if f.detail.get("partitions_taken_over", 0) > 0)
     return verdict
+
+
+def _verify_pauses(verdict: Verdict, pauses: list[OperatorPause],
+                   starts: dict[tuple[str, int], list[dict[str, Any]]],
+                   first_start: dict[tuple[str, int], float],
+                   tasks: dict[tuple[str, int], Task]) -> set[tuple[str, int]]:
+    """Flag the releases marked while a pause of their ordering id was in force; return the
+    keys a pause held (see the rules above)."""
+    verdict.counts["operator_pauses"] = len(pauses)
+    by_id: dict[str, list[OperatorPause]] = defaultdict(list)
+    for pause in pauses:
+        for ordering_id in pause.ordering_ids:
+            by_id[ordering_id].append(pause)
+    held: set[tuple[str, int]] = set()
+    for key, events in starts.items():
+        for pause in by_id.get(key[0], ()):
+            for event in events:
+                marked = event.get("m", 0) / 1000
+                if pause.paused + PAUSE_READ_SECONDS <= marked < pause.resumed:
+                    verdict.flag("released_while_paused",
+                                 f"{key}: released at {marked:.3f}, while paused from "
+                                 f"{pause.paused:.3f} to {pause.resumed:.3f}")
+            if first_start[key] >= pause.paused and tasks[key].at_ms / 1000 < pause.resumed + WINDOW_AFTER:
+                held.add(key)
+    verdict.counts["held_by_pauses"] = len(held)
+    return held
 
 
 def occurrence_ids(name: str, seconds: float, since: float, until: float,

@@ -30,7 +30,7 @@ from celery_scheduler.store.cassandra import CassandraScheduleStore
 from celery_scheduler.store.cassandra_leases import RETIRED_OWNER
 from celery_scheduler.store.cql import to_timestamp
 from celery_scheduler.store.memory import MemoryScheduleStore
-from celery_scheduler.store.records import EntryChange
+from celery_scheduler.store.records import EntryChange, Pause, PauseScope
 
 NOW = 1_893_456_000_000  # 2030-01-01T00:00:00Z
 B = bucket_of(NOW, 60)
@@ -397,6 +397,11 @@ def test_a_keyspace_of_an_earlier_version_gets_the_leases_table_and_its_old_leas
             store.check_schema()  # what a dispatcher does at start
         store.create_schema()  # `scheduler init` of this version
         store.check_schema()
+        store._session.execute(f"DROP TABLE {unique_name}.pauses")  # nor a pauses table
+        with pytest.raises(SchemaMissingError, match=r"'pauses'.*operators' pauses.*scheduler init"):
+            store.check_schema()
+        store.create_schema()
+        store.check_schema()
         old_leases = f"{unique_name}.partition_lease"
         store._session.execute(f"INSERT INTO {old_leases} (partition, owner, epoch, expires_at)"
                                " VALUES (5, 'old', 3, %s)", (to_timestamp(NOW + 10_000),))
@@ -607,3 +612,18 @@ def test_batches_stay_under_cassandras_batch_size_warning(
     finally:
         store._session.execute(f"DROP KEYSPACE IF EXISTS {unique_name}")
         store.close()
+
+
+def test_pauses_are_kept_replaced_by_scope_and_value_and_dropped(store: ScheduleStore) -> None:
+    assert store.pauses() == []
+    mail = Pause(PauseScope.TASK, "proj.mail", NOW, "ops@host", "smtp down")
+    customer = Pause(PauseScope.ORDERING_ID, "customer/42", NOW + 1)
+    everything = Pause(PauseScope.ALL, "", NOW + 2, "console")
+    for pause in (mail, customer, everything):
+        store.put_pause(pause)
+    again = replace(mail, reason="still down")
+    store.put_pause(again)
+    assert sorted(store.pauses(), key=lambda p: p.paused_ms) == [again, customer, everything]
+    store.drop_pause(PauseScope.ORDERING_ID, "customer/42")
+    store.drop_pause(PauseScope.ORDERING_ID, "never-paused")  # harmless
+    assert sorted(store.pauses(), key=lambda p: p.paused_ms) == [again, everything]

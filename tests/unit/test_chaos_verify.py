@@ -4,11 +4,12 @@ its guarantee is broken, and only then."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from tests.chaos.harness import Fault, Options, PeriodicEntry, RunFacts, Task
+from tests.chaos.harness import Fault, OperatorPause, Options, PeriodicEntry, RunFacts, Task
 from tests.chaos.verify import (
     Verdict,
     _judge_allow_all,
@@ -397,3 +398,31 @@ def test_a_worker_that_stopped_its_task_for_its_run_lease_is_told_from_an_unexpe
     # killed otherwise, or a dispatcher, or that line not the last: unexpected
     assert lease_stops([stopped.replace("-9", "1"), stopped.replace("slow periodic worker", "dispatcher"),
                         stopped + "[2026-12-06 04:33:49,000: INFO] later\n"]) == {}
+
+
+def paused_facts(marked: float, started: float) -> RunFacts:
+    """Ordering id a paused from 20 to 40; its key due at 22 released at *marked*."""
+    return replace(facts([task("a", 0, 22), task("b", 0, 25)],
+                         run("a", 0, started, started + 0.1, m=int((T0 + marked) * 1000))
+                         + run("b", 0, 25.001, 25.1, m=int((T0 + 25) * 1000))),
+                   pauses=[OperatorPause(["a"], T0 + 20, T0 + 40)])
+
+
+def test_a_key_released_while_its_ordering_id_was_paused_is_flagged() -> None:
+    verdict = verify(paused_facts(marked=30, started=30.01))
+    assert violations(verdict) == {"released_while_paused": 1}
+    assert verdict.examples["released_while_paused"][0].startswith("('a', 0): released at")
+
+
+@pytest.mark.parametrize("marked", [24.0, 40.0])  # within the pauses' read time, or resumed
+def test_a_key_released_before_the_pause_was_read_or_once_resumed_passes(marked: float) -> None:
+    verdict = verify(paused_facts(marked=marked, started=marked + 0.01))
+    assert verdict.ok, violations(verdict)
+    assert verdict.counts["operator_pauses"] == 1
+
+
+def test_a_key_held_by_a_pause_is_kept_out_of_the_lateness_figures() -> None:
+    verdict = verify(paused_facts(marked=40.0, started=40.01))
+    assert verdict.counts["held_by_pauses"] == 1
+    assert verdict.lateness["held by operators' pauses"]["max"] == pytest.approx(18.01, abs=1e-3)
+    assert verdict.lateness["overall"]["n"] == 1  # b's only
