@@ -31,7 +31,13 @@ from celery.local import PromiseProxy, Proxy
 import celery_scheduler.registry as registry
 from celery_scheduler.arguments import Binder, KeySource
 from celery_scheduler.batch import Call, ScheduledBatch, check_calls
-from celery_scheduler.calls import call_digest, check_options, check_retry, scheduled_ms_of
+from celery_scheduler.calls import (
+    call_digest,
+    check_options,
+    check_retry,
+    expiry_options,
+    scheduled_ms_of,
+)
 from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.config import Settings
 from celery_scheduler.envelope import (
@@ -256,6 +262,11 @@ class ScheduledTask(Generic[P, R]):
         ``soft_time_limit``, ``expires``, ``headers``, ``shadow``). With ``wait=False`` the
         call returns at once; ``handle.wait()`` or ``flush(app)`` waits for Kafka.
 
+        ``expires`` (seconds after *at*, a timedelta, or an aware datetime; the task's own
+        ``expires=`` by default) is a deadline: a task the dispatchers could not release by
+        then (they were down, or its ordering id was paused) is not run late but marked
+        ``expired``, and its ordering id moves on.
+
         >>> send_reminder.schedule(("customer-42",), {"reminder_kind": "x"},  # doctest: +SKIP
         ...                        countdown=60, queue="mail", wait=False)
         """
@@ -306,6 +317,9 @@ class ScheduledTask(Generic[P, R]):
             args, kwargs, ordering_id, uniqueness_key)
         if settings.opentelemetry:
             options = traced_options(options or {}, settings)
+        default_expires = (self._resolved or self.task).expires  # Celery's Task.expires
+        if default_expires is not None or (options and "expires" in options):
+            options = expiry_options(options, default_expires, scheduled_ms, self._timezone(app))
         return ScheduleEnvelope.checked(
             TaskKey(ordering, scheduled_ms, unique), self.name, encoded_args, encoded_kwargs,
             check_options(options) if options else {},

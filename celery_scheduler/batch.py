@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 from celery_scheduler.arguments import MAX_CHAR_BYTES, plain_kwargs_size, plain_size
-from celery_scheduler.calls import check_options, check_retry, scheduled_ms_of
+from celery_scheduler.calls import check_options, check_retry, expiry_options, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
 from celery_scheduler.errors import ScheduleError, ScheduleTimeError
@@ -136,6 +136,7 @@ class CheckedTask(Protocol):
     """What :func:`check_calls` reads of a scheduled task (``api.ScheduledTask``)."""
 
     name: str
+    task: Any  # Celery's task: its own expires= is the calls' default
     _retry: RetryPolicy | None
     # both keys of a call from its arguments, when the decorator gives both
     _keys_of: Callable[..., tuple[Any, Any]] | None
@@ -158,6 +159,8 @@ def check_calls(task: CheckedTask, calls: Iterable[Any], client: SchedulerClient
     grace = settings.grace_seconds
     if settings.opentelemetry:  # the batch's calls share the caller's trace context
         options = traced_options(options, settings)
+    # the calls share their options: expires in seconds after each one's time, not a datetime
+    options = expiry_options(options, task.task.expires, None) or {}
     encoder = ScheduleEncoder(task.name, check_options(options) if options else {},
                               retry or task._retry or settings.retry_policy,
                               settings.max_envelope_bytes)

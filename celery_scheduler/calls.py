@@ -15,7 +15,8 @@ from celery_scheduler.envelope import RetryPolicy, encode_arguments, option_prob
 from celery_scheduler.errors import NotSerializableError, ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import MAX_MS, TaskKey, check_key_part, to_epoch_ms
 
-__all__ = ["call_digest", "check_options", "check_retry", "scheduled_ms_of"]
+__all__ = ["call_digest", "check_options", "check_retry", "deadline_ms", "expiry_options",
+           "scheduled_ms_of"]
 
 
 def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -29,6 +30,42 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if "headers" in checked:
         checked["headers"] = encode_arguments((), checked["headers"])[1]
     return checked
+
+
+def expiry_options(options: Mapping[str, Any] | None, default: Any, scheduled_ms: int | None,
+                   timezone: dt.tzinfo = dt.timezone.utc) -> Mapping[str, Any] | None:
+    """*options* with ``expires`` (or, without one, the task's own *default*, Celery's
+    ``Task.expires``) as seconds after the scheduled time, which is how the task keeps it.
+
+    A number or a timedelta is that already; a datetime (a naive one in *timezone*, the
+    app's, as for ``at``) is made one when the call's *scheduled_ms* is known (a batch's
+    shared options take numbers only). A time before the scheduled time or a negative number
+    raise :class:`ScheduleTimeError`.
+    """
+    expires = options.get("expires") if options else None
+    if expires is None:
+        if default is None:
+            return options
+        expires = default
+    if isinstance(expires, dt.timedelta):
+        expires = expires.total_seconds()
+    elif isinstance(expires, dt.datetime) and scheduled_ms is not None:
+        seconds = (to_epoch_ms(expires, timezone) - scheduled_ms) / 1000
+        if seconds < 0:
+            raise ScheduleTimeError(
+                f"expires={expires.isoformat()} is {-seconds:g}s before the task's scheduled "
+                "time: it would expire before it is due; give a later time")
+        expires = seconds
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool) and expires < 0:
+        raise ScheduleTimeError(f"expires={expires!r} is negative: give the seconds after the "
+                                "scheduled time by which the task must have been released")
+    return {**(options or {}), "expires": expires}
+
+
+def deadline_ms(scheduled_ms: int, options: Mapping[str, Any]) -> int | None:
+    """When a task kept with *options* expires (epoch ms), or None if it never does."""
+    expires = options.get("expires")
+    return None if expires is None else scheduled_ms + int(expires * 1000)
 
 
 def check_retry(retry: Any) -> None:

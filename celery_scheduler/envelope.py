@@ -71,7 +71,9 @@ CELERY_OPTIONS: dict[str, tuple[type, ...]] = {
     "priority": (int,),
     "time_limit": (int, float),
     "soft_time_limit": (int, float),
-    "expires": (int, float),  # seconds after release
+    # Seconds after the scheduled time: the dispatcher expires a task it could not release by
+    # then (its status ``expired``), and Celery's worker one it receives later.
+    "expires": (int, float),
     "headers": (dict,),
     "shadow": (str,),
     # the Celery task id every run uses, instead of the one derived from the task key (the

@@ -110,6 +110,14 @@ class DurableEtaTask(_Task):
                 f"which cannot carry {', '.join(unsupported)}; call it without them, or send "
                 "it to Celery as usual with a delay under scheduler_eta_threshold_seconds")
         chosen = {name: value for name, value in options.items() if name in CELERY_OPTIONS}
+        expires = chosen.get("expires", self.expires)
+        if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+            # Celery counts a number of seconds from the call; the scheduler keeps a deadline
+            # after the scheduled time: the same moment, made a time here
+            now = dt.datetime.fromtimestamp(get_client(self.app).clock() / 1000, dt.timezone.utc)
+            chosen["expires"] = now + dt.timedelta(seconds=expires)
+        elif expires is not None:
+            chosen["expires"] = expires
         if shadow is not None:
             chosen["shadow"] = shadow
         task_id = task_id or uuid()

@@ -155,7 +155,9 @@ def retry_problem(store: ScheduleStore, key: TaskKey) -> str | None:
         what = {State.PENDING: "it is pending and runs when due",
                 State.RELEASED: "it is running (released to Celery)",
                 State.SUCCEEDED: "it succeeded, and a finished key never runs again",
-                State.CANCELLED: "it was cancelled, and a cancel is final"}[status.state]
+                State.CANCELLED: "it was cancelled, and a cancel is final",
+                State.EXPIRED: "it expired (it could not be released by its expires= deadline), "
+                               "and an expired key never runs"}[status.state]
         return f"{key} is not failed: {what}"
     if store.task(key) is None and store.kept_envelope(key) is None:
         return (f"{key} failed before its task was kept for a retry (a dispatcher older than "

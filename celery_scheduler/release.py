@@ -91,13 +91,13 @@ def _release_options(envelope: ScheduleEnvelope, release: Release, now: dt.datet
     options.pop("task_id", None)  # sent as the task id
     headers = dict(options.pop("headers", None) or {})
     headers[HEADER] = release.header()
-    due = None
     if release.not_before_ms > now.timestamp() * 1000:
         # sent ahead of its due time: the worker holds it until then, as for Celery's own eta
-        due = options["eta"] = dt.datetime.fromtimestamp(release.not_before_ms / 1000, dt.timezone.utc)
+        options["eta"] = dt.datetime.fromtimestamp(release.not_before_ms / 1000, dt.timezone.utc)
     expires = options.pop("expires", None)
-    if expires is not None:
-        options["expires"] = (due or now) + dt.timedelta(seconds=expires)
+    if expires is not None:  # seconds after the scheduled time (see calls.expiry_options)
+        options["expires"] = dt.datetime.fromtimestamp(
+            (envelope.key.scheduled_ms + expires * 1000) / 1000, dt.timezone.utc)
     args, kwargs = _arguments(envelope)
     # JSON whatever the app's task_serializer says: the scheduler promises that nothing it
     # carries is ever pickled, from the schedule call to the worker.

@@ -2,7 +2,8 @@
 
 Tasks due (or within ``scheduler_release_ahead_seconds`` of it) are taken from the
 timetable as far as the flow-control window allows, at most one in flight per ordering id.
-Each is released only while its partition's lease is certain, once its partition's ingest
+A task past its deadline (its ``expires``) is marked expired instead, freeing its ordering
+id. Each is released only while its partition's lease is certain, once its partition's ingest
 has read every record acknowledged before it could first be marked (so that a cancel made
 before then wins), once an earlier release of it has been settled, and not while the ingest
 loop decides its key. The lot is marked released in one round trip (with the successes due
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from celery_scheduler.calls import deadline_ms
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import Leases
@@ -27,7 +29,7 @@ from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.errors import ReleaseNotSentError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
-from celery_scheduler.store.base import ScheduleStore
+from celery_scheduler.store.base import ScheduleStore, State
 from celery_scheduler.wire import Release
 
 __all__ = ["GATE_RETRY_MS", "Releaser"]
@@ -141,6 +143,7 @@ class Releaser:
         # ordering ids stay held until then, so none of them has a task among these.
         finishing = self.settler.succeeded_due()
         try:
+            ready = self._expire_late(ready, open_, now)
             if ready or finishing:
                 # Mark them all released (one round trip for the lot), and only then publish:
                 # a task another dispatcher could see as not released must not be running.
@@ -154,6 +157,26 @@ class Releaser:
             self.settler.succeeded_stored(finishing)
         if ready:
             self._send_marked(ready, open_, due, now)
+
+    def _expire_late(self, ready: list[Loaded], open_: dict[TaskKey, Loaded], now: int) -> list[Loaded]:
+        """*ready* less the tasks past their deadline (``expires``), which are marked expired
+        instead of released: each frees its ordering id, and none runs late."""
+        late = [task for task in ready if task.envelope.options and now > (
+            deadline_ms(task.key.scheduled_ms, task.envelope.options) or now)]
+        if not late:
+            return ready
+        self.store.finish_many([task.stored for task in late], State.EXPIRED, now,
+                               {task.key: task.run for task in late})
+        first = late[0]
+        logger.warning("%d task(s) expired before they could be released, first %s (due %.1fs "
+                       "ago, expires=%gs)", len(late), first.key,
+                       (now - first.key.scheduled_ms) / 1000, first.envelope.options["expires"])
+        for task in late:
+            del open_[task.key]
+            self.settler.drop(task.key)
+            self.metrics.finished("expired")
+        gone = {task.key for task in late}
+        return [task for task in ready if task.key not in gone]
 
     def _ingested_before(self, task: Loaded, now: int) -> bool:
         """Whether every record of *task*'s partition acknowledged before the task could

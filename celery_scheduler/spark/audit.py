@@ -22,8 +22,7 @@ from celery_scheduler.store.base import State
 __all__ = ["AuditResult", "audit"]
 
 # States that account for a scheduled key.
-ACCOUNTED = tuple(state.value for state in (State.PENDING, State.RELEASED, State.SUCCEEDED,
-                                            State.FAILED, State.CANCELLED))
+ACCOUNTED = tuple(state.value for state in State)
 
 
 @dataclass

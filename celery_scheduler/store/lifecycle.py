@@ -6,7 +6,9 @@ A key's life::
                           │  ^ ^                 │ │ └──give up──> failed          (final)
                           │  │ └──retry later────┘ └──block──> failed, row kept
                           │  └──retry (operator)── failed
-                          └──cancel──> cancelled                                     (final)
+                          ├──cancel──> cancelled                                     (final)
+                          └──expire──> expired   (not released by its deadline; also
+                                                  from released, once its lease ended) (final)
 
 The table :data:`TRANSITIONS` names each (state, event) that may happen and the state it
 leads to; anything else is refused. The functions below turn an event into a
@@ -66,9 +68,11 @@ class Event(enum.Enum):
     REPORT_SUCCESS = "report success"  # a worker's report of an attempt, read by the dispatcher later
     REPORT_FAILURE = "report failure"
     SETTLE = "settle"  # a row found without its task (a write that landed after the row went)
+    EXPIRE = "expire"  # not released by its deadline (expires=): skipped, its row gone
 
 
 P, R, S, F, C = State.PENDING, State.RELEASED, State.SUCCEEDED, State.FAILED, State.CANCELLED
+X = State.EXPIRED
 
 # (state before, event) -> state after. None before: a key the store never saw.
 TRANSITIONS: Mapping[tuple[State | None, Event], State] = {
@@ -91,8 +95,10 @@ TRANSITIONS: Mapping[tuple[State | None, Event], State] = {
     (R, Event.REPORT_FAILURE): R,  # the dispatcher decides what follows (retry later, give up)
     (P, Event.SETTLE): C,  # the row went with a cancel, a release marking landed after it
     (R, Event.SETTLE): C,  # ... or with a completion: succeeded if a worker reported so
+    (P, Event.EXPIRE): X,
+    (R, Event.EXPIRE): X,  # its release was never heard of, and its deadline has passed
 }
-FINAL = frozenset({S, C})  # nothing leaves these (failed leaves only by an operator's retry)
+FINAL = frozenset({S, C, X})  # nothing leaves these (failed leaves only by an operator's retry)
 
 
 def next_state(state: State | None, event: Event) -> State | None:
@@ -363,16 +369,18 @@ def retry_later(task: StoredTask, attempts: int, not_before_ms: int, error: str 
 
 def finished(task: StoredTask, state: State, error: str | None, current: TaskStatus | None,
              now_ms: int, run: RunTimes | None = None) -> Transition:
-    """*task* succeeded, or failed for good (its row goes; a failed one keeps its task for a
-    retry), with the times of its last attempt. Its last error is *error*, or the one
-    *current* (its status) holds."""
+    """*task* succeeded, failed for good, or expired (its row goes; a failed one keeps its
+    task for a retry), with the times of its last attempt. Its last error is *error*, or the
+    one *current* (its status) holds."""
     names: tuple[str, ...]
     if state is State.SUCCEEDED:
         event, names = Event.SUCCEED, FINISHED
     elif state is State.FAILED:
         event, names = Event.GIVE_UP, FINISHED_KEPT
+    elif state is State.EXPIRED:
+        event, names = Event.EXPIRE, FINISHED
     else:
-        raise ValueError(f"a task finishes succeeded or failed, not {state.value}")
+        raise ValueError(f"a task finishes succeeded, failed or expired, not {state.value}")
     last_error = error if error is not None else (current.last_error if current else None)
     released_ms, started_ms, finished_ms = run or RunTimes()
     values: tuple[object, ...] = (state, task.envelope.task, task.partition, task.bucket,

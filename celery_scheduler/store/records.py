@@ -31,11 +31,13 @@ class State(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # not released by its deadline (its ``expires``): skipped, and its ordering id moved on
+    EXPIRED = "expired"
 
     @property
     def finished(self) -> bool:
-        """A finished (succeeded or failed) key never runs again."""
-        return self in (State.SUCCEEDED, State.FAILED)
+        """A finished (succeeded, failed or expired) key never runs again."""
+        return self in (State.SUCCEEDED, State.FAILED, State.EXPIRED)
 
 
 @dataclass(frozen=True)

@@ -67,12 +67,23 @@ def test_a_paused_ordering_id_is_held_through_a_rebalance_and_a_kill_then_resume
 
 def test_a_dispatcher_started_while_everything_is_paused_releases_nothing_until_resumed(
         scheduler: Scheduler, schedule: Callable[..., Any]) -> None:
+    """... and a task whose deadline passed meanwhile expires instead of running late."""
     assert scheduler.cli("pause", "--all").returncode == 0
     scheduler.dispatcher()
     scheduler.worker()
     now = time.time()
     schedule.record.schedule_at(utc(now + 1), "any", 0, scheduled_for=now + 1)
+    expiring = schedule.record.schedule(("any", 1), {"scheduled_for": now + 1.5},
+                                        at=utc(now + 1.5), expires=2)
+    schedule.record.schedule_at(utc(now + 2), "any", 2, scheduled_for=now + 2)
     time.sleep(6)
     assert scheduler.starts() == []
     assert scheduler.cli("resume", "--all").returncode == 0
-    scheduler.wait_for_starts(1, timeout=30)
+    scheduler.wait_for_starts(2, timeout=30)
+    assert [s["seq"] for s in scheduler.starts()] == [0, 2]
+
+    def expired() -> bool:
+        status = expiring.status()
+        return status is not None and status.state.value == "expired"
+
+    wait_until(expired, 10, lambda: f"{expiring.key} expired: {expiring.status()}")

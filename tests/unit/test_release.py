@@ -22,11 +22,12 @@ class RecordingApp:
         self.sent.append((name, options))
 
 
-def released(options: dict[str, Any], args: list[Any] | None = None) -> dict[str, Any]:
+def released(options: dict[str, Any], args: list[Any] | None = None,
+             now: dt.datetime = NOW) -> dict[str, Any]:
     encoded_args, encoded_kwargs = encode_arguments(args or ["customer-42"], {"kind": "welcome"})
     envelope = ScheduleEnvelope(KEY, "proj.remind", encoded_args, encoded_kwargs, options)
     app = RecordingApp()
-    publish(app, envelope, Release(KEY, 3, 2, 7), now=NOW)
+    publish(app, envelope, Release(KEY, 3, 2, 7), now=now)
     [(name, sent)] = app.sent
     assert name == "proj.remind"
     return sent
@@ -60,8 +61,11 @@ def test_time_limits_are_the_users_own() -> None:
     assert released({"soft_time_limit": 900})["soft_time_limit"] == 900
 
 
-def test_expires_counts_from_the_release() -> None:
+def test_expires_counts_from_the_scheduled_time_whenever_the_release_goes() -> None:
+    # KEY is due at NOW: a late release carries the same deadline, which the worker keeps
     assert released({"expires": 30})["expires"] == NOW + dt.timedelta(seconds=30)
+    late = released({"expires": 30}, now=NOW + dt.timedelta(seconds=20))
+    assert late["expires"] == NOW + dt.timedelta(seconds=30)
 
 
 def test_tagged_arguments_arrive_as_objects() -> None:
