@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from celery_scheduler.audit import note
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import CancelEnvelope
 from celery_scheduler.errors import SelectionError
@@ -192,7 +193,8 @@ def _pages(store: ScheduleStore, partitions: int, selection: Selection, page: in
 
 def cancel_many(client: SchedulerClient, selection: Selection, *, dry_run: bool = False,
                 keep_keys: bool = False, page: int = PAGE,
-                progress: Callable[[BulkCancel], None] | None = None) -> BulkCancel:
+                progress: Callable[[BulkCancel], None] | None = None,
+                by: str | None = None) -> BulkCancel:
     """Cancel every pending key *selection* matches (a dry run only counts them).
 
     *keep_keys* keeps every key requested in the report, for :func:`settle` (about 200 bytes
@@ -202,7 +204,8 @@ def cancel_many(client: SchedulerClient, selection: Selection, *, dry_run: bool 
     read; *progress* is called after each page with the report so far. Raises
     :class:`~celery_scheduler.errors.TaskLogUnavailableError` if Kafka did not take a page:
     the keys whose cancel was acknowledged are counted in nothing then, and running the same
-    bulk cancel again is safe (a cancelled key is found cancelled).
+    bulk cancel again is safe (a cancelled key is found cancelled). The operators' log notes
+    a bulk cancel (not a dry run) once done, by *by*.
     """
     report = BulkCancel(selection, dry_run, keys=[] if keep_keys else None)
     store, partitions = client.store, client.task_log.partitions()
@@ -221,6 +224,10 @@ def cancel_many(client: SchedulerClient, selection: Selection, *, dry_run: bool 
         report.note("released", found.released)
         if progress is not None:
             progress(report)
+    if not dry_run:
+        note(client, "cancel-many", selection.describe(),
+             f"{report.requested} cancel(s) requested, {report.released} released already left "
+             "to run", by=by)
     return report
 
 

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from celery_scheduler.audit import note
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.config import Settings
-from celery_scheduler.envelope import RetryEnvelope, ScheduleEnvelope, decode
+from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope, decode
 from celery_scheduler.errors import EnvelopeDecodeError, NotRetryableError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.partitioner import partition_for
@@ -165,17 +166,26 @@ def retry_problem(store: ScheduleStore, key: TaskKey) -> str | None:
     return None
 
 
-def request_retry(client: SchedulerClient, key: TaskKey) -> None:
+def request_retry(client: SchedulerClient, key: TaskKey, by: str | None = None) -> None:
     """Ask the dispatchers to run the failed *key* once more; NotRetryableError if it cannot.
 
     The check reads the store; the retry itself is a record on the scheduler topic, applied
     by the dispatcher that owns the key's partition (see :meth:`ScheduleStore.retry`). A
-    blocked key's ordering id moves on once the retried attempt succeeds.
+    blocked key's ordering id moves on once the retried attempt succeeds. The operators' log
+    notes it, by *by*.
     """
     problem = retry_problem(client.store, key)
     if problem is not None:
         raise NotRetryableError(problem)
     client.publish(RetryEnvelope(key, client.clock()))
+    note(client, "retry", str(key), by=by)
+
+
+def request_cancel(client: SchedulerClient, key: TaskKey, by: str | None = None) -> None:
+    """An operator's cancel of *key* (it still runs if already released), noted in the
+    operators' log."""
+    client.publish(CancelEnvelope(key, client.clock()))
+    note(client, "cancel", str(key), by=by)
 
 
 def ordering_id_tasks(store: ScheduleStore, partitions: int, ordering_id: str,

@@ -26,10 +26,9 @@ an entry from firing at all).
 
 from __future__ import annotations
 
-import getpass
-import socket
 from typing import Any
 
+from celery_scheduler.audit import note, operator
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import PauseError
 from celery_scheduler.store.records import Pause, PauseScope
@@ -54,30 +53,25 @@ def scope_of(task: str | None = None, ordering_id: str | None = None,
     return scope, value
 
 
-def _operator() -> str:
-    try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
-    except (KeyError, OSError):  # no user name in a bare container
-        return socket.gethostname()
-
-
 def pause(app: Any, *, task: str | None = None, ordering_id: str | None = None,
           everything: bool = False, reason: str = "", by: str | None = None) -> Pause:
     """Hold back the releases of task *task*, of ordering id *ordering_id*, or of everything,
     until :func:`resume`. Pausing what is paused already keeps the first pause's time. *by*
-    (who pauses) defaults to this process's user and host."""
+    (who pauses) defaults to this process's user and host; the operators' log keeps it
+    (:mod:`celery_scheduler.audit`)."""
     scope, value = scope_of(task, ordering_id, everything)
     client = get_client(app)
     kept = {(p.scope, p.value): p for p in client.store.pauses()}
     earlier = kept.get((scope, value))
     held = Pause(scope, value, earlier.paused_ms if earlier else client.clock(),
-                 by if by is not None else _operator(), reason)
+                 by if by is not None else operator(), reason)
     client.store.put_pause(held)
+    note(client, "pause", held.label, reason, held.by)
     return held
 
 
 def resume(app: Any, *, task: str | None = None, ordering_id: str | None = None,
-           everything: bool = False) -> Pause:
+           everything: bool = False, by: str | None = None) -> Pause:
     """Lift the pause of *task*, *ordering_id* or everything; return it. :class:`PauseError`
     if there is none (the pauses in force are named in its message). What else is paused
     stays paused: resuming everything lifts only the pause of everything."""
@@ -90,6 +84,7 @@ def resume(app: Any, *, task: str | None = None, ordering_id: str | None = None,
         what = "everything is" if scope is PauseScope.ALL else f"{scope.value} {value!r} is"
         raise PauseError(f"{what} not paused (paused: {named})")
     client.store.drop_pause(scope, value)
+    note(client, "resume", lifted.label, by=by)
     return lifted
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery_scheduler import registry
+from celery_scheduler.audit import note
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import PeriodicEntryError
 from celery_scheduler.periodic import app_entries
@@ -51,19 +52,29 @@ def _change(app: Any, name: str, **fields: Any) -> EntryChange:
     return change
 
 
-def pause(app: Any, name: str) -> EntryChange:
+def _noted(app: Any, action: str, name: str, by: str | None) -> None:
+    note(get_client(app), f"periodic {action}", name, by=by)
+
+
+def pause(app: Any, name: str, by: str | None = None) -> EntryChange:
     """Entry *name* fires nothing until resumed (what falls due meanwhile is skipped)."""
-    return _change(app, name, paused=True)
+    change = _change(app, name, paused=True)
+    _noted(app, "pause", name, by)
+    return change
 
 
-def resume(app: Any, name: str) -> EntryChange:
+def resume(app: Any, name: str, by: str | None = None) -> EntryChange:
     """Entry *name* fires again, from its first occurrence after now."""
-    return _change(app, name, paused=False, resumed_ms=get_client(app).clock())
+    change = _change(app, name, paused=False, resumed_ms=get_client(app).clock())
+    _noted(app, "resume", name, by)
+    return change
 
 
-def delete(app: Any, name: str) -> EntryChange:
+def delete(app: Any, name: str, by: str | None = None) -> EntryChange:
     """Entry *name* never fires again, whatever beat_schedule says (until :func:`reset`)."""
-    return _change(app, name, deleted=True)
+    change = _change(app, name, deleted=True)
+    _noted(app, "delete", name, by)
+    return change
 
 
 def schedule_from_text(name: str, every: float | None = None, crontab: str | None = None,
@@ -107,7 +118,7 @@ def schedule_from_text(name: str, every: float | None = None, crontab: str | Non
     return every
 
 
-def add(app: Any, name: str, spec: Mapping[str, Any]) -> EntryChange:
+def add(app: Any, name: str, spec: Mapping[str, Any], by: str | None = None) -> EntryChange:
     """Add entry *name*, or replace its definition, with *spec* (a beat_schedule item whose
     schedule is a number of seconds, a timedelta, a crontab or a solar event). Its task must
     be a scheduled task (see :mod:`celery_scheduler.periodic_tasks`)."""
@@ -121,10 +132,11 @@ def add(app: Any, name: str, spec: Mapping[str, Any]) -> EntryChange:
     definition = definition_of(name, spec, known_tasks=scheduled, tz=app.timezone)
     change = EntryChange(name, definition=definition, updated_ms=client.clock())
     client.store.change_entry(change)
+    note(client, "periodic add", name, definition, by=by)
     return change
 
 
-def reset(app: Any, name: str) -> None:
+def reset(app: Any, name: str, by: str | None = None) -> None:
     """Forget what was changed of entry *name* at run time: it is beat_schedule's again, from
     its first occurrence after now (what fell due while it was paused or deleted does not
     run), or gone, if it was only added at run time."""
@@ -134,3 +146,4 @@ def reset(app: Any, name: str) -> None:
         client.store.change_entry(EntryChange(name, resumed_ms=now, updated_ms=now))
     else:
         client.store.forget_entry_change(name)
+    note(client, "periodic reset", name, by=by)

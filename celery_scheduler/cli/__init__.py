@@ -13,6 +13,7 @@
     celery -A proj scheduler cancel-many [--ordering-id ID] [--task NAME] [--from T] [--before T] [--dry-run]
     celery -A proj scheduler pause|resume --task NAME | --ordering-id ID | --all
     celery -A proj scheduler pauses                # the pauses in force
+    celery -A proj scheduler audit                 # the operators' log: who did what, when
     celery -A proj scheduler dead-letters list [--reason TEXT]
     celery -A proj scheduler dead-letters replay [--reason TEXT]
     celery -A proj scheduler periodic list|trigger|backfill   # beat_schedule's entries
@@ -22,7 +23,7 @@
 
 from __future__ import annotations
 
-from celery_scheduler.cli import bulk, jobs, operate, pausing, periodic  # noqa: F401  (their commands join the group)
+from celery_scheduler.cli import audit, bulk, jobs, operate, pausing, periodic  # noqa: F401  (their commands join the group)
 from celery_scheduler.cli.group import scheduler
 
 __all__ = ["scheduler"]

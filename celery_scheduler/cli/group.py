@@ -12,9 +12,7 @@ from typing import Any
 import click
 
 from celery_scheduler.client import get_client
-from celery_scheduler.clock import now_ms
 from celery_scheduler.config import get_settings
-from celery_scheduler.envelope import CancelEnvelope
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
 
@@ -90,8 +88,10 @@ def _key_command(function: Callable[[click.Context, TaskKey], None]) -> click.Co
 @_key_command
 def cancel(ctx: click.Context, key: TaskKey) -> None:
     """Cancel the pending task key (AT is ISO 8601, UTC if no offset is given)."""
+    from celery_scheduler.operations import request_cancel
+
     try:
-        get_client(_app(ctx)).publish(CancelEnvelope(key, now_ms()))
+        request_cancel(get_client(_app(ctx)), key)
     except SchedulerError as exc:
         _fail(exc)
     click.echo(f"{key}: cancel requested")

@@ -27,6 +27,7 @@ from celery_scheduler.store.records import (
     EntryChange,
     Lease,
     Operation,
+    OperatorAction,
     Pause,
     PauseScope,
     Put,
@@ -41,10 +42,10 @@ from celery_scheduler.store.records import (
     write_bucket,
 )
 
-__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "LeaseTable", "Operation", "OperatorReads",
-           "Pause", "PauseScope", "PauseTable", "PeriodicLog", "Put", "ReleaseLedger", "Retry",
-           "RunTimes", "ScheduleStore", "State", "StatusReads", "StoredTask", "TaskStatus",
-           "TaskWriter", "bucket_of", "droppable", "settled_state", "write_bucket"]
+__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "LeaseTable", "Operation", "OperatorAction",
+           "OperatorLog", "OperatorReads", "Pause", "PauseScope", "PauseTable", "PeriodicLog", "Put",
+           "ReleaseLedger", "Retry", "RunTimes", "ScheduleStore", "State", "StatusReads", "StoredTask",
+           "TaskStatus", "TaskWriter", "bucket_of", "droppable", "settled_state", "write_bucket"]
 
 
 class StatusReads(abc.ABC):
@@ -311,7 +312,21 @@ class PauseTable(abc.ABC):
         """Forget the pause of *scope* and *value*, if there is one."""
 
 
-class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, PeriodicLog, PauseTable):
+class OperatorLog(abc.ABC):
+    """The operators' log (see :mod:`celery_scheduler.audit`): appended to by operators'
+    tools, read newest first; each line kept for ``OPERATOR_LOG_DAYS``."""
+
+    @abc.abstractmethod
+    def note_action(self, action: OperatorAction) -> None:
+        """Append *action*."""
+
+    @abc.abstractmethod
+    def actions(self, limit: int, now_ms: int) -> list[OperatorAction]:
+        """The last *limit* actions, newest first."""
+
+
+class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, PeriodicLog, PauseTable,
+                    OperatorLog):
     """Persists pending tasks by (partition, time), task status by key, and partition leases."""
 
     bucket_seconds: int

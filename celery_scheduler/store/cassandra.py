@@ -33,6 +33,7 @@ from celery_scheduler.store.base import (
     StoredTask,
     TaskStatus,
 )
+from celery_scheduler.store.cassandra_audit import Audit
 from celery_scheduler.store.cassandra_leases import PartitionLeases
 from celery_scheduler.store.cassandra_pauses import Pauses
 from celery_scheduler.store.cassandra_periodic import PeriodicEntries
@@ -63,7 +64,8 @@ logger = logging.getLogger(__name__)
 STATUSES_A_REQUEST = 100
 
 
-class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pauses, ScheduleStore):
+class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pauses, Audit,
+                             ScheduleStore):
     """Pending tasks and task status in one Cassandra keyspace."""
 
     def __init__(self, contact_points: Sequence[str], keyspace: str, *, port: int = 9042,

@@ -38,6 +38,7 @@ from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.schema import (
     LEASES_TABLE,
     OLD_STATUS_TABLE,
+    OPERATOR_LOG_TABLE,
     PAUSES_TABLE,
     check_identifier,
     keyspace_statements,
@@ -308,7 +309,8 @@ class CqlSession:
                 f"the scheduler's Cassandra keyspace {self.keyspace!r} keeps task statuses in "
                 f"{OLD_STATUS_TABLE!r}, as earlier versions did; stop the dispatchers and run "
                 "`celery -A <your app> scheduler init`, which moves them to 'key_status'")
-        for table, kept in ((LEASES_TABLE, "partition leases"), (PAUSES_TABLE, "operators' pauses")):
+        for table, kept in ((LEASES_TABLE, "partition leases"), (PAUSES_TABLE, "operators' pauses"),
+                            (OPERATOR_LOG_TABLE, "the operators' log")):
             with translate_errors("read the schema"):
                 present = self._has_table(table)
             if not present:

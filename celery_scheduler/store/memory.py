@@ -14,6 +14,7 @@ from celery_scheduler.store.base import (
     Cursor,
     EntryChange,
     Lease,
+    OperatorAction,
     Pause,
     PauseScope,
     RunTimes,
@@ -50,6 +51,7 @@ class MemoryScheduleStore(ScheduleStore):
         self._fired: dict[int, dict[str, int]] = {}
         self._changes: dict[str, EntryChange] = {}  # periodic entries changed at run time
         self._pauses: dict[tuple[PauseScope, str], Pause] = {}
+        self._actions: list[OperatorAction] = []  # the operators' log, oldest first
         self._lock = threading.Lock()
 
     def create_schema(self, status_shards: int | None = None) -> int:
@@ -58,9 +60,9 @@ class MemoryScheduleStore(ScheduleStore):
     def drop_schema(self) -> bool:
         with self._lock:
             held = bool(self._rows or self._status or self._leases or self._fired or self._changes
-                        or self._pauses)
+                        or self._pauses or self._actions)
             for table in (self._rows, self._index, self._status, self._leases, self._remnants,
-                          self._kept, self._fired, self._changes, self._pauses):
+                          self._kept, self._fired, self._changes, self._pauses, self._actions):
                 table.clear()
         return held
 
@@ -95,6 +97,15 @@ class MemoryScheduleStore(ScheduleStore):
     def drop_pause(self, scope: PauseScope, value: str) -> None:
         with self._lock:
             self._pauses.pop((scope, value), None)
+
+    def note_action(self, action: OperatorAction) -> None:
+        with self._lock:
+            self._actions.append(action)
+
+    def actions(self, limit: int, now_ms: int) -> list[OperatorAction]:
+        with self._lock:
+            # newest first; of one millisecond, the last written first (as Cassandra's timeuuid)
+            return sorted(reversed(self._actions), key=lambda a: a.at_ms, reverse=True)[:limit]
 
     def _set_row(self, task: StoredTask) -> None:
         self._rows.setdefault((task.partition, task.bucket), {})[task.key] = task

@@ -18,7 +18,8 @@ from typing import NamedTuple
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
-__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "Operation", "Pause", "PauseScope", "Put", "Retry",
+__all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "Operation", "OperatorAction", "Pause", "PauseScope",
+           "Put", "Retry",
            "RunTimes", "State", "StoredTask", "TaskStatus", "bucket_of", "droppable", "settled_state",
            "write_bucket"]
 
@@ -150,6 +151,18 @@ class Pause:
     @property
     def label(self) -> str:
         return "everything" if self.scope is PauseScope.ALL else f"{self.scope.value} {self.value!r}"
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    """One line of the operators' log (see :mod:`celery_scheduler.audit`): who did what,
+    to what, when."""
+
+    at_ms: int
+    actor: str  # who, as their tool names them (user@host, "HTTP API from ...", "console")
+    action: str  # "pause", "resume", "cancel", "cancel-many", "retry", "periodic pause", ...
+    target: str  # what it acted on: a key, an ordering id, a task name, an entry, a selection
+    detail: str = ""  # its reason, or what it came to
 
 
 @dataclass(frozen=True)

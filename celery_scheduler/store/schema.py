@@ -18,7 +18,7 @@ from typing import Any
 from celery_scheduler.errors import ConfigurationError
 
 __all__ = ["CHANGES_TABLE", "FIRED_TABLE", "LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE",
-           "PAUSES_TABLE",
+           "OPERATOR_LOG_DAYS", "OPERATOR_LOG_TABLE", "PAUSES_TABLE",
            "STATUS_COLUMNS",
            "check_identifier", "keyspace_statements"]
 
@@ -39,6 +39,9 @@ FIRED_TABLE = "periodic_fired"
 CHANGES_TABLE = "periodic_changes"
 # The operators' pauses: few, in one partition.
 PAUSES_TABLE = "pauses"
+# The operators' log: a partition a month, newest first, each row kept this many days.
+OPERATOR_LOG_TABLE = "operator_log"
+OPERATOR_LOG_DAYS = 90
 # The columns of a status besides its key, as both tables name them (the old table may
 # lack the last four, added to it after its first version).
 STATUS_COLUMNS = ("state", "task", "partition", "bucket", "attempts", "last_error", "outcome",
@@ -163,6 +166,17 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             updated_at timestamp,
             PRIMARY KEY (ring, entry)
         )""",
+        # the operators' log, a partition a month (see store/cassandra_audit.py)
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{OPERATOR_LOG_TABLE} (
+            month int,
+            at timestamp,
+            id timeuuid,
+            actor text,
+            action text,
+            target text,
+            detail text,
+            PRIMARY KEY (month, at, id)
+        ) WITH CLUSTERING ORDER BY (at DESC, id DESC)""",
         # the operators' pauses; the ring is always 0 (see PAUSES_TABLE)
         f"""CREATE TABLE IF NOT EXISTS {ks}.{PAUSES_TABLE} (
             ring int,

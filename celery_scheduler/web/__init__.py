@@ -51,7 +51,7 @@ def _status(exc: SchedulerError) -> int:
 
 def create_app(celery_app: Any) -> FastAPI:
     """The ASGI application serving *celery_app*'s scheduler (its settings and tasks)."""
-    from celery_scheduler.web import api, bulk, pages, pause_pages, pausing
+    from celery_scheduler.web import api, audit, bulk, pages, pause_pages, pausing
     from celery_scheduler.web.paths import KeepSlashes
 
     web = FastAPI(title="celery_scheduler", version=__version__,
@@ -62,8 +62,10 @@ def create_app(celery_app: Any) -> FastAPI:
     web.include_router(api.router)
     web.include_router(bulk.router)
     web.include_router(pausing.router)
+    web.include_router(audit.router)
     web.include_router(pages.router)
     web.include_router(pause_pages.router)
+    web.include_router(audit.pages)
 
     @web.exception_handler(SchedulerError)
     def scheduler_error(request: Request, exc: SchedulerError) -> JSONResponse:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from celery_scheduler import periodic_admin
 from celery_scheduler.api import registered
 from celery_scheduler.client import SchedulerClient
-from celery_scheduler.envelope import CELERY_OPTIONS, CancelEnvelope
+from celery_scheduler.envelope import CELERY_OPTIONS
 from celery_scheduler.errors import PeriodicEntryError, ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
 from celery_scheduler.operations import (
@@ -29,6 +29,7 @@ from celery_scheduler.operations import (
     ordering_id_tasks,
     partitions,
     read_dead_letters,
+    request_cancel,
     request_retry,
     tasks_in_state,
 )
@@ -37,7 +38,7 @@ from celery_scheduler.periodic_views import entry_views
 from celery_scheduler.web.paths import KeyPart, segments
 from celery_scheduler.web.tokens import scope_of
 
-__all__ = ["ERRORS", "router"]
+__all__ = ["ERRORS", "actor", "router"]
 
 _bearer = HTTPBearer(auto_error=False, description="a token of scheduler_api_tokens")
 
@@ -56,6 +57,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": Problem, "description": "the request is not a valid call"},
     503: {"model": Problem, "description": "Kafka or Cassandra could not be reached"},
 }
+
+
+def actor(request: Request) -> str:
+    """Who an API request acts for, as the operators' log names them."""
+    return f"HTTP API from {request.client.host if request.client else 'unknown'}"
 
 
 def client(request: Request) -> SchedulerClient:
@@ -198,8 +204,7 @@ class CancelRequested(BaseModel):
 def cancel(ordering_id: OrderingId, at: At, unique: Unique, request: Request) -> CancelRequested:
     """Ask for a pending task not to run (it still runs if it was already released)."""
     key = task_key(ordering_id, at, unique)
-    scheduler = client(request)
-    scheduler.publish(CancelEnvelope(key, scheduler.clock()))
+    request_cancel(client(request), key, by=actor(request))
     return CancelRequested(key=str(key))
 
 
@@ -215,7 +220,7 @@ class RetryRequested(BaseModel):
 def retry(ordering_id: OrderingId, at: At, unique: Unique, request: Request) -> RetryRequested:
     """Run a failed task once more; a blocked ordering id moves on once it succeeds."""
     key = task_key(ordering_id, at, unique)
-    request_retry(client(request), key)
+    request_retry(client(request), key, by=actor(request))
     return RetryRequested(key=str(key))
 
 
@@ -384,17 +389,17 @@ def add_periodic_entry(name: str, entry: PeriodicEntryIn, request: Request) -> N
     periodic_admin.add(request.app.state.celery_app, name, {
         "task": entry.task, "schedule": schedule, "args": entry.args, "kwargs": entry.kwargs,
         "options": entry.options, "catch_up": entry.catch_up, "jitter": entry.jitter,
-        "overlap": entry.overlap})
+        "overlap": entry.overlap}, by=actor(request))
 
 
 @router.post("/periodic/{name}/{action}", status_code=204, dependencies=[Depends(writer)])
 def change_periodic_entry(name: str, action: Annotated[str, Path(pattern="^(pause|resume|reset)$")],
                           request: Request) -> None:
     """Pause, resume or reset (to beat_schedule's) entry *name*."""
-    getattr(periodic_admin, action)(request.app.state.celery_app, name)
+    getattr(periodic_admin, action)(request.app.state.celery_app, name, by=actor(request))
 
 
 @router.delete("/periodic/{name}", status_code=204, dependencies=[Depends(writer)])
 def delete_periodic_entry(name: str, request: Request) -> None:
     """Entry *name* never fires again, whatever beat_schedule says (until reset)."""
-    periodic_admin.delete(request.app.state.celery_app, name)
+    periodic_admin.delete(request.app.state.celery_app, name, by=actor(request))

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from celery_scheduler.bulk_cancel import Selection, cancel_many, settle
-from celery_scheduler.web.api import ERRORS, client, writer
+from celery_scheduler.web.api import ERRORS, actor, client, writer
 
 __all__ = ["router"]
 
@@ -54,7 +54,8 @@ def cancel_many_route(call: CancelManyRequest, request: Request) -> CancelManyOu
     progress as it goes."""
     scheduler = client(request)
     selection = Selection(call.ordering_id, call.task, _aware(call.due_from), _aware(call.due_before))
-    report = cancel_many(scheduler, selection, dry_run=call.dry_run, keep_keys=call.wait > 0)
+    report = cancel_many(scheduler, selection, dry_run=call.dry_run, keep_keys=call.wait > 0,
+                         by=actor(request))
     if call.wait > 0:
         settle(scheduler, report, call.wait)
     return CancelManyOut.model_validate(report.as_json())

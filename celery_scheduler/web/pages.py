@@ -20,7 +20,6 @@ from fastapi.templating import Jinja2Templates
 
 from celery_scheduler import periodic_admin
 from celery_scheduler.bulk_cancel import Selection, cancel_many
-from celery_scheduler.envelope import CancelEnvelope
 from celery_scheduler.errors import NotRetryableError, PeriodicEntryError, SchedulerError
 from celery_scheduler.operations import (
     describe_key,
@@ -28,6 +27,7 @@ from celery_scheduler.operations import (
     ordering_id_tasks,
     partitions,
     read_dead_letters,
+    request_cancel,
     request_retry,
     tasks_in_state,
     waiting_note,
@@ -180,7 +180,8 @@ def _cancel_many(ordering_id: str, request: Request, dry_run: bool) -> Response:
         return _message(request, title, "Cancelling needs a write token of scheduler_api_tokens.",
                         403)
     try:
-        report = cancel_many(client(request), Selection(ordering_id=ordering_id), dry_run=dry_run)
+        report = cancel_many(client(request), Selection(ordering_id=ordering_id), dry_run=dry_run,
+                             by="console")
     except SchedulerError as exc:
         return _message(request, title, str(exc), 503 if dry_run else 422)
     return _page(request, "cancel_many.html", title, report=report, summary=report.summary(),
@@ -216,7 +217,7 @@ def cancel_from_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Re
                                            "scheduler_api_tokens.", 403)
     scheduler = client(request)
     try:
-        scheduler.publish(CancelEnvelope(task_key(ordering_id, at, unique), scheduler.clock()))
+        request_cancel(scheduler, task_key(ordering_id, at, unique), by="console")
     except SchedulerError as exc:
         return _message(request, "Cancel", str(exc), 503)
     return RedirectResponse("/attention", status_code=303)
@@ -229,7 +230,7 @@ def retry_from_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Req
         return _message(request, "Retry", "Retrying needs a write token of "
                                           "scheduler_api_tokens.", 403)
     try:
-        request_retry(client(request), task_key(ordering_id, at, unique))
+        request_retry(client(request), task_key(ordering_id, at, unique), by="console")
     except NotRetryableError as exc:
         return _message(request, "Retry", str(exc), 409)
     except SchedulerError as exc:
@@ -281,7 +282,7 @@ def change_periodic_from_page(name: KeyPart, action: str, request: Request) -> R
         return _message(request, "Periodic entries", "Changing an entry needs a write token of "
                                                      "scheduler_api_tokens.", 403)
     try:
-        getattr(periodic_admin, action)(request.app.state.celery_app, name)
+        getattr(periodic_admin, action)(request.app.state.celery_app, name, by="console")
     except PeriodicEntryError as exc:
         return _message(request, "Periodic entries", str(exc), 404)
     except SchedulerError as exc:

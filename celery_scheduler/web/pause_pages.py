@@ -68,7 +68,7 @@ async def change_from_page(action: str, request: Request) -> Response:
                 by="console"))
         else:
             await run_in_threadpool(lambda: pauses.resume(
-                app, task=task, ordering_id=ordering_id, everything=everything))
+                app, task=task, ordering_id=ordering_id, everything=everything, by="console"))
     except PauseError as exc:
         return _message(request, TITLE, str(exc), 422)
     except SchedulerError as exc:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from celery_scheduler import pauses
 from celery_scheduler.store.records import Pause, PauseScope
-from celery_scheduler.web.api import ERRORS, reader, writer
+from celery_scheduler.web.api import ERRORS, actor, reader, writer
 
 __all__ = ["router"]
 
@@ -51,10 +51,6 @@ def _named(call: PauseIn) -> tuple[str | None, str | None, bool]:
     return (value, None, False) if scope is PauseScope.TASK else (None, value, False)
 
 
-def _by(request: Request) -> str:
-    return f"HTTP API from {request.client.host if request.client else 'unknown'}"
-
-
 @router.get("/pauses", response_model=list[PauseOut], dependencies=[Depends(reader)])
 def pauses_route(request: Request) -> list[PauseOut]:
     """The pauses in force, oldest first."""
@@ -67,7 +63,7 @@ def pause_route(call: PauseIn, request: Request) -> PauseOut:
     holds them within a few seconds, and nothing held is lost."""
     task, ordering_id, everything = _named(call)
     return _out(pauses.pause(request.app.state.celery_app, task=task, ordering_id=ordering_id,
-                             everything=everything, reason=call.reason, by=_by(request)))
+                             everything=everything, reason=call.reason, by=actor(request)))
 
 
 @router.post("/pauses/resume", response_model=PauseOut, dependencies=[Depends(writer)])
@@ -75,4 +71,4 @@ def resume_route(call: PauseIn, request: Request) -> PauseOut:
     """Lift a pause: what it held is released, in order. 422 if it is not paused."""
     task, ordering_id, everything = _named(call)
     return _out(pauses.resume(request.app.state.celery_app, task=task, ordering_id=ordering_id,
-                              everything=everything))
+                              everything=everything, by=actor(request)))

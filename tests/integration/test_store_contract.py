@@ -30,7 +30,7 @@ from celery_scheduler.store.cassandra import CassandraScheduleStore
 from celery_scheduler.store.cassandra_leases import RETIRED_OWNER
 from celery_scheduler.store.cql import to_timestamp
 from celery_scheduler.store.memory import MemoryScheduleStore
-from celery_scheduler.store.records import EntryChange, Pause, PauseScope
+from celery_scheduler.store.records import EntryChange, OperatorAction, Pause, PauseScope
 
 NOW = 1_893_456_000_000  # 2030-01-01T00:00:00Z
 B = bucket_of(NOW, 60)
@@ -627,3 +627,13 @@ def test_pauses_are_kept_replaced_by_scope_and_value_and_dropped(store: Schedule
     store.drop_pause(PauseScope.ORDERING_ID, "customer/42")
     store.drop_pause(PauseScope.ORDERING_ID, "never-paused")  # harmless
     assert sorted(store.pauses(), key=lambda p: p.paused_ms) == [again, everything]
+
+
+def test_the_operators_log_reads_newest_first_across_months(store: ScheduleStore) -> None:
+    assert store.actions(10, NOW) == []
+    last_month = OperatorAction(NOW - 3 * 24 * 3600 * 1000, "ops@host", "pause", "everything", "why")
+    lines = [last_month] + [OperatorAction(NOW + n, "console", "cancel", f"key-{n}") for n in range(3)]
+    for line in lines:
+        store.note_action(line)
+    assert store.actions(10, NOW + 10) == lines[::-1]
+    assert store.actions(2, NOW + 10) == lines[:1:-1]

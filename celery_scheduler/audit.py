@@ -1,0 +1,56 @@
+"""The operators' log: who paused, resumed, cancelled, retried or changed what, and when.
+
+Every operator's lever writes a line here once it has acted (the CLI, the HTTP API, the
+console and the Python functions behind them alike); ``celery scheduler audit``,
+``GET /api/v1/audit`` and the console's Operators' log page read it, newest first. Lines are
+kept in Cassandra for 90 days. A line that cannot be written (Cassandra went away just
+after the action) is logged as a warning: the action itself stands.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import logging
+import socket
+from typing import Any
+
+from celery_scheduler.client import SchedulerClient, get_client
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.store.records import OperatorAction
+
+__all__ = ["as_json", "note", "operator", "recent"]
+
+logger = logging.getLogger(__name__)
+
+
+def operator() -> str:
+    """Who this process acts for: its user and host."""
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):  # no user name in a bare container
+        return socket.gethostname()
+
+
+def note(client: SchedulerClient, action: str, target: str, detail: str = "",
+         by: str | None = None) -> OperatorAction:
+    """Write *action* on *target* by *by* (this process's user by default) to the log."""
+    line = OperatorAction(client.clock(), by if by is not None else operator(), action, target, detail)
+    try:
+        client.store.note_action(line)
+    except SchedulerError as exc:
+        logger.warning("%s of %s was done, but could not be written to the operators' log: %s",
+                       action, target, exc)
+    return line
+
+
+def recent(app: Any, limit: int = 100) -> list[OperatorAction]:
+    """The last *limit* lines of the log, newest first."""
+    client = get_client(app)
+    return client.store.actions(limit, client.clock())
+
+
+def as_json(action: OperatorAction) -> dict[str, str]:
+    return {"at": dt.datetime.fromtimestamp(action.at_ms / 1000, dt.timezone.utc).isoformat(),
+            "actor": action.actor, "action": action.action, "target": action.target,
+            "detail": action.detail}
