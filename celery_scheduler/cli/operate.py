@@ -42,6 +42,7 @@ def status(ctx: click.Context, key: tuple[str, ...], as_json: bool, no_lag: bool
     try:
         lags = None if no_lag else consumer_lag(client.settings)
         views = partitions(client.task_log.partitions(), client.store, now_ms(), lags)
+        paused = client.store.pauses()
     except SchedulerError as exc:
         _fail(exc)
     if as_json:
@@ -58,6 +59,9 @@ def status(ctx: click.Context, key: tuple[str, ...], as_json: bool, no_lag: bool
     click.echo(f"{sum(v.pending for v in views)} task(s) in the schedule, "
                f"{sum(1 for v in views if v.leased)} of {len(views)} partitions leased"
                + ("" if no_lag else f", {sum(v.lag or 0 for v in views)} record(s) not yet read"))
+    if paused:
+        click.echo(f"paused ({len(paused)}; see `scheduler pauses`): "
+                   + ", ".join(sorted(p.label for p in paused)[:10]) + (", ..." if len(paused) > 10 else ""))
 
 
 def _table(rows: list[tuple[str, ...]]) -> None:
