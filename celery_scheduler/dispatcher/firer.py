@@ -129,7 +129,10 @@ class Firer:
     def _step(self) -> int:
         self._read_changes(self.clock())
         writable = [p for p in self.plan.partitions if self.may_write(p)]
-        self.plan.dropped(p for p in self.plan.partitions if p not in writable)
+        # What this process wrote of an entry that fires elsewhere now is not the run before
+        # its next occurrence once it fires here again: the owner meanwhile may have fired since.
+        for name in self.plan.dropped(p for p in self.plan.partitions if p not in writable):
+            self._written.pop(name, None)
         now = self.clock()
         for partition in self.plan.to_take(writable):
             self.plan.taken(partition, self.store.last_fired(partition), now)

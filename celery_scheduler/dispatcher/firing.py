@@ -148,14 +148,18 @@ class Firing:
         else:
             names.append(name)
 
-    def dropped(self, partitions: Iterable[int]) -> None:
-        """These partitions fire elsewhere now (their lease was lost or given up)."""
+    def dropped(self, partitions: Iterable[int]) -> list[str]:
+        """These partitions fire elsewhere now (their lease was lost or given up); the names
+        of the entries that went with them."""
         gone = {p for p in partitions if p in self._last}
+        names: list[str] = []
         for partition in gone:
             for name in self._last.pop(partition):
                 self._next.pop(name, None)
+                names.append(name)
         if gone:
             self._missed = [o for o in self._missed if o.partition not in gone]
+        return names
 
     def due(self, now_ms: int) -> list[Occurrence]:
         """The occurrences to schedule now: those missed, then those up to *ahead_ms* ahead.

@@ -37,7 +37,8 @@ def test_a_paused_ordering_id_is_held_through_a_rebalance_and_a_kill_then_resume
     listed = json.loads(scheduler.cli("pauses", "--json").stdout)
     assert [(p["scope"], p["value"], p["reason"]) for p in listed] == [
         ("ordering_id", "held", "incident 7")]
-    time.sleep(3)  # the dispatcher reads the pauses every 2 s
+    # the dispatcher reads the pauses every 2 s, and says when what they hold changed
+    scheduler.wait_for_log(first, "pauses in force: holding 1 ordering id(s)", timeout=15)
     now = time.time()
     for n in range(HELD):
         schedule.record.schedule_at(utc(now + 2 + n * 0.2), "held", n, scheduled_for=now + 2 + n * 0.2)
@@ -54,7 +55,8 @@ def test_a_paused_ordering_id_is_held_through_a_rebalance_and_a_kill_then_resume
     schedule.record.schedule_at(utc(killed_at + 1), "free", 1, scheduled_for=killed_at + 1)
     wait_until(lambda: started(scheduler, "free") == [0, 1], 60,
                lambda: scheduler.log_of(second)[-3000:])
-    time.sleep(3)
+    # free 1 fell due after every held task, and the one worker runs tasks in the order they
+    # were released: a held task released would have started before it
     assert started(scheduler, "held") == [], "a paused ordering id ran"
 
     resumed = scheduler.cli("resume", "--ordering-id", "held")
@@ -72,11 +74,14 @@ def test_a_dispatcher_started_while_everything_is_paused_releases_nothing_until_
     scheduler.dispatcher()
     scheduler.worker()
     now = time.time()
-    schedule.record.schedule_at(utc(now + 1), "any", 0, scheduled_for=now + 1)
+    first = schedule.record.schedule_at(utc(now + 1), "any", 0, scheduled_for=now + 1)
     expiring = schedule.record.schedule(("any", 1), {"scheduled_for": now + 1.5},
                                         at=utc(now + 1.5), expires=2)
-    schedule.record.schedule_at(utc(now + 2), "any", 2, scheduled_for=now + 2)
-    time.sleep(6)
+    last = schedule.record.schedule_at(utc(now + 2), "any", 2, scheduled_for=now + 2)
+    # stored, and past due by more than the release-ahead and a read of the pauses (and past
+    # the expiring one's deadline): none ran
+    wait_until(lambda: all(h.status() is not None for h in (first, expiring, last))
+               and time.time() > now + 5, 30, "the tasks stored and past due")
     assert scheduler.starts() == []
     assert scheduler.cli("resume", "--all").returncode == 0
     scheduler.wait_for_starts(2, timeout=30)

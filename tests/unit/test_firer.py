@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -40,13 +40,14 @@ class Clock:
 
 
 def firer(store: MemoryScheduleStore, clock: Clock, owner: str = "d1", ahead_ms: int = 5_000,
-          code: Sequence[Entry] = (), entry: Entry = ENTRY) -> tuple[Firer, Engine]:
+          code: Sequence[Entry] = (), entry: Entry = ENTRY,
+          may_write: Callable[[int], bool] = lambda partition: True) -> tuple[Firer, Engine]:
     engine = Engine(store, lambda task, release: None, owner, clock=clock)
     ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
                     dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
                     clock=clock)
     plan = Firing([entry], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=ahead_ms)
-    return Firer(plan, store, ingest.apply, lambda p: True, lambda task: RetryPolicy(),
+    return Firer(plan, store, ingest.apply, may_write, lambda task: RetryPolicy(),
                  clock=clock, code=code), engine
 
 
@@ -205,3 +206,34 @@ def test_a_new_owner_looks_past_an_occurrence_the_owner_before_skipped() -> None
     store.finish_many([running], State.SUCCEEDED, clock.ms)
     clock.ms = NINE + 5 * MINUTE
     assert new.step() == 1
+
+
+def test_an_owner_that_takes_a_partition_back_looks_at_the_run_fired_meanwhile() -> None:
+    """Its own last occurrence is not the run before once another dispatcher fired since:
+    what it wrote before it lost the partition is forgotten with the partition."""
+    entry = entry_of("report", {"task": "proj.report", "schedule": 60, "overlap": "skip"})
+    store, clock = MemoryScheduleStore(), Clock(NINE + MINUTE)
+    holder = {"d1": True, "d2": False}
+    d1, _ = firer(store, clock, entry=entry, may_write=lambda p: holder["d1"])
+    d2, _ = firer(store, clock, owner="d2", entry=entry, may_write=lambda p: holder["d2"])
+    assert d1.step() == 0
+    clock.ms = NINE + 2 * MINUTE
+    assert d1.step() == 1  # 9:02, which runs and ends
+    first = store.task(periodic_key(entry, NINE + 2 * MINUTE))
+    assert first is not None
+    store.mark_released_many([(first, 1, NINE + 10 * MINUTE)], clock.ms)
+    store.finish_many([first], State.SUCCEEDED, clock.ms)
+    holder.update(d1=False, d2=True)  # the partition goes to d2, which fires 9:03
+    assert d1.step() == 0
+    clock.ms = NINE + 3 * MINUTE
+    assert d2.step() == 1
+    running = store.task(periodic_key(entry, NINE + 3 * MINUTE))
+    assert running is not None
+    store.mark_released_many([(running, 1, NINE + 10 * MINUTE)], clock.ms)
+    holder.update(d1=True, d2=False)  # and comes back to d1 while 9:03 still runs
+    assert d2.step() == 0
+    clock.ms = NINE + 4 * MINUTE
+    assert d1.step() == 0  # 9:04 skipped: 9:03 runs (not 9:02, d1's own, which ended)
+    store.finish_many([running], State.SUCCEEDED, clock.ms)
+    clock.ms = NINE + 5 * MINUTE
+    assert d1.step() == 1
