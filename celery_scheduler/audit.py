@@ -9,7 +9,6 @@ after the action) is logged as a warning: the action itself stands.
 
 from __future__ import annotations
 
-import datetime as dt
 import getpass
 import logging
 import socket
@@ -17,6 +16,7 @@ from typing import Any
 
 from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.errors import SchedulerError
+from celery_scheduler.keys import from_epoch_ms
 from celery_scheduler.store.records import OperatorAction
 
 __all__ = ["as_json", "note", "operator", "recent"]
@@ -51,6 +51,6 @@ def recent(app: Any, limit: int = 100) -> list[OperatorAction]:
 
 
 def as_json(action: OperatorAction) -> dict[str, str]:
-    return {"at": dt.datetime.fromtimestamp(action.at_ms / 1000, dt.timezone.utc).isoformat(),
+    return {"at": from_epoch_ms(action.at_ms).isoformat(),
             "actor": action.actor, "action": action.action, "target": action.target,
             "detail": action.detail}

@@ -31,9 +31,10 @@ from typing import Any
 from celery_scheduler.audit import note, operator
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import PauseError
+from celery_scheduler.keys import from_epoch_ms
 from celery_scheduler.store.records import Pause, PauseScope
 
-__all__ = ["in_force", "pause", "resume", "scope_of"]
+__all__ = ["as_json", "in_force", "pause", "resume", "scope_of"]
 
 def scope_of(task: str | None = None, ordering_id: str | None = None,
              everything: bool = False) -> tuple[PauseScope, str]:
@@ -91,3 +92,10 @@ def resume(app: Any, *, task: str | None = None, ordering_id: str | None = None,
 def in_force(app: Any) -> list[Pause]:
     """Every pause in force, oldest first."""
     return sorted(get_client(app).store.pauses(), key=lambda p: (p.paused_ms, p.scope.value, p.value))
+
+
+def as_json(pause: Pause) -> dict[str, str]:
+    """*pause* as the CLI's ``--json`` and the HTTP API show it."""
+    return {"scope": pause.scope.value, "value": pause.value,
+            "paused_at": from_epoch_ms(pause.paused_ms).isoformat(), "by": pause.by,
+            "reason": pause.reason}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import click
@@ -10,6 +9,7 @@ import click
 from celery_scheduler import audit
 from celery_scheduler.cli.group import _app, _fail, scheduler
 from celery_scheduler.errors import SchedulerError
+from celery_scheduler.keys import from_epoch_ms
 
 __all__ = ["audit_command"]
 
@@ -26,7 +26,7 @@ def audit_command(ctx: click.Context, limit: int, json_output: bool) -> None:
     except SchedulerError as exc:
         _fail(exc)
     for action in ([] if json_output else actions):
-        at = dt.datetime.fromtimestamp(action.at_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+        at = from_epoch_ms(action.at_ms).isoformat(timespec="seconds")
         detail = f": {action.detail}" if action.detail else ""
         click.echo(f"{at} {action.actor} {action.action} {action.target}{detail}")
     if json_output:

@@ -3,7 +3,6 @@ name, an ordering id or everything, and let them go again (:mod:`celery_schedule
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import click
@@ -11,9 +10,10 @@ import click
 from celery_scheduler import pauses
 from celery_scheduler.cli.group import _app, _fail, scheduler
 from celery_scheduler.errors import SchedulerError
+from celery_scheduler.keys import from_epoch_ms
 from celery_scheduler.store.records import Pause
 
-__all__ = ["pause_command", "pauses_command", "resume_command"]
+__all__ = ["describe", "pause_command", "pauses_command", "resume_command"]
 
 
 def _named(f: click.decorators.FC) -> click.decorators.FC:
@@ -25,14 +25,8 @@ def _named(f: click.decorators.FC) -> click.decorators.FC:
     return f
 
 
-def as_json(pause: Pause) -> dict[str, object]:
-    return {"scope": pause.scope.value, "value": pause.value,
-            "paused_at": dt.datetime.fromtimestamp(pause.paused_ms / 1000, dt.timezone.utc).isoformat(),
-            "by": pause.by, "reason": pause.reason}
-
-
 def describe(pause: Pause) -> str:
-    at = dt.datetime.fromtimestamp(pause.paused_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+    at = from_epoch_ms(pause.paused_ms).isoformat(timespec="seconds")
     reason = f": {pause.reason}" if pause.reason else ""
     return f"{pause.label} paused since {at} by {pause.by or 'unknown'}{reason}"
 
@@ -80,7 +74,7 @@ def pauses_command(ctx: click.Context, json_output: bool) -> None:
     except SchedulerError as exc:
         _fail(exc)
     if json_output:
-        click.echo(json.dumps([as_json(p) for p in kept], indent=2))
+        click.echo(json.dumps([pauses.as_json(p) for p in kept], indent=2))
         return
     for pause in kept:
         click.echo(describe(pause))

@@ -161,8 +161,9 @@ class Releaser:
     def _expire_late(self, ready: list[Loaded], open_: dict[TaskKey, Loaded], now: int) -> list[Loaded]:
         """*ready* less the tasks past their deadline (``expires``), which are marked expired
         instead of released: each frees its ordering id, and none runs late."""
-        late = [task for task in ready if task.envelope.options and now > (
-            deadline_ms(task.key.scheduled_ms, task.envelope.options) or now)]
+        late = [task for task in ready if task.envelope.options
+                and (deadline := deadline_ms(task.key.scheduled_ms, task.envelope.options)) is not None
+                and now > deadline]
         if not late:
             return ready
         self.store.finish_many([task.stored for task in late], State.EXPIRED, now,

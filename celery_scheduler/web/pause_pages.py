@@ -4,7 +4,6 @@ per pause (see :mod:`celery_scheduler.pauses`)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
@@ -13,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from celery_scheduler import pauses
 from celery_scheduler.errors import PauseError, SchedulerError
+from celery_scheduler.keys import from_epoch_ms
 from celery_scheduler.store.records import PauseScope
 from celery_scheduler.web.pages import Token, _guard, _kept, _may_write, _message, _page
 
@@ -32,8 +32,8 @@ def pauses_page(request: Request, token: Token = None) -> Response:
     except SchedulerError as exc:
         return _message(request, TITLE, str(exc), 503)
     rows = [{"scope": p.scope.value, "value": p.value, "label": p.label,
-             "cells": (p.label, dt.datetime.fromtimestamp(p.paused_ms / 1000, dt.timezone.utc)
-                       .isoformat(timespec="seconds"), p.by, p.reason)} for p in kept]
+             "cells": (p.label, from_epoch_ms(p.paused_ms).isoformat(timespec="seconds"), p.by,
+                       p.reason)} for p in kept]
     return _kept(_page(request, "pauses.html", TITLE, rows=rows, writer=_may_write(request, token),
                        scopes=[scope.value for scope in PauseScope]), token)
 

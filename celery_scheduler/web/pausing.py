@@ -36,9 +36,7 @@ class PauseIn(BaseModel):
 
 
 def _out(pause: Pause) -> PauseOut:
-    return PauseOut(scope=pause.scope.value, value=pause.value,
-                    paused_at=dt.datetime.fromtimestamp(pause.paused_ms / 1000, dt.timezone.utc),
-                    by=pause.by, reason=pause.reason)
+    return PauseOut.model_validate(pauses.as_json(pause))
 
 
 def _named(call: PauseIn) -> tuple[str | None, str | None, bool]:
