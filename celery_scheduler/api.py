@@ -421,6 +421,24 @@ class ScheduledTask(Generic[P, R]):
         """
         return cancel_key(self.client, checked_key(key))
 
+    def reschedule(self, key: TaskKey, at: dt.datetime | None = None, *,
+                   countdown: float | dt.timedelta | None = None,
+                   args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None
+                   ) -> TaskKey:
+        """Move the pending task with *key* to another time, as
+        :meth:`ScheduleHandle.reschedule` does; returns its new key.
+
+        Its task is read from the store: raises
+        :class:`~celery_scheduler.errors.NotReschedulableError` if it is not stored (yet),
+        was released, finished, cancelled or moved already.
+        """
+        from celery_scheduler.reschedules import new_time_ms, reschedule
+
+        app = self._app()
+        to_ms = new_time_ms(at, countdown, self.client.clock(), self._timezone(app))
+        return reschedule(self.client, checked_key(key), to_ms, args=args, kwargs=kwargs,
+                          task=self.name).key
+
     def retry(self, key: TaskKey) -> None:
         """Run the failed task with *key* once more (see ``celery ... scheduler retry``).
 

@@ -16,10 +16,11 @@ from typing import Any
 
 from celery_scheduler.client import SchedulerClient, get_client
 from celery_scheduler.errors import SchedulerError
-from celery_scheduler.keys import from_epoch_ms
-from celery_scheduler.store.records import OperatorAction
+from celery_scheduler.keys import TaskKey, from_epoch_ms
+from celery_scheduler.store.base import OperatorLog
+from celery_scheduler.store.records import OperatorAction, PauseScope
 
-__all__ = ["as_json", "note", "operator", "recent"]
+__all__ = ["about", "as_json", "note", "operator", "recent", "said"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,26 @@ def recent(app: Any, limit: int = 100) -> list[OperatorAction]:
     """The last *limit* lines of the log, newest first."""
     client = get_client(app)
     return client.store.actions(limit, client.clock())
+
+
+def about(store: OperatorLog, key: TaskKey, task: str | None, now_ms: int,
+          limit: int = 1000) -> list[OperatorAction]:
+    """The lines, among the last *limit*, that acted on *key*: on it, its ordering id, its
+    task name, or everything (newest first)."""
+    named = {str(key), f"{PauseScope.ORDERING_ID.value} {key.ordering_id!r}", "everything"}
+    if task is not None:
+        named.add(f"{PauseScope.TASK.value} {task!r}")
+    selection = f"ordering id {key.ordering_id!r}"  # a bulk cancel's
+    return [line for line in store.actions(limit, now_ms)
+            if line.target in named or line.target == selection
+            or line.target.startswith(selection + ",")]
+
+
+def said(action: OperatorAction) -> str:
+    """One line of the log as text."""
+    detail = f" ({action.detail})" if action.detail else ""
+    return (f"{from_epoch_ms(action.at_ms).isoformat(timespec='seconds')} {action.actor}: "
+            f"{action.action} {action.target}{detail}")
 
 
 def as_json(action: OperatorAction) -> dict[str, str]:

@@ -12,8 +12,13 @@ Three kinds exist, all keyed by the task key::
 
     {"v": 1, "type": "retry", "key": {...}, "enqueued_at": 1893455000000}
 
-A retry record re-arms a task that failed (see :meth:`ScheduleStore.retry`); a dispatcher
-older than it sends it to the dead letters as an unknown type.
+    {"v": 1, "type": "reschedule", "key": {...}, "to": {"v": 1, "type": "schedule", ...},
+     "enqueued_at": 1893455000000}
+
+A retry record re-arms a task that failed (see :meth:`ScheduleStore.retry`); a reschedule
+record moves a pending task to another key of its ordering id, the schedule envelope it
+holds (see :meth:`ScheduleStore.reschedule`). A dispatcher older than either sends it to the
+dead letters as an unknown type.
 
 Arguments are encoded with kombu's JSON, the encoding of Celery's default ``json``
 serializer, so datetimes, UUIDs, Decimals and bytes arrive at the task as they would with
@@ -48,6 +53,7 @@ __all__ = [
     "VERSION",
     "CancelEnvelope",
     "Envelope",
+    "RescheduleEnvelope",
     "RetryEnvelope",
     "RetryPolicy",
     "ScheduleEncoder",
@@ -57,6 +63,7 @@ __all__ = [
     "encode",
     "encode_arguments",
     "option_problem",
+    "reschedule_key_problem",
 ]
 
 VERSION = 1
@@ -172,7 +179,39 @@ class RetryEnvelope:
                 "enqueued_at": self.enqueued_ms}
 
 
-Envelope = ScheduleEnvelope | CancelEnvelope | RetryEnvelope
+@dataclass(frozen=True)
+class RescheduleEnvelope:
+    """A request to move the pending task with ``key`` to ``to``: another time of the same
+    ordering id and uniqueness key, and maybe other arguments."""
+
+    key: TaskKey
+    to: ScheduleEnvelope
+    enqueued_ms: int = 0
+    type: str = field(default="reschedule", init=False)
+
+    def __post_init__(self) -> None:
+        problem = reschedule_key_problem(self.key, self.to.key)
+        if problem is not None:
+            raise InvalidKeyError(problem)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "type": "reschedule", "key": _key_json(self.key),
+                "to": self.to.as_json(), "enqueued_at": self.enqueued_ms}
+
+
+def reschedule_key_problem(key: TaskKey, to: TaskKey) -> str | None:
+    """Why *key* cannot move to *to*; None if it can (same ordering id and uniqueness key,
+    another time)."""
+    if (to.ordering_id, to.uniqueness_key) != (key.ordering_id, key.uniqueness_key):
+        return (f"a reschedule keeps the ordering id and uniqueness key of {key}, but was "
+                f"given {to}: cancel it and schedule the other key instead")
+    if to.scheduled_ms == key.scheduled_ms:
+        return (f"{key} is scheduled at that time already: to change only its arguments, "
+                "schedule the same key again while it is pending")
+    return None
+
+
+Envelope = ScheduleEnvelope | CancelEnvelope | RetryEnvelope | RescheduleEnvelope
 
 
 def _key_json(key: TaskKey) -> dict[str, Any]:
@@ -279,6 +318,7 @@ class ScheduleEncoder:
 _SCHEDULE_FIELDS = frozenset({"v", "type", "task", "key", "args", "kwargs", "options", "retry",
                               "enqueued_at"})
 _KEY_ONLY_FIELDS = frozenset({"v", "type", "key", "enqueued_at"})  # cancel and retry
+_RESCHEDULE_FIELDS = frozenset({"v", "type", "key", "to", "enqueued_at"})
 
 
 def decode(data: bytes) -> Envelope:
@@ -308,23 +348,39 @@ def decode(data: bytes) -> Envelope:
         raise EnvelopeDecodeError(f"unsupported envelope version {version!r} (expected {VERSION})")
     kind = document.get("type")
     if kind == "schedule":
-        _exact_fields(document, _SCHEDULE_FIELDS)
-        return ScheduleEnvelope(
-            key=_decode_key(document["key"]),
-            task=_decode_task_name(document["task"]),
-            args=_typed(document["args"], list, "args"),
-            kwargs=_typed(document["kwargs"], dict, "kwargs"),
-            options=_decode_options(document["options"]),
-            retry=_decode_retry(document["retry"]),
-            enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"),
-        )
+        return _decode_schedule(document)
     if kind in ("cancel", "retry"):
         _exact_fields(document, _KEY_ONLY_FIELDS)
         kind_of = CancelEnvelope if kind == "cancel" else RetryEnvelope
         return kind_of(key=_decode_key(document["key"]),
                        enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"))
-    raise EnvelopeDecodeError(f"unknown envelope type {kind!r} (expected 'schedule', 'cancel' "
-                              "or 'retry')")
+    if kind == "reschedule":
+        _exact_fields(document, _RESCHEDULE_FIELDS)
+        key = _decode_key(document["key"])
+        to = _typed(document["to"], dict, "to")
+        if to.get("v") != VERSION or to.get("type") != "schedule":
+            raise EnvelopeDecodeError("to must be a schedule envelope of version "
+                                      f"{VERSION}, got type {to.get('type')!r:.40}")
+        envelope = _decode_schedule(to)
+        problem = reschedule_key_problem(key, envelope.key)
+        if problem is not None:
+            raise EnvelopeDecodeError(problem)
+        return RescheduleEnvelope(key, envelope, _decode_ms(document["enqueued_at"], "enqueued_at"))
+    raise EnvelopeDecodeError(f"unknown envelope type {kind!r} (expected 'schedule', 'cancel', "
+                              "'retry' or 'reschedule')")
+
+
+def _decode_schedule(document: dict[str, Any]) -> ScheduleEnvelope:
+    _exact_fields(document, _SCHEDULE_FIELDS)
+    return ScheduleEnvelope(
+        key=_decode_key(document["key"]),
+        task=_decode_task_name(document["task"]),
+        args=_typed(document["args"], list, "args"),
+        kwargs=_typed(document["kwargs"], dict, "kwargs"),
+        options=_decode_options(document["options"]),
+        retry=_decode_retry(document["retry"]),
+        enqueued_ms=_decode_ms(document["enqueued_at"], "enqueued_at"),
+    )
 
 
 # orjson reads an integer beyond 64 bits as a float, without a word (3.13: -2**63 - 1 came

@@ -14,6 +14,8 @@
     │   ├── EnvelopeTooLargeError    the encoded task is over the size limit
     │   ├── NotRetryableError        a retry was asked for a task that is not failed, or
     │   │                            that failed before its task was kept for a retry
+    │   ├── NotReschedulableError    a reschedule was asked for a task released, finished,
+    │   │                            cancelled, moved already, or unknown
     │   ├── SelectionError           a bulk cancel's selection is empty or contradicts itself
     │   └── PauseError               a pause names nothing or two things, or a resume names
     │                                what is not paused
@@ -41,6 +43,7 @@ __all__ = [
     "EnvelopeTooLargeError",
     "InvalidKeyError",
     "NotAScheduledTaskError",
+    "NotReschedulableError",
     "NotRetryableError",
     "NotSerializableError",
     "NotUnderTestError",
@@ -113,6 +116,16 @@ class SelectionError(ScheduleError):
 class PauseError(ScheduleError):
     """A pause or resume named nothing, or more than one thing, or a resume named what is
     not paused."""
+
+
+class NotReschedulableError(ScheduleError):
+    """A reschedule was asked of a task key that cannot move: released already (it runs, or
+    ran, at its time), finished, cancelled, moved already, or unknown.
+
+    Only a key never released moves. A reschedule that races the key's release is decided
+    by the dispatcher: the task either moves (its old time never fires) or runs at its old
+    time (the new key never appears), never both, never neither.
+    """
 
 
 class EnvelopeDecodeError(SchedulerError, ValueError):

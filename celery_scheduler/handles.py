@@ -1,8 +1,10 @@
 """What a schedule call returns: :class:`ScheduleHandle`, the task key with status, cancel,
-retry and result for it; and the checks of a key given back to the API."""
+reschedule, retry and result for it; and the checks of a key given back to the API."""
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery_scheduler.client import SchedulerClient
@@ -73,6 +75,31 @@ class ScheduleHandle:
         released, and then it runs.
         """
         return cancel(self._client, self.key)
+
+    def reschedule(self, at: dt.datetime | None = None, *,
+                   countdown: float | dt.timedelta | None = None,
+                   args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None
+                   ) -> ScheduleHandle:
+        """Move the task to another time (exactly one of *at* and *countdown*), with new
+        *args* / *kwargs* if given; returns the handle of the moved task.
+
+        The task keeps its ordering id, its uniqueness key and its task id (``result()``
+        still finds its run), and takes its place in its ordering id's order by the new time.
+        Returns once Kafka acknowledged the move. Raises
+        :class:`~celery_scheduler.errors.NotReschedulableError` with the reason if the task
+        was released already (it runs at its time), finished, cancelled, or moved (move the
+        handle this returned). A move that races the release is decided by the dispatcher:
+        the task either moves (this key's status becomes ``rescheduled``, and its old time
+        never fires) or runs at its old time (this key's status says ``released``, and the
+        returned key never appears), never both.
+        """
+        from celery_scheduler.reschedules import new_time_ms, reschedule
+
+        tz = getattr(self._app, "timezone", None) or dt.timezone.utc
+        moved = reschedule(self._client, self.key,
+                           new_time_ms(at, countdown, self._client.clock(), tz),
+                           args=args, kwargs=kwargs, envelope=self.envelope)
+        return ScheduleHandle(self._client, moved.envelope, moved.position, app=self._app)
 
     def retry(self) -> None:
         """Run the task once more after it failed (see :meth:`ScheduledTask.retry`)."""

@@ -7,6 +7,7 @@ name                                                  type       meaning
 ====================================================  =========  ==============================
 celery_scheduler_persisted_total                      counter    schedule records stored
 celery_scheduler_cancelled_total                      counter    cancel records applied
+celery_scheduler_rescheduled_total                    counter    tasks moved to another time
 celery_scheduler_dead_letters_total                   counter    records dead-lettered
 celery_scheduler_released_total                       counter    releases to Celery (retries too)
 celery_scheduler_finished_total{outcome}              counter    keys succeeded / failed
@@ -34,6 +35,8 @@ class Metrics:
     def persisted(self, count: int = 1) -> None: ...
 
     def cancelled(self) -> None: ...
+
+    def rescheduled(self) -> None: ...
 
     def dead_lettered(self) -> None: ...
 
@@ -67,6 +70,8 @@ class PrometheusMetrics(Metrics):
         kw = {"registry": self.registry}
         self._persisted = p.Counter("celery_scheduler_persisted", "schedule records stored", **kw)
         self._cancelled = p.Counter("celery_scheduler_cancelled", "cancel records applied", **kw)
+        self._rescheduled = p.Counter("celery_scheduler_rescheduled",
+                                      "pending tasks moved to another time", **kw)
         self._dead = p.Counter("celery_scheduler_dead_letters", "records dead-lettered", **kw)
         self._released = p.Counter("celery_scheduler_released", "releases to Celery", **kw)
         self._finished = p.Counter("celery_scheduler_finished", "keys finished", ["outcome"], **kw)
@@ -85,6 +90,9 @@ class PrometheusMetrics(Metrics):
 
     def cancelled(self) -> None:
         self._cancelled.inc()
+
+    def rescheduled(self) -> None:
+        self._rescheduled.inc()
 
     def dead_lettered(self) -> None:
         self._dead.inc()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from celery_scheduler.audit import note
+from celery_scheduler.audit import about, note, said
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.config import Settings
 from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope, decode
@@ -117,12 +117,15 @@ def consumer_lag(settings: Settings, timeout: float = 10.0) -> dict[int, int | N
         consumer.close()
 
 
-def describe_key(store: ScheduleStore, key: TaskKey) -> dict[str, Any] | None:
-    """Everything the store knows of *key*: status, attempts, error, and its task if stored."""
+def describe_key(store: ScheduleStore, key: TaskKey, now_ms: int | None = None
+                 ) -> dict[str, Any] | None:
+    """Everything the store knows of *key*: status, attempts, error, its task if stored,
+    where a reschedule moved it, and (given *now_ms*) the operators' actions on it."""
     status = store.status(key)
     if status is None:
         return None
     row = store.task(key)
+    moved = store.kept_envelope(key) if status.state is State.RESCHEDULED else None
     described: dict[str, Any] = {
         "key": {"ordering_id": key.ordering_id, "at": key.scheduled_at.isoformat(),
                 "unique": key.uniqueness_key},
@@ -133,6 +136,7 @@ def describe_key(store: ScheduleStore, key: TaskKey) -> dict[str, Any] | None:
         # a finished task's first release, and its last attempt's start and end on the worker
         "released": _iso(status.released_ms), "started": _iso(status.started_ms),
         "ended": _iso(status.finished_ms),
+        "moved_to": str(moved.key) if moved is not None else None,
     }
     if row is not None:
         envelope = row.envelope
@@ -143,6 +147,9 @@ def describe_key(store: ScheduleStore, key: TaskKey) -> dict[str, Any] | None:
             "enqueued": _iso(envelope.enqueued_ms), "not_before": _iso(row.not_before_ms),
             "lease_until": _iso(row.lease_until_ms), "blocked": row.blocked,
         })
+    if now_ms is not None:
+        lines = about(store, key, status.task, now_ms)
+        described["operator_actions"] = [said(line) for line in lines] or None
     return described
 
 

@@ -47,7 +47,13 @@ from celery_scheduler.dispatcher.firer import firer_of
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.dispatcher.service import engine_settings
 from celery_scheduler.dispatcher.timetable import Loaded
-from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope, decode
+from celery_scheduler.envelope import (
+    CancelEnvelope,
+    RescheduleEnvelope,
+    RetryEnvelope,
+    ScheduleEnvelope,
+    decode,
+)
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
@@ -225,8 +231,9 @@ class SchedulerTesting:
 
     # --- what was scheduled ----------------------------------------------------------------
 
-    def records(self) -> list[ScheduleEnvelope | CancelEnvelope]:
-        """Every schedule and cancel record, in the order each partition received them."""
+    def records(self) -> list[ScheduleEnvelope | CancelEnvelope | RescheduleEnvelope]:
+        """Every schedule, cancel and reschedule record, in the order each partition
+        received them."""
         return [record for record in (decode(value) for _, value in self.task_log.records())
                 if not isinstance(record, RetryEnvelope)]
 
@@ -236,6 +243,9 @@ class SchedulerTesting:
         for record in self.records():
             if isinstance(record, CancelEnvelope):
                 latest.pop(record.key, None)
+            elif isinstance(record, RescheduleEnvelope):
+                if latest.pop(record.key, None) is not None and record.to.key not in self._finished:
+                    latest[record.to.key] = record.to
             elif record.key not in self._finished:
                 latest[record.key] = record
         for key in list(latest):

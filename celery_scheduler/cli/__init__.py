@@ -10,6 +10,7 @@
     celery -A proj scheduler inspect ORDERING_ID AT UNIQUENESS_KEY
     celery -A proj scheduler cancel ORDERING_ID AT UNIQUENESS_KEY
     celery -A proj scheduler retry ORDERING_ID AT UNIQUENESS_KEY   # a failed or blocked key
+    celery -A proj scheduler reschedule ORDERING_ID AT UNIQUENESS_KEY --to TIME | --in SECONDS
     celery -A proj scheduler cancel-many [--ordering-id ID] [--task NAME] [--from T] [--before T] [--dry-run]
     celery -A proj scheduler pause|resume --task NAME | --ordering-id ID | --all
     celery -A proj scheduler pauses                # the pauses in force
@@ -23,7 +24,7 @@
 
 from __future__ import annotations
 
-from celery_scheduler.cli import audit, bulk, jobs, operate, pausing, periodic  # noqa: F401  (their commands join the group)
+from celery_scheduler.cli import audit, bulk, jobs, moving, operate, pausing, periodic  # noqa: F401  (their commands join the group)
 from celery_scheduler.cli.group import scheduler
 
 __all__ = ["scheduler"]

@@ -102,16 +102,20 @@ def _key_status(client: Any, key: TaskKey, as_json: bool) -> None:
 @click.pass_context
 def inspect(ctx: click.Context, ordering_id: str, at: str, uniqueness_key: str,
             as_json: bool) -> None:
-    """Show everything stored of a task key: its task, arguments, status and attempts."""
+    """Show everything stored of a task key: its task, arguments, status and attempts, where
+    a reschedule moved it, and what operators did to it (the operators' log)."""
     from celery_scheduler.operations import describe_key
 
-    store = get_client(_app(ctx)).store
-    described = _known(_key(ordering_id, at, uniqueness_key), lambda key: describe_key(store, key))
+    client = get_client(_app(ctx))
+    described = _known(_key(ordering_id, at, uniqueness_key),
+                       lambda key: describe_key(client.store, key, client.clock()))
     if as_json:
         click.echo(json.dumps(described, indent=2, ensure_ascii=False))
         return
     for name, value in described.items():
-        if value is not None:
+        if isinstance(value, list):
+            click.echo(f"{name + ':':<16}" + f"\n{'':<16}".join(map(str, value)))
+        elif value is not None:
             click.echo(f"{name + ':':<16}{value}")
 
 

@@ -1,5 +1,5 @@
-"""Cancels as the engine applies them: a task the ingest loop cancelled leaves memory once
-the store confirms its status is still cancelled.
+"""Cancels as the engine applies them: a task the ingest loop cancelled (or moved to another
+time) leaves memory once the store confirms its status is still cancelled (or rescheduled).
 
 The engine does not mark a task released while its cancel is read and written, nor until
 the cancel reaches it (see :mod:`celery_scheduler.dispatcher.claims`); but a marking by the
@@ -52,7 +52,7 @@ class Cancels:
             self.unconfirmed[key] = task.partition
             return
         self.claims.cancel_noted(key)
-        if status is None or status.state is State.CANCELLED:
+        if status is None or status.state in (State.CANCELLED, State.RESCHEDULED):
             self.drop(key)
 
     def confirm(self) -> None:

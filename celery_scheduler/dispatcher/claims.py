@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 from celery_scheduler.errors import StoreUnavailableError
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import Cancel, Operation
+from celery_scheduler.store.base import Cancel, Operation, Reschedule
 
 __all__ = ["Claims"]
 
@@ -48,6 +48,7 @@ class Claims:
         ``wait_seconds`` means the store is not answering, and the round is given up.
         """
         keys = {op.key for op in operations}
+        keys.update(op.envelope.key for op in operations if isinstance(op, Reschedule))
         with self._changed:
             if not self._changed.wait_for(lambda: self._releasing.isdisjoint(keys), self.wait_seconds):
                 raise StoreUnavailableError(
@@ -56,7 +57,9 @@ class Claims:
             self._ingesting |= keys
             # From here until the engine takes note, none of these cancels' tasks is released:
             # the write may land even if it fails here, and the batch is applied again.
-            self._cancels.update((op.key, op.partition) for op in operations if isinstance(op, Cancel))
+            # (a reschedule's old key is held as a cancelled one is)
+            self._cancels.update((op.key, op.partition) for op in operations
+                                 if isinstance(op, (Cancel, Reschedule)))
         try:
             yield
         finally:

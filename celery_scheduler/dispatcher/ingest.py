@@ -45,14 +45,31 @@ from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.envelope import CancelEnvelope, Envelope, RetryEnvelope, ScheduleEnvelope, decode
+from celery_scheduler.envelope import (
+    CancelEnvelope,
+    Envelope,
+    RescheduleEnvelope,
+    RetryEnvelope,
+    ScheduleEnvelope,
+    decode,
+)
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.signing import Signer
-from celery_scheduler.store.base import Cancel, Operation, Put, Retry, StoredTask, TaskWriter
+from celery_scheduler.store.base import (
+    Cancel,
+    Operation,
+    Put,
+    Reschedule,
+    Retry,
+    StoredTask,
+    TaskWriter,
+)
+from celery_scheduler.store.lifecycle import reschedule_problem
+from celery_scheduler.store.records import State
 from celery_scheduler.tasklog.base import TaskLogReader
 from celery_scheduler.tasklog.reader import kafka_errors
 from celery_scheduler.tracing import DispatcherSpans
@@ -309,6 +326,8 @@ class Ingest:
                     operation = Cancel(record.partition, envelope.key)
                 elif isinstance(envelope, RetryEnvelope):
                     operation = Retry(record.partition, envelope.key)
+                elif isinstance(envelope, RescheduleEnvelope):
+                    operation = Reschedule(record.partition, envelope.key, envelope.to)
                 else:
                     operation = Put(record.partition, envelope, record.value)
                 # First round without this ordering id: records of one ordering id take
@@ -464,12 +483,36 @@ class Ingest:
             elif isinstance(operation, Retry) and result is None:
                 logger.warning("not retrying %s: it is not failed, or failed before its task "
                                "was kept for a retry", operation.key)
+            elif isinstance(operation, Reschedule):
+                self._rescheduled(operation, result)
             elif isinstance(result, StoredTask):
                 if isinstance(operation, Retry):
                     logger.info("retrying %s after attempt %d", operation.key, result.attempts)
                 self.persisted_count += 1
                 self.engine.metrics.persisted()
                 self.engine.persisted(result)
+
+    def _rescheduled(self, operation: Reschedule, result: StoredTask | bool | None) -> None:
+        # the old key goes like a cancelled one: dropped once its status says it moved
+        self.engine.cancelled(operation.key)
+        if isinstance(result, StoredTask):
+            logger.info("rescheduled %s to %s", operation.key, result.key)
+            self.persisted_count += 1
+            self.engine.metrics.rescheduled()
+            self.engine.persisted(result)
+        else:
+            logger.warning("not rescheduling %s to %s: %s", operation.key, operation.envelope.key,
+                           self._why_not_moved(operation))
+
+    def _why_not_moved(self, operation: Reschedule) -> str:
+        try:
+            current = self.store.status(operation.key)
+            moved = (self.store.kept_envelope(operation.key)
+                     if current is not None and current.state is State.RESCHEDULED else None)
+        except SchedulerError as exc:
+            return f"its status could not be read ({exc})"
+        problem = reschedule_problem(current, moved.key if moved else None, operation.envelope.key)
+        return problem or f"{operation.envelope.key} ran or was cancelled already"
 
     def close(self) -> None:
         pass

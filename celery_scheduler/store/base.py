@@ -31,6 +31,7 @@ from celery_scheduler.store.records import (
     Pause,
     PauseScope,
     Put,
+    Reschedule,
     Retry,
     RunTimes,
     State,
@@ -44,8 +45,9 @@ from celery_scheduler.store.records import (
 
 __all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "LeaseTable", "Operation", "OperatorAction",
            "OperatorLog", "OperatorReads", "Pause", "PauseScope", "PauseTable", "PeriodicLog", "Put",
-           "ReleaseLedger", "Retry", "RunTimes", "ScheduleStore", "State", "StatusReads", "StoredTask",
-           "TaskStatus", "TaskWriter", "bucket_of", "droppable", "settled_state", "write_bucket"]
+           "ReleaseLedger", "Reschedule", "Retry", "RunTimes", "ScheduleStore", "State", "StatusReads",
+           "StoredTask", "TaskStatus", "TaskWriter", "bucket_of", "droppable", "settled_state",
+           "write_bucket"]
 
 
 class StatusReads(abc.ABC):
@@ -93,14 +95,29 @@ class TaskWriter(StatusReads):
         """
 
     @abc.abstractmethod
+    def reschedule(self, partition: int, key: TaskKey, envelope: ScheduleEnvelope, now_ms: int,
+                   data: bytes | None = None) -> StoredTask | None:
+        """Move the pending *key* to *envelope*'s key (another time of its ordering id, maybe
+        other arguments); the new key's stored task, or None if it may not move.
+
+        The old key becomes ``rescheduled``, its status keeping *envelope* (see
+        :meth:`kept_envelope`); the new key is put as a schedule record of it would be. Only
+        a key never released moves (see ``lifecycle.reschedule_problem``), and only to a key
+        that did not run or get cancelled. The move is written before the put, so a
+        reschedule cut off half-way and applied again never leaves both keys to run.
+        """
+
+    @abc.abstractmethod
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
-        """The envelope a failed *key*'s status kept for a retry, if any."""
+        """The envelope a failed *key*'s status kept for a retry, or the one a rescheduled
+        key moved to; None if none."""
 
     def apply(self, operations: list[Operation], now_ms: int) -> list[StoredTask | bool | None]:
-        """Apply puts, cancels and retries of distinct keys, concurrently where the store can.
+        """Apply puts, cancels, retries and reschedules of distinct keys, concurrently where
+        the store can.
 
-        Returns, per operation, what :meth:`put`, :meth:`cancel` or :meth:`retry` would
-        have returned.
+        Returns, per operation, what :meth:`put`, :meth:`cancel`, :meth:`retry` or
+        :meth:`reschedule` would have returned.
         """
         if len({op.key for op in operations}) != len(operations):
             raise ValueError("apply() takes at most one operation per task key")
@@ -110,6 +127,8 @@ class TaskWriter(StatusReads):
                 results.append(self.put(op.partition, op.envelope, now_ms))
             elif isinstance(op, Retry):
                 results.append(self.retry(op.partition, op.key, now_ms))
+            elif isinstance(op, Reschedule):
+                results.append(self.reschedule(op.partition, op.key, op.envelope, now_ms, op.data))
             else:
                 results.append(self.cancel(op.partition, op.key, now_ms))
         return results

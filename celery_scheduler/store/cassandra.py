@@ -26,6 +26,7 @@ from celery_scheduler.store.base import (
     Cursor,
     Operation,
     Put,
+    Reschedule,
     Retry,
     RunTimes,
     ScheduleStore,
@@ -179,6 +180,25 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pa
             self._cql.batch(f"cancel task {key}", partition, statements)
         return bool(statements)
 
+    def _plan_reschedule(self, op: Reschedule, current: TaskStatus | None,
+                         current_new: TaskStatus | None, now_ms: int
+                         ) -> tuple[Statements, Statements, StoredTask | None]:
+        """The writes of a reschedule: the old key's move, then the new key's put."""
+        moved = None
+        if current is not None and current.state is State.RESCHEDULED:
+            kept = self.kept_envelope(op.key)  # read again after a failed batch, say
+            moved = kept.key if kept is not None else None
+        planned = lifecycle.rescheduled(op.partition, current, moved, op.envelope, current_new,
+                                        now_ms, self.bucket_seconds, op.data)
+        if planned is None:
+            return [], [], None
+        move, put = planned
+        return self._written(move), self._written(put), _row_task(put)
+
+    def reschedule(self, partition: int, key: TaskKey, envelope: ScheduleEnvelope, now_ms: int,
+                   data: bytes | None = None) -> StoredTask | None:
+        return self.apply([Reschedule(partition, key, envelope, data)], now_ms)[0]  # type: ignore[return-value]
+
     def retry(self, partition: int, key: TaskKey, now_ms: int) -> StoredTask | None:
         statements, stored = self._plan_retry(partition, key, self.status(key), now_ms)
         if statements:
@@ -187,14 +207,27 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pa
         return stored
 
     def apply(self, operations: list[Operation], now_ms: int) -> list[StoredTask | bool | None]:
-        """Read every key's status concurrently, then write every batch concurrently."""
+        """Read every key's status concurrently, then write every batch concurrently.
+
+        A reschedule's new key is written after everything else: its move is written first
+        (see :meth:`reschedule`).
+        """
         if len({op.key for op in operations}) != len(operations):
             raise ValueError("apply() takes at most one operation per task key")
-        statuses = self.statuses([op.key for op in operations])
+        moving = [op for op in operations if isinstance(op, Reschedule)]
+        statuses = self.statuses([op.key for op in operations] + [op.envelope.key for op in moving])
+        new_statuses = dict(zip([op.envelope.key for op in moving], statuses[len(operations):],
+                                strict=True))
         results: list[StoredTask | bool | None] = []
         statement_sets: list[tuple[int, Statements]] = []
+        puts: list[tuple[int, Statements]] = []  # the reschedules' new keys, written last
         for op, current in zip(operations, statuses, strict=True):
-            if isinstance(op, Put):
+            if isinstance(op, Reschedule):
+                statements, put, stored = self._plan_reschedule(
+                    op, current, new_statuses[op.envelope.key], now_ms)
+                puts.append((op.partition, put))
+                results.append(stored)
+            elif isinstance(op, Put):
                 statements, stored = self._plan_put(op.partition, op.envelope, current, now_ms, op.data)
                 results.append(stored)
             elif isinstance(op, Retry):
@@ -205,6 +238,8 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pa
                 results.append(bool(statements))
             statement_sets.append((op.partition, statements))
         self._cql.batches(f"store {len(operations)} task(s)", statement_sets)
+        if any(statements for _, statements in puts):
+            self._cql.batches(f"store {len(puts)} rescheduled task(s)", puts)
         self._indexed_now([r for r in results if isinstance(r, StoredTask)])
         return results
 

@@ -7,6 +7,8 @@ A key's life::
                           │  │ └──retry later────┘ └──block──> failed, row kept
                           │  └──retry (operator)── failed
                           ├──cancel──> cancelled                                     (final)
+                          ├──reschedule──> rescheduled (never released; another key of its
+                          │                             ordering id, at the new time, is put)   (final)
                           └──expire──> expired   (not released by its deadline; also
                                                   from released, once its lease ended) (final)
 
@@ -48,8 +50,8 @@ from celery_scheduler.store.records import (
 
 __all__ = ["TRANSITIONS", "Event", "Expiry", "PutPlan", "RowKind", "RowWrite", "Transition",
            "blocked", "cancelled", "finished", "may_cancel", "may_retry", "next_state",
-           "plan_put", "released", "reported", "retried", "retry_later", "scheduled",
-           "settled"]
+           "plan_put", "released", "reported", "reschedule_problem", "rescheduled", "retried",
+           "retry_later", "scheduled", "settled"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,16 +71,18 @@ class Event(enum.Enum):
     REPORT_FAILURE = "report failure"
     SETTLE = "settle"  # a row found without its task (a write that landed after the row went)
     EXPIRE = "expire"  # not released by its deadline (expires=): skipped, its row gone
+    RESCHEDULE = "reschedule"  # a reschedule record: moved to another time, as another key
 
 
 P, R, S, F, C = State.PENDING, State.RELEASED, State.SUCCEEDED, State.FAILED, State.CANCELLED
-X = State.EXPIRED
+X, M = State.EXPIRED, State.RESCHEDULED
 
 # (state before, event) -> state after. None before: a key the store never saw.
 TRANSITIONS: Mapping[tuple[State | None, Event], State] = {
     (None, Event.SCHEDULE): P,
     (P, Event.SCHEDULE): P,  # rewritten in place, while it never ran (see scheduled)
     (P, Event.CANCEL): C,
+    (P, Event.RESCHEDULE): M,  # only while it was never released (see reschedule_problem)
     (F, Event.CANCEL): C,  # only while blocked: its row is kept
     (F, Event.RETRY): P,
     (P, Event.RELEASE): R,
@@ -98,7 +102,7 @@ TRANSITIONS: Mapping[tuple[State | None, Event], State] = {
     (P, Event.EXPIRE): X,
     (R, Event.EXPIRE): X,  # its release was never heard of, and its deadline has passed
 }
-FINAL = frozenset({S, C, X})  # nothing leaves these (failed leaves only by an operator's retry)
+FINAL = frozenset({S, C, X, M})  # nothing leaves these (failed leaves only by an operator's retry)
 
 
 def next_state(state: State | None, event: Event) -> State | None:
@@ -194,9 +198,10 @@ def _kept(key: TaskKey, current: TaskStatus) -> bool:
         logger.info("not scheduling %s again: it already %s", key, current.state.value)
     elif current.state is State.RELEASED:
         logger.info("not rescheduling %s: it is running", key)
-    elif current.state is State.CANCELLED:
-        # A schedule record read again after its cancel must not bring the task back.
-        logger.info("not scheduling %s again: it was cancelled", key)
+    elif current.state in (State.CANCELLED, State.RESCHEDULED):
+        # A schedule record read again after its cancel (or its move) must not bring the
+        # task back.
+        logger.info("not scheduling %s again: it was %s", key, current.state.value)
     elif current.attempts > 0:
         logger.info("not rescheduling %s: it waits for attempt %d", key, current.attempts + 1)
     else:
@@ -301,6 +306,59 @@ def cancelled(current: TaskStatus | None, now_ms: int, *, row_kept: bool = True)
     return _transition(current.key, Event.CANCEL, State.CANCELLED,
                        RowWrite(RowKind.DELETE, current.partition, current.bucket),
                        _whole(current, State.CANCELLED, now_ms) + _times(None), Expiry.FINAL)
+
+
+def reschedule_problem(current: TaskStatus | None, moved_to: TaskKey | None, to: TaskKey) -> str | None:
+    """Why the key *current* describes may not move to the key *to*; None if it may.
+
+    Only a key that was never released moves: one released, even if it waits for a retry
+    now, ran at its time. *moved_to*: the key an earlier reschedule moved it to, if any; a
+    reschedule read again (after a failed batch) finds it moved there, and may go on.
+    """
+    if current is None:
+        return "it is unknown: not stored yet, never scheduled, or its status expired"
+    key, state = current.key, current.state
+    if state is State.RESCHEDULED:
+        if moved_to == to:
+            return None
+        return f"it was rescheduled already, to {moved_to}: reschedule that key"
+    if state is State.PENDING and current.attempts == 0 and current.bucket is not None:
+        return None
+    if state is State.PENDING:
+        return (f"it was released already, and waits to be retried after attempt "
+                f"{current.attempts}")
+    return {State.RELEASED: "it was released to the workers already: it runs at its time",
+            State.CANCELLED: "it was cancelled, and a cancel is final",
+            }.get(state, f"it {state.value} already ({key} never runs again)")
+
+
+def rescheduled(partition: int, current: TaskStatus | None, moved_to: TaskKey | None,
+                envelope: ScheduleEnvelope, current_new: TaskStatus | None, now_ms: int,
+                bucket_seconds: int, data: bytes | None = None
+                ) -> tuple[Transition | None, Transition | None] | None:
+    """A reschedule of the key *current* describes to *envelope* (its key, another time of
+    the same ordering id): the old key's move, and the new key's put. None if it may not
+    move (see :func:`reschedule_problem`), or if the new key ran or was cancelled already.
+
+    The old key goes first: a store writes the move, then the put, so that a reschedule
+    cut off half-way never leaves both keys to run; read again, it finds the old key moved
+    (*moved_to*) and writes only the put. *current_new*: the new key's status; a pending
+    one is rewritten in place, as a schedule record of it would be.
+    """
+    if reschedule_problem(current, moved_to, envelope.key) is not None:
+        return None
+    assert current is not None
+    put = scheduled(partition, envelope, current_new, now_ms, bucket_seconds, data)
+    if current.state is State.RESCHEDULED:
+        return None, put
+    if put is None:
+        return None
+    assert current.bucket is not None
+    move = _transition(current.key, Event.RESCHEDULE, State.RESCHEDULED,
+                       RowWrite(RowKind.DELETE, current.partition, current.bucket),
+                       (*_whole(current, State.RESCHEDULED, now_ms), *_times(None),
+                        ("envelope", envelope)), Expiry.FINAL)
+    return move, put
 
 
 def retried(partition: int, current: TaskStatus | None, row: StoredTask | None,

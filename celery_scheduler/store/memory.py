@@ -171,6 +171,21 @@ class MemoryScheduleStore(ScheduleStore):
                                                        now_ms, self.bucket_seconds))
             return None if transition is None or transition.row is None else transition.row.task
 
+    def reschedule(self, partition: int, key: TaskKey, envelope: ScheduleEnvelope, now_ms: int,
+                   data: bytes | None = None) -> StoredTask | None:
+        with self._lock:
+            current = self._status.get(key)
+            moved = (self._kept.get(key)
+                     if current is not None and current.state is State.RESCHEDULED else None)
+            planned = lifecycle.rescheduled(partition, current, moved.key if moved else None, envelope,
+                                            self._status.get(envelope.key), now_ms, self.bucket_seconds)
+            if planned is None:
+                return None
+            move, put = planned
+            self._apply(move)
+            self._apply(put)
+            return None if put is None or put.row is None else put.row.task
+
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
         with self._lock:
             return self._kept.get(key)

@@ -19,7 +19,7 @@ from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
 __all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "Operation", "OperatorAction", "Pause", "PauseScope",
-           "Put", "Retry",
+           "Put", "Reschedule", "Retry",
            "RunTimes", "State", "StoredTask", "TaskStatus", "bucket_of", "droppable", "settled_state",
            "write_bucket"]
 
@@ -34,6 +34,8 @@ class State(str, enum.Enum):
     CANCELLED = "cancelled"
     # not released by its deadline (its ``expires``): skipped, and its ordering id moved on
     EXPIRED = "expired"
+    # moved to another time before it was released: the key its status keeps runs instead
+    RESCHEDULED = "rescheduled"
 
     @property
     def finished(self) -> bool:
@@ -195,7 +197,18 @@ class Retry:
     key: TaskKey
 
 
-Operation = Put | Cancel | Retry
+@dataclass(frozen=True)
+class Reschedule:
+    """Move the pending *key* to *envelope*'s key, a later or earlier time of its ordering id
+    (see :meth:`ScheduleStore.reschedule`)."""
+
+    partition: int
+    key: TaskKey
+    envelope: ScheduleEnvelope
+    data: bytes | None = field(default=None, compare=False, repr=False)
+
+
+Operation = Put | Cancel | Retry | Reschedule
 
 
 def bucket_of(scheduled_ms: int, bucket_seconds: int) -> int:

@@ -27,6 +27,7 @@ from celery_scheduler import __version__
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import (
     NotAScheduledTaskError,
+    NotReschedulableError,
     NotRetryableError,
     ScheduleError,
     SchedulerError,
@@ -40,7 +41,7 @@ __all__ = ["create_app"]
 def _status(exc: SchedulerError) -> int:
     if isinstance(exc, NotAScheduledTaskError):
         return 404
-    if isinstance(exc, NotRetryableError):
+    if isinstance(exc, (NotRetryableError, NotReschedulableError)):
         return 409  # the request is fine; the task's state does not allow it
     if isinstance(exc, ScheduleError):
         return 422

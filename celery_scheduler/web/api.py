@@ -181,6 +181,9 @@ class TaskView(BaseModel):
     not_before: str | None = None
     lease_until: str | None = None
     blocked: bool | None = None
+    moved_to: str | None = Field(default=None, description="a rescheduled key: the key it moved to")
+    operator_actions: list[str] | None = Field(
+        default=None, description="the operators' log lines on it, its ordering id or its task")
 
 
 @router.get("/tasks/{ordering_id}/{at}/{unique}", response_model=TaskView,
@@ -188,7 +191,8 @@ class TaskView(BaseModel):
 def status(ordering_id: OrderingId, at: At, unique: Unique, request: Request) -> TaskView:
     """Everything the store knows of a task key."""
     key = task_key(ordering_id, at, unique)
-    described = describe_key(client(request).store, key)
+    scheduler = client(request)
+    described = describe_key(scheduler.store, key, scheduler.clock())
     if described is None:
         raise HTTPException(404, f"{key} is unknown (never stored, or its status expired)")
     return TaskView(**described)
@@ -222,6 +226,42 @@ def retry(ordering_id: OrderingId, at: At, unique: Unique, request: Request) -> 
     key = task_key(ordering_id, at, unique)
     request_retry(client(request), key, by=actor(request))
     return RetryRequested(key=str(key))
+
+
+class RescheduleRequest(BaseModel):
+    """The new time of a pending task: exactly one of ``at`` and ``countdown``."""
+
+    at: dt.datetime | None = Field(default=None, description="the new time, ISO 8601 (UTC if no offset)")
+    countdown: float | None = Field(default=None, description="or: in how many seconds from now")
+
+
+class RescheduleRequested(BaseModel):
+    key: str
+    reschedule: str = "requested"
+    to: dict[str, str] = Field(description="the new key: ordering_id, at, uniqueness_key")
+    path: str = Field(description="the new key's path under /api/v1: GET it for its status")
+
+
+@router.post("/tasks/{ordering_id}/{at}/{unique}/reschedule", status_code=202,
+             response_model=RescheduleRequested, dependencies=[Depends(writer)],
+             responses={409: {"model": Problem, "description": "the task cannot move: released "
+                                                                "already, finished, cancelled or "
+                                                                "moved"}})
+def reschedule(ordering_id: OrderingId, at: At, unique: Unique, move: RescheduleRequest,
+               request: Request) -> RescheduleRequested:
+    """Move a pending task to another time, with its arguments and task id; its old time
+    never fires. A task released already is refused (409): it runs at its time."""
+    from celery_scheduler.reschedules import new_time_ms, request_reschedule
+
+    key = task_key(ordering_id, at, unique)
+    scheduler = client(request)
+    moved = request_reschedule(
+        scheduler, key, new_time_ms(move.at, move.countdown, scheduler.clock()), by=actor(request))
+    new_at = moved.key.scheduled_at.isoformat()
+    return RescheduleRequested(
+        key=str(key), to={"ordering_id": key.ordering_id, "at": new_at,
+                          "uniqueness_key": key.uniqueness_key},
+        path="/tasks/" + segments(key.ordering_id, new_at, key.uniqueness_key))
 
 
 class PartitionOut(BaseModel):

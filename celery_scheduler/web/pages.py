@@ -10,6 +10,7 @@ task of it after a page that counts them.
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +21,13 @@ from fastapi.templating import Jinja2Templates
 
 from celery_scheduler import periodic_admin
 from celery_scheduler.bulk_cancel import Selection, cancel_many
-from celery_scheduler.errors import NotRetryableError, PeriodicEntryError, SchedulerError
+from celery_scheduler.errors import (
+    NotReschedulableError,
+    NotRetryableError,
+    PeriodicEntryError,
+    ScheduleError,
+    SchedulerError,
+)
 from celery_scheduler.operations import (
     describe_key,
     due_soon,
@@ -122,13 +129,18 @@ def task_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Request, 
         return refused
     try:
         key = task_key(ordering_id, at, unique)
-        described = describe_key(client(request).store, key)
+        scheduler = client(request)
+        described = describe_key(scheduler.store, key, scheduler.clock())
     except SchedulerError as exc:
         return _message(request, "Task", str(exc), 422)
     if described is None:
         return _message(request, str(key), "Unknown: never stored, or its status expired.", 404)
+    actions = described.pop("operator_actions", None) or []
     rows = [(name, value) for name, value in described.items() if value is not None]
-    return _kept(_page(request, "task.html", str(key), rows=rows), token)
+    movable = described["state"] == "pending" and not described["attempts"]
+    return _kept(_page(request, "task.html", str(key), rows=rows, actions=actions,
+                       path=segments(ordering_id, at, unique),
+                       movable=movable and _may_write(request, token)), token)
 
 
 @router.get("/ordering-ids", response_class=HTMLResponse)
@@ -236,6 +248,40 @@ def retry_from_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Req
     except SchedulerError as exc:
         return _message(request, "Retry", str(exc), 503)
     return RedirectResponse("/attention", status_code=303)
+
+
+@router.post("/tasks/{ordering_id}/{at}/{unique}/reschedule")
+async def reschedule_from_page(ordering_id: KeyPart, at: str, unique: KeyPart, request: Request
+                               ) -> Response:
+    """The task page's "Move to" form: a new time (ISO 8601, UTC if no offset); needs the
+    write token in the cookie; to the new key's page after."""
+    from urllib.parse import parse_qs
+
+    from celery_scheduler.reschedules import new_time_ms, request_reschedule
+
+    if not _may_write(request):
+        return _message(request, "Reschedule", "Rescheduling needs a write token of "
+                                               "scheduler_api_tokens.", 403)
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    to = (form.get("to") or [""])[0].strip()
+    scheduler = client(request)
+    try:
+        when = dt.datetime.fromisoformat(to.replace("Z", "+00:00"))
+    except ValueError:
+        return _message(request, "Reschedule", f"{to!r:.60} is not an ISO 8601 time, such as "
+                                               "2030-01-01T09:30:00Z", 422)
+    try:
+        moved = request_reschedule(scheduler, task_key(ordering_id, at, unique),
+                                   new_time_ms(when, None, scheduler.clock()), by="console")
+    except NotReschedulableError as exc:
+        return _message(request, "Reschedule", str(exc), 409)
+    except ScheduleError as exc:
+        return _message(request, "Reschedule", str(exc), 422)
+    except SchedulerError as exc:
+        return _message(request, "Reschedule", str(exc), 503)
+    new = moved.key
+    path = segments(new.ordering_id, new.scheduled_at.isoformat(), new.uniqueness_key)
+    return RedirectResponse(f"/tasks/{path}", status_code=303)
 
 
 @router.get("/dead-letters", response_class=HTMLResponse)

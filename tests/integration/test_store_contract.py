@@ -19,6 +19,7 @@ from celery_scheduler.store.base import (
     Cancel,
     Cursor,
     Put,
+    Reschedule,
     Retry,
     RunTimes,
     ScheduleStore,
@@ -311,6 +312,37 @@ def test_cancel_removes_a_pending_row(store: ScheduleStore) -> None:
     assert status is not None and status.state is State.CANCELLED
     assert store.cancel(5, task.key, NOW + 2) is False
     assert store.cancel(5, TaskKey("never", NOW, "u"), NOW) is False
+
+
+def test_a_reschedule_moves_a_pending_key_once_and_keeps_where_it_went(store: ScheduleStore) -> None:
+    old = envelope("a", NOW + 5_000)
+    store.put(0, old, NOW)
+    new = envelope("a", NOW + 125_000, args=["moved"])
+    other = envelope("b", NOW + 1_000)
+    [moved, put] = store.apply([Reschedule(0, old.key, new), Put(0, other)], NOW + 1)
+    assert isinstance(moved, StoredTask) and moved.key == new.key and moved.envelope.args == ["moved"]
+    assert isinstance(put, StoredTask)
+    status = store.status(old.key)
+    assert status is not None and status.state is State.RESCHEDULED
+    kept = store.kept_envelope(old.key)
+    assert kept is not None and kept.key == new.key
+    rows = [row.key for b in (B, B + 2) for row in store.read(0, Cursor(b), 10, inclusive=True)]
+    assert old.key not in rows and new.key in rows
+    # read again (a failed batch): the put is written again, nothing else moves
+    assert store.reschedule(0, old.key, new, NOW + 2) is not None
+    assert store.reschedule(0, old.key, envelope("a", NOW + 9_000), NOW + 3) is None
+    assert store.put(0, old, NOW + 4) is None  # its schedule record read again
+    assert store.cancel(0, old.key, NOW + 5) is False
+
+
+def test_a_reschedule_of_a_released_key_changes_nothing(store: ScheduleStore) -> None:
+    stored = store.put(0, envelope("a", NOW), NOW)
+    assert stored is not None
+    store.mark_released(stored, 1, NOW + 60_000, NOW + 1)
+    assert store.reschedule(0, stored.key, envelope("a", NOW + 60_000), NOW + 2) is None
+    assert store.status(envelope("a", NOW + 60_000).key) is None
+    status = store.status(stored.key)
+    assert status is not None and status.state is State.RELEASED
 
 
 def test_a_release_marked_just_after_a_cancel_leaves_the_key_cancelled(store: ScheduleStore) -> None:
