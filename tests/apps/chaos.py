@@ -63,6 +63,10 @@ MUTANTS = {
     "allow-all-serial": "periodic_allow_all_waited",
     # the operators' pauses read and ignored: what they pause is released all the same
     "ignore-pauses": "released_while_paused",
+    # reschedule records read and dropped: a moved key runs at its old time
+    "ignore-reschedules": "rescheduled_ran_at_old_time",
+    # a reschedule puts the new key and leaves the old one pending: both run
+    "reschedule-keeps-old": "rescheduled_ran_twice",
 }
 MUTANT_COMMIT_FIRST = "commit-before-persist"
 
@@ -291,13 +295,32 @@ def _ignore_pauses() -> None:
     pausing.PauseWatch.refresh = refresh  # type: ignore[method-assign]
 
 
+def _ignore_reschedules() -> None:
+    from celery_scheduler.store import lifecycle
+
+    lifecycle.rescheduled = lambda *args, **kwargs: None  # type: ignore[assignment]
+
+
+def _reschedule_keeps_old() -> None:
+    from celery_scheduler.store import lifecycle
+
+    moved = lifecycle.rescheduled
+
+    def keeps_old(*args: Any, **kwargs: Any) -> Any:
+        planned = moved(*args, **kwargs)
+        return None if planned is None else (None, planned[1])
+
+    lifecycle.rescheduled = keeps_old  # type: ignore[assignment]
+
+
 _BREAK = {"commit-before-persist": _commit_first, "ignore-cancels": _ignore_cancels,
           "release-early": _release_early, "release-two-at-once": _release_two_at_once,
           "release-out-of-order": _release_out_of_order,
           "skip-missed-occurrences": _skip_missed_occurrences,
           "periodic-made-up-keys": _periodic_made_up_keys,
           "overlap-ignored": _overlap_ignored, "overlap-skips-all": _overlap_skips_all,
-          "allow-all-serial": _allow_all_serial, "ignore-pauses": _ignore_pauses}
+          "allow-all-serial": _allow_all_serial, "ignore-pauses": _ignore_pauses,
+          "ignore-reschedules": _ignore_reschedules, "reschedule-keeps-old": _reschedule_keeps_old}
 # Patched in this module, which only harness processes import; the package is untouched.
 # Several mutants, comma-separated, break the dispatcher in each of their ways.
 for _mutant in os.environ.get("CELERY_SCHEDULER_CHAOS_MUTANT", "").split(","):

@@ -35,6 +35,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -232,6 +233,11 @@ class Options:
     # for PAUSE_HOLD seconds, then resumed; None: no pauses
     pause_gap: float | None = None
     pause_ids: int = 1
+    # Reschedules: every reschedule_gap seconds (about), reschedule_ids pending keys due 4 s or
+    # more ahead are moved, each within the gap between its ordering id's neighbours (so the
+    # order by seq holds); None: no reschedules
+    reschedule_gap: float | None = None
+    reschedule_ids: int = 1
 
 
 # One periodic entry in each of the six partitions (their names hash there), every 2 or 3 s:
@@ -278,7 +284,18 @@ class Task:
     far: bool = False  # scheduled far ahead (Options.far_tasks)
     cancel_sent_ms: int = 0  # when the cancel call was made ...
     cancel_ms: int = 0  # ... and when it returned
-    status: str | None = None  # final store status, read for cancelled keys
+    status: str | None = None  # final store status, read for cancelled and moved keys (their
+    # first key's) and keys that did not run
+    move_to_ms: int = 0  # a reschedule asked for this new time (0: none was)
+    move_sent_ms: int = 0  # when the reschedule call was made ...
+    move_ms: int = 0  # ... and when it returned
+    move_accepted: bool | None = None  # False: it raised (it may still have reached Kafka)
+    move_refused: bool = False  # refused before anything was sent (released already)
+
+    @property
+    def latest_ms(self) -> int:
+        """The latest time it may be due: its own, or the one a reschedule asked for."""
+        return max(self.at_ms, self.move_to_ms)
 
 
 @dataclass
@@ -459,6 +476,10 @@ class Run:
         self.lane_errors: list[str] = []
         self._retries: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.pauses: list[OperatorPause] = []
+        self._handles: dict[tuple[str, int], Any] = {}  # accepted keys' schedule handles
+        self._by_id: dict[str, list[Task]] = defaultdict(list)  # each ordering id's, by seq
+        for task in self.tasks:
+            self._by_id[task.ordering_id].append(task)
 
     # --- processes --------------------------------------------------------------------
 
@@ -646,6 +667,63 @@ class Run:
             else:
                 self.lane_errors.append(f"resume of {name}: failed for 10 minutes")
 
+    # --- reschedules ---------------------------------------------------------------------
+
+    def _rescheduler(self, until: float) -> None:
+        """Until *until*: about every reschedule_gap, move reschedule_ids pending keys due 4 s
+        or more ahead to a time between their ordering id's neighbours (see _new_time)."""
+        from celery_scheduler.errors import NotReschedulableError
+
+        rng = random.Random(self.options.seed * 7919 + 5)
+        gap = self.options.reschedule_gap or 0.0
+        while not self._stop.wait(rng.uniform(gap / 2, gap * 1.5)) and time.time() < until:
+            now_ms = int(time.time() * 1000)
+            recent = list(self._handles)[-3000:]
+            rng.shuffle(recent)
+            moved = 0
+            for key in recent:
+                task = self._tasks_by_key(key)
+                if (task.cancel or task.move_to_ms or task.at_ms < now_ms + 4_000):
+                    continue
+                to_ms = self._new_time(task, now_ms, rng)
+                if to_ms is None:
+                    continue
+                task.move_to_ms, task.move_sent_ms = to_ms, int(time.time() * 1000)
+                try:
+                    self._handles[key].reschedule(
+                        at=dt.datetime.fromtimestamp(to_ms / 1000, dt.timezone.utc),
+                        kwargs={"duration": task.duration, "scheduled_for": to_ms / 1000})
+                    task.move_accepted = True
+                except NotReschedulableError as exc:
+                    task.move_accepted, task.move_refused, task.error = False, True, repr(exc)
+                except Exception as exc:
+                    task.move_accepted, task.error = False, repr(exc)
+                task.move_ms = int(time.time() * 1000)
+                moved += 1
+                if moved >= self.options.reschedule_ids:
+                    break
+        self.say(f"   reschedules: {sum(1 for t in self.tasks if t.move_to_ms)} asked")
+
+    def _tasks_by_key(self, key: tuple[str, int]) -> Task:
+        return self._by_id[key[0]][key[1]]
+
+    def _new_time(self, task: Task, now_ms: int, rng: random.Random) -> int | None:
+        """A new time for *task*, earlier or later, that keeps it after the task before it and
+        before the task after it in its ordering id (later only once that one was made), no
+        sooner than 2 s from now; None if there is no room."""
+        tasks = self._by_id[task.ordering_id]
+        before = tasks[task.seq - 1].latest_ms if task.seq > 0 else 0
+        spans = [(max(before + 50, now_ms + 2_000), task.at_ms - 300)]
+        if task.seq + 1 < len(tasks) and tasks[task.seq + 1].at_ms:
+            after = tasks[task.seq + 1]
+            upper = min(after.at_ms, after.move_to_ms or after.at_ms)
+            spans.append((task.at_ms + 300, upper - 50))
+        spans = [(low, high) for low, high in spans if high - low >= 200]
+        if not spans:
+            return None
+        low, high = rng.choice(spans)
+        return rng.randint(low, high)
+
     # --- workload ---------------------------------------------------------------------
 
     def _client(self) -> Any:
@@ -759,6 +837,7 @@ class Run:
 
     def _accepted(self, task: Task, handle: Any) -> None:
         task.accepted = True
+        self._handles[(task.ordering_id, task.seq)] = handle
         if task.cancel:
             task.cancel_sent_ms = int(time.time() * 1000)
             try:
@@ -864,6 +943,9 @@ class Run:
         threads += [threading.Thread(target=self._lane, args=(lane,), name="lane") for lane in self.lanes]
         if o.pause_gap:
             threads.append(threading.Thread(target=self._pauser, args=(started + window,), name="pauser"))
+        if o.reschedule_gap:
+            threads.append(threading.Thread(target=self._rescheduler, args=(started + window,),
+                                            name="rescheduler"))
         self._threads = threads
         for thread in threads:
             thread.start()
@@ -882,7 +964,7 @@ class Run:
         self.say("== reading the status of cancelled keys and of keys that did not run")
         self.executions.read()
         statuses = [t for t in self.tasks if t.accepted and (
-            t.cancel or (t.ordering_id, t.seq) not in self.executions.started)]
+            t.cancel or t.move_to_ms or (t.ordering_id, t.seq) not in self.executions.started)]
         store = client.store
         from celery_scheduler.keys import TaskKey
 
@@ -920,7 +1002,7 @@ class Run:
         return waiting
 
     def _drain(self, store: Any) -> bool:
-        last_due = max((t.at_ms for t in self.tasks if t.accepted), default=0) / 1000
+        last_due = max((t.latest_ms for t in self.tasks if t.accepted), default=0) / 1000
         deadline = max(time.time(), last_due) + self.options.drain_seconds
         self.say(f"== draining (up to {deadline - time.time():.0f}s)")
         while time.time() < deadline:

@@ -80,6 +80,10 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         *([f"- operators' pauses (`celery_scheduler.pauses`): about every {o.pause_gap:g} s, "
            f"{o.pause_ids} ordering id(s) paused for {PAUSE_HOLD[0]:g}-{PAUSE_HOLD[1]:g} s, then "
            "resumed;"] if o.pause_gap else []),
+        *([f"- reschedules (`handle.reschedule`): about every {o.reschedule_gap:g} s, "
+           f"{o.reschedule_ids} pending key(s) due 4 s or more ahead moved, earlier or later, "
+           "between the keys before and after them in their ordering id;"]
+          if o.reschedule_gap else []),
         *([f"- periodic entries fired by the dispatchers (`scheduler_periodic`), each an "
            f"interval: {', '.join(_entry(PeriodicEntry(*e)) for e in o.periodic)};"]
           if o.periodic else []),
@@ -134,6 +138,13 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
            f"{c['operator_pauses']} / {c['held_by_pauses']} |",
            f"| **released while paused** | **{c['released_while_paused']}** |"]
           if o.pause_gap else []),
+        *([f"| reschedules asked / acknowledged / refused (released first) | "
+           f"{c['reschedules_asked']} / {c['reschedules_accepted']} / {c['reschedules_refused']} |",
+           f"| ... ran at the new time / ran at the old time (the move came after the release) / "
+           f"never ran (not accepted) | {c['moved']} / {c['move_came_too_late']} / {c['move_not_run']} |",
+           f"| **rescheduled but ran at the old time** / **ran at both times** | "
+           f"**{c['rescheduled_ran_at_old_time']}** / **{c['rescheduled_ran_twice']}** |"]
+          if o.reschedule_gap else []),
         f"| workers that stopped their task by ending their process, no beat of it having reached "
         f"Kafka for its run lease (by design; restarted) | {c['lease_stops']} |",
         f"| dispatchers/workers that exited otherwise (restarted) or faults that failed | "

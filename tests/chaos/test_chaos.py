@@ -102,6 +102,10 @@ def test_quick_chaos_run_keeps_every_guarantee(broker: str, chaos_services: Path
     # operators paused ordering ids meanwhile; nothing of them was released while paused
     assert verdict.counts["operator_pauses"] > 0
     assert verdict.counts["released_while_paused"] == 0, violations
+    # keys were moved meanwhile; none ran at its old time, nor at both
+    assert verdict.counts["moved"] > 0
+    assert verdict.counts["rescheduled_ran_at_old_time"] == 0, violations
+    assert verdict.counts["rescheduled_ran_twice"] == 0, violations
     noisy = noisy_lines(tmp_path)
     print(f"WARNING-or-above lines per dispatcher log: {noisy}")
     assert noisy and max(noisy.values()) <= NOISY_LINES_PER_DISPATCHER, noisy
@@ -135,16 +139,19 @@ def test_the_chaos_run_catches_a_dispatcher_that_commits_before_it_persists(
 
 # A dispatcher broken on purpose, no faults: each mutant must make the verdict of the
 # guarantee it breaks fail (tests.apps.chaos.MUTANTS names which), or that verdict could
-# never fail. Half the tasks run 50-500 ms and a third are cancelled, so that every broken
-# rule has tasks to show on.
+# never fail. Half the tasks run 50-500 ms, a third are cancelled, and three keys are moved
+# every second, so that every broken rule has tasks to show on.
 BROKEN = Options(tasks=200, ordering_ids=20, kinds=(), produce_seconds=10.0, drain_seconds=6.0,
-                 delay=(1.0, 5.0), slow_share=0.5, cancel_share=0.3, periodic=PERIODIC_ENTRIES)
+                 delay=(1.0, 5.0), slow_share=0.5, cancel_share=0.3, periodic=PERIODIC_ENTRIES,
+                 reschedule_gap=1.0, reschedule_ids=3)
 # Mutants share a run where none can break the others' rules: a task released early is
 # neither a cancel dropped nor a periodic key made up, nor an overlap policy ignored. Those
 # that release an ordering id's tasks wrongly run apart, since either could break the
 # other's rule too.
-BROKEN_TOGETHER = ("ignore-cancels,periodic-made-up-keys,release-early,overlap-ignored,allow-all-serial",
-                   "release-out-of-order,overlap-skips-all", "release-two-at-once,ignore-pauses")
+BROKEN_TOGETHER = ("ignore-cancels,periodic-made-up-keys,release-early,overlap-ignored,allow-all-serial,"
+                   "ignore-reschedules",
+                   "release-out-of-order,overlap-skips-all,reschedule-keeps-old",
+                   "release-two-at-once,ignore-pauses")
 # The run of a dispatcher that ignores pauses pauses a quarter of its ordering ids at a time,
 # soon after it starts: each has a task due about every second while it is paused.
 BROKEN_PAUSES = {"pause_gap": 2.0, "pause_ids": 5}

@@ -57,6 +57,14 @@ The rules (each run of a task writes ``start`` and ``end`` lines; a *key* is an
   read and its marks) and before the first resume call. A key due while its ordering id was
   paused, or up to 5 s after, that first started once the pause began was **held by a
   pause**: its lateness is the operator's doing, and is reported apart from the others.
+- **rescheduled**: a key an operator moved (``handle.reschedule``) runs at one of its two
+  times, never both: a run at the old time while the old key's store status says
+  ``rescheduled``, or of a move acknowledged before the old key's release could be marked
+  (its due time less ``scheduler_release_ahead_seconds``), **ran at the old time**; runs at
+  both times, or at the new time of a move refused before it was sent, **ran twice**. Which
+  time a run was for, its arguments say (the move changes them). Its runs at the new time
+  are judged early, late and in order by the new time; a move that came after the release
+  (the old key ran, the new never appeared) is counted apart.
 - **lateness**: first start minus scheduled time (or minus the time of its accepted call,
   when that was made later: a call made again), over all keys that ran; "during faults"
   are keys due between a fault's injection and 5 s after its end; "quiet" the others. The
@@ -122,7 +130,7 @@ class Verdict:
     VIOLATIONS = ("lost", "early", "order_violations", "overlaps", "cancelled_but_ran",
                   "not_accepted_but_ran", "retried_ran_twice", "periodic_missed", "periodic_strays",
                   "periodic_overlap_broken", "periodic_skipped_wrongly", "periodic_allow_all_waited",
-                  "released_while_paused")
+                  "released_while_paused", "rescheduled_ran_at_old_time", "rescheduled_ran_twice")
 
     @property
     def ok(self) -> bool:
@@ -293,14 +301,18 @@ def verify(facts: RunFacts) -> Verdict:
         if task.status is None:
             verdict.counts["never_stored"] += 1
 
-    # early, lateness
+    # early, lateness: by the time each run was for (a moved key's new one, or its old)
+    due_ms = _verify_moves(verdict, facts.tasks, starts, facts.release_ahead_ms)
     lateness: dict[tuple[str, int], float] = {}
-    for key, started in first_start.items():
+    for key, events in starts.items():
         task = tasks[key]
-        if started - task.at_ms / 1000 < -EARLY_TOLERANCE:
-            verdict.flag("early", f"{key} started {task.at_ms / 1000 - started:.3f}s before "
-                                  f"{task.at_ms / 1000:.3f}")
-        lateness[key] = started - max(task.at_ms, task.call_ms) / 1000
+        for event in events:
+            own = _run_for(task, event)
+            if event["t"] - own / 1000 < -EARLY_TOLERANCE:
+                verdict.flag("early", f"{key} started {own / 1000 - event['t']:.3f}s before "
+                                      f"{own / 1000:.3f}")
+        asked_ms = task.move_sent_ms if key in due_ms else task.call_ms
+        lateness[key] = first_start[key] - max(due_ms.get(key, task.at_ms), asked_ms) / 1000
     held = _verify_pauses(verdict, facts.pauses, starts, first_start, tasks)
     if held:
         verdict.lateness["held by operators' pauses"] = percentiles(lateness[key] for key in held)
@@ -344,7 +356,7 @@ def verify(facts: RunFacts) -> Verdict:
                      [(begin, end) for begin, end, _ in windows], runs)
 
     # lateness overall, during faults (per kind) and quiet; recovery per fault kind
-    due = sorted((tasks[key].at_ms / 1000, late) for key, late in lateness.items())
+    due = sorted((due_ms.get(key, tasks[key].at_ms) / 1000, late) for key, late in lateness.items())
     due_times = [d for d, _ in due]
     during: set[int] = set()
     per_kind: dict[str, list[float]] = defaultdict(list)
@@ -381,6 +393,56 @@ def verify(facts: RunFacts) -> Verdict:
     verdict.counts["pauses_with_takeover"] = sum(
         1 for f in pauses if f.detail.get("partitions_taken_over", 0) > 0)
     return verdict
+
+
+def _run_for(task: Task, event: dict[str, Any]) -> int:
+    """The scheduled time (ms) a run of *task* was for: a moved key's new one, if the run's
+    arguments say so (a reschedule changes them), else its own."""
+    if task.move_to_ms and abs(event.get("scheduled_for", 0.0) * 1000 - task.move_to_ms) < 1.5:
+        return task.move_to_ms
+    return task.at_ms
+
+
+def _verify_moves(verdict: Verdict, all_tasks: list[Task],
+                  starts: dict[tuple[str, int], list[dict[str, Any]]],
+                  ahead_ms: int) -> dict[tuple[str, int], int]:
+    """Flag moved keys that ran at their old time, or at both; return, per key whose first
+    run was at its new time, that time."""
+    for name in ("reschedules_asked", "reschedules_accepted", "reschedules_refused", "moved",
+                 "move_came_too_late", "move_not_run"):
+        verdict.counts[name] = 0
+    due_ms = {}
+    for task in all_tasks:
+        if not task.move_to_ms:
+            continue
+        key = (task.ordering_id, task.seq)
+        verdict.counts["reschedules_asked"] += 1
+        verdict.counts["reschedules_accepted"] += bool(task.move_accepted)
+        verdict.counts["reschedules_refused"] += task.move_refused
+        events = sorted(starts.get(key, ()), key=lambda e: e["t"])
+        new = [e for e in events if _run_for(task, e) == task.move_to_ms]
+        old = [e for e in events if _run_for(task, e) != task.move_to_ms]
+        if new and (old or task.move_refused):
+            verdict.flag("rescheduled_ran_twice",
+                         f"{key}: ran at its old time {task.at_ms / 1000:.3f} ({len(old)} run(s)) "
+                         f"and at its new time {task.move_to_ms / 1000:.3f} ({len(new)} run(s))"
+                         if old else f"{key}: its move was refused, yet it ran at the new time")
+        elif old and (task.status == "rescheduled"
+                      or (task.move_accepted and task.move_ms < task.at_ms - ahead_ms)):
+            verdict.flag("rescheduled_ran_at_old_time",
+                         f"{key}: moved to {task.move_to_ms / 1000:.3f} (acknowledged "
+                         f"{(task.at_ms - ahead_ms - task.move_ms) / 1000:.3f}s before its release "
+                         f"could be marked; its old key says {task.status}), yet started at "
+                         f"{old[0]['t']:.3f} for {task.at_ms / 1000:.3f}")
+        elif new:
+            verdict.counts["moved"] += 1
+        elif old:
+            verdict.counts["move_came_too_late"] += 1
+        else:
+            verdict.counts["move_not_run"] += 1
+        if events and _run_for(task, events[0]) == task.move_to_ms:
+            due_ms[key] = task.move_to_ms
+    return due_ms
 
 
 def _verify_pauses(verdict: Verdict, pauses: list[OperatorPause],

@@ -426,3 +426,41 @@ def test_a_key_held_by_a_pause_is_kept_out_of_the_lateness_figures() -> None:
     assert verdict.counts["held_by_pauses"] == 1
     assert verdict.lateness["held by operators' pauses"]["max"] == pytest.approx(18.01, abs=1e-3)
     assert verdict.lateness["overall"]["n"] == 1  # b's only
+
+
+def moved(seq: int = 0, at: float = 20.0, to: float = 15.0, **fields: Any) -> Task:
+    """A key due at *at*, moved to *to* by a reschedule acknowledged at 5 s."""
+    return task("a", seq, at, move_to_ms=int((T0 + to) * 1000), move_sent_ms=int((T0 + 4.9) * 1000),
+                move_ms=int((T0 + 5) * 1000), move_accepted=fields.pop("move_accepted", True), **fields)
+
+
+def at_time(seq: int, start: float, scheduled: float) -> list[dict[str, Any]]:
+    return run("a", seq, start, start + 0.1, scheduled_for=T0 + scheduled)
+
+
+def test_a_moved_key_that_ran_at_its_new_time_passes_and_is_judged_by_it() -> None:
+    verdict = verify(facts([moved(status="rescheduled")], at_time(0, 15.002, 15)))
+    assert verdict.ok, violations(verdict)
+    assert (verdict.counts["moved"], verdict.counts["reschedules_asked"]) == (1, 1)
+    assert verdict.lateness["overall"]["max"] == pytest.approx(0.002, abs=1e-3)
+    early = verify(facts([moved(to=25.0)], at_time(0, 24.0, 25)))
+    assert violations(early) == {"early": 1}
+
+
+def test_a_moved_key_that_ran_at_its_old_time_or_at_both_is_flagged() -> None:
+    old = verify(facts([moved(status="succeeded")], at_time(0, 20.001, 20)))
+    assert violations(old) == {"rescheduled_ran_at_old_time": 1}
+    both = verify(facts([moved(status="rescheduled")], at_time(0, 15.001, 15) + at_time(0, 20.001, 20)))
+    assert violations(both) == {"rescheduled_ran_twice": 1}
+    refused = verify(facts([moved(move_accepted=False, move_refused=True)], at_time(0, 15.001, 15)))
+    assert violations(refused) == {"rescheduled_ran_twice": 1}
+
+
+def test_a_move_that_came_after_the_release_may_leave_the_key_at_its_old_time() -> None:
+    late = replace(moved(at=5.2, to=8.0, status="succeeded"))
+    verdict = verify(facts([late], at_time(0, 5.201, 5.2)))
+    assert verdict.ok, violations(verdict)
+    assert verdict.counts["move_came_too_late"] == 1
+    # a move that raised may or may not have been written: either time passes, not both
+    unsure = verify(facts([moved(move_accepted=False, status="succeeded")], at_time(0, 20.001, 20)))
+    assert unsure.ok, violations(unsure)
