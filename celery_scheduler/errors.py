@@ -17,8 +17,10 @@
     │   ├── NotReschedulableError    a reschedule was asked for a task released, finished,
     │   │                            cancelled, moved already, or unknown
     │   ├── SelectionError           a bulk cancel's selection is empty or contradicts itself
-    │   └── PauseError               a pause names nothing or two things, or a resume names
-    │                                what is not paused
+    │   ├── PauseError               a pause names nothing or two things, or a resume names
+    │   │                            what is not paused
+    │   └── RateLimitError           a rate limit names nothing or two things, its rate is
+    │                                not a number > 0, or a lift names what is not limited
     ├── EnvelopeDecodeError          bytes from the topic are not a valid envelope
     ├── BrokerError                  the Celery broker did not take a release
     │   ├── ReleaseNotSentError      certainly not sent (no connection): sent again soon
@@ -49,6 +51,7 @@ __all__ = [
     "NotUnderTestError",
     "PauseError",
     "PeriodicEntryError",
+    "RateLimitError",
     "ReleaseNotSentError",
     "ReleaseUncertainError",
     "ScheduleError",
@@ -126,6 +129,11 @@ class NotReschedulableError(ScheduleError):
     by the dispatcher: the task either moves (its old time never fires) or runs at its old
     time (the new key never appears), never both, never neither.
     """
+
+
+class RateLimitError(ScheduleError):
+    """A rate limit named nothing, or more than one thing (a task name or an ordering id),
+    its rate was not a finite number above 0, or a lift named what is not limited."""
 
 
 class EnvelopeDecodeError(SchedulerError, ValueError):

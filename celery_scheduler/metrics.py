@@ -17,6 +17,8 @@ celery_scheduler_loaded_tasks                         gauge      tasks held in m
 celery_scheduler_in_flight_tasks                      gauge      released, outcome not yet seen
 celery_scheduler_owned_partitions                     gauge      partitions leased by this process
 celery_scheduler_held_ordering_ids                    gauge      ordering ids a pause holds here
+celery_scheduler_rate_limit_per_second{task}          gauge      this dispatcher's share of a limit
+celery_scheduler_rate_limited_total                   counter    releases put off to a later slot
 ====================================================  =========  ==============================
 """
 
@@ -49,6 +51,8 @@ class Metrics:
     def state(self, loaded: int, in_flight: int, partitions: int) -> None: ...
 
     def held(self, ordering_ids: int) -> None: ...
+
+    def rate_limits(self, per_second: dict[str, float], delayed: int) -> None: ...
 
 
 def _prometheus() -> Any:
@@ -84,6 +88,12 @@ class PrometheusMetrics(Metrics):
         self._partitions = p.Gauge("celery_scheduler_owned_partitions", "partitions leased", **kw)
         self._held = p.Gauge("celery_scheduler_held_ordering_ids",
                              "ordering ids whose due task a pause holds", **kw)
+        self._limit = p.Gauge("celery_scheduler_rate_limit_per_second",
+                              "this dispatcher's share of a task name's rate limit", ["task"], **kw)
+        self._delayed = p.Counter("celery_scheduler_rate_limited",
+                                  "releases put off to a rate limit's next slot", **kw)
+        self._delayed_seen = 0
+        self._limited: set[str] = set()
 
     def persisted(self, count: int = 1) -> None:
         self._persisted.inc(count)
@@ -114,6 +124,16 @@ class PrometheusMetrics(Metrics):
 
     def held(self, ordering_ids: int) -> None:
         self._held.set(ordering_ids)
+
+    def rate_limits(self, per_second: dict[str, float], delayed: int) -> None:
+        for task in self._limited - per_second.keys():  # lifted
+            self._limit.remove(task)
+        for task, rate in per_second.items():
+            self._limit.labels(task).set(rate)
+        self._limited = set(per_second)
+        if delayed > self._delayed_seen:
+            self._delayed.inc(delayed - self._delayed_seen)
+        self._delayed_seen = delayed
 
 
 def serve(port: int, address: str = "0.0.0.0") -> PrometheusMetrics:

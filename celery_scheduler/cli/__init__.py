@@ -14,6 +14,8 @@
     celery -A proj scheduler cancel-many [--ordering-id ID] [--task NAME] [--from T] [--before T] [--dry-run]
     celery -A proj scheduler pause|resume --task NAME | --ordering-id ID | --all
     celery -A proj scheduler pauses                # the pauses in force
+    celery -A proj scheduler rate-limit --task NAME | --ordering-id ID --per-second N | --lift
+    celery -A proj scheduler rate-limits           # the rate limits in force
     celery -A proj scheduler audit                 # the operators' log: who did what, when
     celery -A proj scheduler dead-letters list [--reason TEXT]
     celery -A proj scheduler dead-letters replay [--reason TEXT]
@@ -24,7 +26,16 @@
 
 from __future__ import annotations
 
-from celery_scheduler.cli import audit, bulk, jobs, moving, operate, pausing, periodic  # noqa: F401  (their commands join the group)
+from celery_scheduler.cli import (  # noqa: F401  (their commands join the group)
+    audit,
+    bulk,
+    jobs,
+    limiting,
+    moving,
+    operate,
+    pausing,
+    periodic,
+)
 from celery_scheduler.cli.group import scheduler
 
 __all__ = ["scheduler"]

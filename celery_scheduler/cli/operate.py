@@ -43,6 +43,7 @@ def status(ctx: click.Context, key: tuple[str, ...], as_json: bool, no_lag: bool
         lags = None if no_lag else consumer_lag(client.settings)
         views = partitions(client.task_log.partitions(), client.store, now_ms(), lags)
         paused = client.store.pauses()
+        limits = client.store.rate_limits()
     except SchedulerError as exc:
         _fail(exc)
     if as_json:
@@ -62,6 +63,10 @@ def status(ctx: click.Context, key: tuple[str, ...], as_json: bool, no_lag: bool
     if paused:
         click.echo(f"paused ({len(paused)}; see `scheduler pauses`): "
                    + ", ".join(sorted(p.label for p in paused)[:10]) + (", ..." if len(paused) > 10 else ""))
+    if limits:
+        click.echo(f"rate-limited ({len(limits)}; see `scheduler rate-limits`): "
+                   + ", ".join(sorted(f"{r.label} {r.per_second:g}/s" for r in limits)[:10])
+                   + (", ..." if len(limits) > 10 else ""))
 
 
 def _table(rows: list[tuple[str, ...]]) -> None:

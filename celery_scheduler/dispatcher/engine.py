@@ -65,6 +65,7 @@ from celery_scheduler.metrics import Metrics
 from celery_scheduler.outages import Outages
 from celery_scheduler.release import publish_each
 from celery_scheduler.store.base import ScheduleStore, StoredTask
+from celery_scheduler.store.records import PauseScope
 from celery_scheduler.wire import Outcome, Release
 
 __all__ = ["Engine", "EngineSettings"]
@@ -104,6 +105,10 @@ class Engine:
         # the operators' pauses, read every few seconds; everything is held until first read
         self.pauses = PauseWatch(store, monotonic=monotonic)
         self.timetable.hold_by(self.pauses.held)
+        # the scheduler topic's partitions, for this dispatcher's share of a task name's rate
+        # limit (0: unknown, all of it); and which limits and share the limiter has
+        self.partition_count = 0
+        self._limits_seen: tuple[int, float] = (0, 1.0)
         # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
         self.claims = Claims()
         self.metrics = metrics or Metrics()
@@ -271,6 +276,7 @@ class Engine:
         self.cancels.confirm()
         if self.pauses.refresh(self.clock()):
             self.timetable.hold_by(self.pauses.held)
+        self._limit()
         watch.lap("events")
         # Tasks already loaded and due go first: recording successes, lease upkeep and
         # schedule reads are store round trips that would otherwise stand between a due time
@@ -301,7 +307,24 @@ class Engine:
         self.metrics.state(len(self.timetable), self.timetable.in_flight_count(),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
         self.metrics.held(self.timetable.held_count())
+        if self.pauses.limits or self.timetable.limiter.delayed:  # (once lifted: gauges go)
+            limiter = self.timetable.limiter
+            self.metrics.rate_limits({r.value: limiter.rate_of(r.value) or 0.0
+                                      for r in self.pauses.limits if r.scope is PauseScope.TASK},
+                                     limiter.delayed)
         watch.step_done(self)
+
+    def _limit(self) -> None:
+        """Give the limiter the rate limits last read and this dispatcher's share of the
+        partitions, when either changed."""
+        held = sum(1 for p in self.partitions.values() if p.lease is not None)
+        share = held / self.partition_count if self.partition_count else 1.0
+        seen = (self.pauses.limits_read, share)
+        if seen != self._limits_seen:
+            self._limits_seen = seen
+            self.timetable.limit_by(self.pauses.limits, share)
+            if self.timetable.limiter:
+                logger.info("rate limits here: %s", self.timetable.limiter.describe())
 
     def _wait_seconds(self) -> float:
         now = self.clock()

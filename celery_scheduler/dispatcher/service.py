@@ -192,6 +192,7 @@ class Dispatcher:
                              prepare_many=self._prepare_many, publish_prepared=self._send_prepared,
                              confirm=self.publisher.collect_confirms,
                              switch_interval=sys.setswitchinterval)
+        self.engine.partition_count = self._partitions  # its share of a rate limit
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
         self.delivery = KafkaDelivery(base, self.engine.outcomes)

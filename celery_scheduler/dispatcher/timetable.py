@@ -5,7 +5,9 @@ enforces the ordering rule: per ordering id, the head task (earliest scheduled t
 released only when nothing of that ordering id is in flight, so tasks of one ordering id
 never overlap and run in schedule order, while any number of ordering ids run side by side.
 A head the operators' pauses hold (:attr:`Timetable.held`) is not taken: its ordering id
-waits, in order, until :meth:`Timetable.hold_by` lifts the pause.
+waits, in order, until :meth:`Timetable.hold_by` lifts the pause. A head of a rate-limited
+task name or ordering id is taken at the slot :attr:`Timetable.limiter` books for it: one
+booked later than now waits in the heap until then (see ``limits``).
 It does no I/O and is used from a single thread.
 """
 
@@ -17,10 +19,11 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from celery_scheduler.dispatcher.limits import Limiter
 from celery_scheduler.dispatcher.pausing import NOTHING, Held
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.store.base import RunTimes, StoredTask
+from celery_scheduler.store.base import RateLimit, RunTimes, StoredTask
 
 __all__ = ["Loaded", "Timetable"]
 
@@ -50,6 +53,9 @@ class Loaded:
     first_released_ms: int = 0
     started_ms: int = 0
     finished_ms: int = 0
+    # the later slot a rate limit booked for its next release (0: none), until it is back
+    # from flight: sent at it (its due time), as any release marked ahead
+    slot_ms: int = 0
 
     @property
     def key(self) -> TaskKey:
@@ -71,7 +77,8 @@ class Loaded:
 
     @property
     def due_ms(self) -> int:
-        return max(self.envelope.key.scheduled_ms, self.not_before_ms, self.lease_until_ms)
+        return max(self.envelope.key.scheduled_ms, self.not_before_ms, self.lease_until_ms,
+                   self.slot_ms)
 
     @property
     def order(self) -> tuple[int, str]:
@@ -110,6 +117,7 @@ class Timetable:
         # the heap until hold_by() changes what is held.
         self.held: Held = NOTHING
         self._held_ids: set[str] = set()
+        self.limiter = Limiter()  # the operators' rate limits
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -166,6 +174,7 @@ class Timetable:
         if queue.in_flight is task:
             queue.in_flight = None
             self._in_flight -= 1
+            task.slot_ms = 0  # its slot was used: another release books another
 
     def _unlink(self, queue: _Queue, task: Loaded) -> None:
         index = next(i for i, (_, t) in enumerate(queue.tasks) if t is task)
@@ -190,6 +199,7 @@ class Timetable:
         while self._parked and self._parked[0][0] <= now_ms:
             heapq.heappush(self._heap, heapq.heappop(self._parked))
         released: list[Loaded] = []
+        limiter = self.limiter if self.limiter else None
         while self._heap and self._heap[0][0] <= now_ms + ahead_ms:
             entry = heapq.heappop(self._heap)
             due_ms, _, ordering_id = entry
@@ -205,6 +215,13 @@ class Timetable:
             if due_ms > now_ms and head.awaiting_outcome:
                 heapq.heappush(self._parked, entry)
                 continue
+            if limiter is not None and not head.slot_ms:
+                at = max(due_ms, now_ms)
+                slot = limiter.book(head.envelope.task, ordering_id, at)
+                if slot > at:  # back in the heap at its slot, taken (ahead) as any due head
+                    head.slot_ms = slot
+                    heapq.heappush(self._heap, (slot, next(self._tie), ordering_id))
+                    continue
             queue.in_flight = head
             self._in_flight += 1
             self._leased[head.key] = head
@@ -221,6 +238,16 @@ class Timetable:
         for ordering_id in released:
             queue = self._queues.get(ordering_id)
             if queue is not None:
+                self._schedule(ordering_id, queue)
+
+    def limit_by(self, limits: Iterable[RateLimit], share: float) -> None:
+        """From now on, release by *limits* at this dispatcher's *share*; the slots booked
+        so far are booked again (a changed rate, or share, changes them)."""
+        self.limiter.update(limits, share)
+        for ordering_id, queue in self._queues.items():
+            head = queue.head()
+            if head is not None and head.slot_ms:
+                head.slot_ms = 0
                 self._schedule(ordering_id, queue)
 
     def held_count(self) -> int:

@@ -31,6 +31,7 @@ from celery_scheduler.store.records import (
     Pause,
     PauseScope,
     Put,
+    RateLimit,
     Reschedule,
     Retry,
     RunTimes,
@@ -45,9 +46,9 @@ from celery_scheduler.store.records import (
 
 __all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "LeaseTable", "Operation", "OperatorAction",
            "OperatorLog", "OperatorReads", "Pause", "PauseScope", "PauseTable", "PeriodicLog", "Put",
-           "ReleaseLedger", "Reschedule", "Retry", "RunTimes", "ScheduleStore", "State", "StatusReads",
-           "StoredTask", "TaskStatus", "TaskWriter", "bucket_of", "droppable", "settled_state",
-           "write_bucket"]
+           "RateLimit", "RateLimitTable", "ReleaseLedger", "Reschedule", "Retry", "RunTimes",
+           "ScheduleStore", "State", "StatusReads", "StoredTask", "TaskStatus", "TaskWriter", "bucket_of",
+           "droppable", "settled_state", "write_bucket"]
 
 
 class StatusReads(abc.ABC):
@@ -331,6 +332,23 @@ class PauseTable(abc.ABC):
         """Forget the pause of *scope* and *value*, if there is one."""
 
 
+class RateLimitTable(abc.ABC):
+    """The operators' rate limits (see :mod:`celery_scheduler.rate_limits`): few, read by
+    every dispatcher every few seconds, written by operators."""
+
+    @abc.abstractmethod
+    def rate_limits(self) -> list[RateLimit]:
+        """Every rate limit in force."""
+
+    @abc.abstractmethod
+    def put_rate_limit(self, limit: RateLimit) -> None:
+        """Keep *limit* (it replaces one of the same scope and value)."""
+
+    @abc.abstractmethod
+    def drop_rate_limit(self, scope: PauseScope, value: str) -> None:
+        """Forget the rate limit of *scope* and *value*, if there is one."""
+
+
 class OperatorLog(abc.ABC):
     """The operators' log (see :mod:`celery_scheduler.audit`): appended to by operators'
     tools, read newest first; each line kept for ``OPERATOR_LOG_DAYS``."""
@@ -345,7 +363,7 @@ class OperatorLog(abc.ABC):
 
 
 class ScheduleStore(TaskWriter, ReleaseLedger, LeaseTable, OperatorReads, PeriodicLog, PauseTable,
-                    OperatorLog):
+                    RateLimitTable, OperatorLog):
     """Persists pending tasks by (partition, time), task status by key, and partition leases."""
 
     bucket_seconds: int

@@ -36,6 +36,7 @@ from celery_scheduler.store.base import (
 )
 from celery_scheduler.store.cassandra_audit import Audit
 from celery_scheduler.store.cassandra_leases import PartitionLeases
+from celery_scheduler.store.cassandra_limits import RateLimits
 from celery_scheduler.store.cassandra_pauses import Pauses
 from celery_scheduler.store.cassandra_periodic import PeriodicEntries
 from celery_scheduler.store.cassandra_views import OperatorViews
@@ -65,8 +66,8 @@ logger = logging.getLogger(__name__)
 STATUSES_A_REQUEST = 100
 
 
-class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pauses, Audit,
-                             ScheduleStore):
+class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pauses, RateLimits,
+                             Audit, ScheduleStore):
     """Pending tasks and task status in one Cassandra keyspace."""
 
     def __init__(self, contact_points: Sequence[str], keyspace: str, *, port: int = 9042,

@@ -40,6 +40,7 @@ from celery_scheduler.store.schema import (
     OLD_STATUS_TABLE,
     OPERATOR_LOG_TABLE,
     PAUSES_TABLE,
+    RATE_LIMITS_TABLE,
     check_identifier,
     keyspace_statements,
 )
@@ -310,6 +311,7 @@ class CqlSession:
                 f"{OLD_STATUS_TABLE!r}, as earlier versions did; stop the dispatchers and run "
                 "`celery -A <your app> scheduler init`, which moves them to 'key_status'")
         for table, kept in ((LEASES_TABLE, "partition leases"), (PAUSES_TABLE, "operators' pauses"),
+                            (RATE_LIMITS_TABLE, "operators' rate limits"),
                             (OPERATOR_LOG_TABLE, "the operators' log")):
             with translate_errors("read the schema"):
                 present = self._has_table(table)

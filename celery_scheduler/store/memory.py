@@ -17,6 +17,7 @@ from celery_scheduler.store.base import (
     OperatorAction,
     Pause,
     PauseScope,
+    RateLimit,
     RunTimes,
     ScheduleStore,
     State,
@@ -51,6 +52,7 @@ class MemoryScheduleStore(ScheduleStore):
         self._fired: dict[int, dict[str, int]] = {}
         self._changes: dict[str, EntryChange] = {}  # periodic entries changed at run time
         self._pauses: dict[tuple[PauseScope, str], Pause] = {}
+        self._limits: dict[tuple[PauseScope, str], RateLimit] = {}
         self._actions: list[OperatorAction] = []  # the operators' log, oldest first
         self._lock = threading.Lock()
 
@@ -60,9 +62,10 @@ class MemoryScheduleStore(ScheduleStore):
     def drop_schema(self) -> bool:
         with self._lock:
             held = bool(self._rows or self._status or self._leases or self._fired or self._changes
-                        or self._pauses or self._actions)
+                        or self._pauses or self._limits or self._actions)
             for table in (self._rows, self._index, self._status, self._leases, self._remnants,
-                          self._kept, self._fired, self._changes, self._pauses, self._actions):
+                          self._kept, self._fired, self._changes, self._pauses, self._limits,
+                          self._actions):
                 table.clear()
         return held
 
@@ -97,6 +100,18 @@ class MemoryScheduleStore(ScheduleStore):
     def drop_pause(self, scope: PauseScope, value: str) -> None:
         with self._lock:
             self._pauses.pop((scope, value), None)
+
+    def rate_limits(self) -> list[RateLimit]:
+        with self._lock:
+            return list(self._limits.values())
+
+    def put_rate_limit(self, limit: RateLimit) -> None:
+        with self._lock:
+            self._limits[(limit.scope, limit.value)] = limit
+
+    def drop_rate_limit(self, scope: PauseScope, value: str) -> None:
+        with self._lock:
+            self._limits.pop((scope, value), None)
 
     def note_action(self, action: OperatorAction) -> None:
         with self._lock:

@@ -19,7 +19,7 @@ from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 
 __all__ = ["Cancel", "Cursor", "EntryChange", "Lease", "Operation", "OperatorAction", "Pause", "PauseScope",
-           "Put", "Reschedule", "Retry",
+           "Put", "RateLimit", "Reschedule", "Retry",
            "RunTimes", "State", "StoredTask", "TaskStatus", "bucket_of", "droppable", "settled_state",
            "write_bucket"]
 
@@ -153,6 +153,22 @@ class Pause:
     @property
     def label(self) -> str:
         return "everything" if self.scope is PauseScope.ALL else f"{self.scope.value} {self.value!r}"
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """An operator's rate limit (see :mod:`celery_scheduler.rate_limits`): the releases of a
+    task name (across every dispatcher) or of one ordering id, at most *per_second*."""
+
+    scope: PauseScope  # TASK or ORDERING_ID
+    value: str
+    per_second: float
+    set_ms: int
+    by: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.scope.value} {self.value!r}"
 
 
 @dataclass(frozen=True)

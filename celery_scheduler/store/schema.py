@@ -18,7 +18,7 @@ from typing import Any
 from celery_scheduler.errors import ConfigurationError
 
 __all__ = ["CHANGES_TABLE", "FIRED_TABLE", "LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE",
-           "OPERATOR_LOG_DAYS", "OPERATOR_LOG_TABLE", "PAUSES_TABLE",
+           "OPERATOR_LOG_DAYS", "OPERATOR_LOG_TABLE", "PAUSES_TABLE", "RATE_LIMITS_TABLE",
            "STATUS_COLUMNS",
            "check_identifier", "keyspace_statements"]
 
@@ -39,6 +39,8 @@ FIRED_TABLE = "periodic_fired"
 CHANGES_TABLE = "periodic_changes"
 # The operators' pauses: few, in one partition.
 PAUSES_TABLE = "pauses"
+# The operators' rate limits: few, in one partition.
+RATE_LIMITS_TABLE = "rate_limits"
 # The operators' log: a partition a month, newest first, each row kept this many days.
 OPERATOR_LOG_TABLE = "operator_log"
 OPERATOR_LOG_DAYS = 90
@@ -185,6 +187,16 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             paused_at timestamp,
             paused_by text,
             reason text,
+            PRIMARY KEY (ring, scope, value)
+        )""",
+        # the operators' rate limits; the ring is always 0 (see RATE_LIMITS_TABLE)
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{RATE_LIMITS_TABLE} (
+            ring int,
+            scope text,
+            value text,
+            per_second double,
+            set_at timestamp,
+            set_by text,
             PRIMARY KEY (ring, scope, value)
         )""",
         # the leases of earlier versions, each retired by the first dispatcher of this

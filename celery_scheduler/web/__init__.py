@@ -52,7 +52,7 @@ def _status(exc: SchedulerError) -> int:
 
 def create_app(celery_app: Any) -> FastAPI:
     """The ASGI application serving *celery_app*'s scheduler (its settings and tasks)."""
-    from celery_scheduler.web import api, audit, bulk, pages, pause_pages, pausing
+    from celery_scheduler.web import api, audit, bulk, limiting, pages, pause_pages, pausing
     from celery_scheduler.web.paths import KeepSlashes
 
     web = FastAPI(title="celery_scheduler", version=__version__,
@@ -63,6 +63,7 @@ def create_app(celery_app: Any) -> FastAPI:
     web.include_router(api.router)
     web.include_router(bulk.router)
     web.include_router(pausing.router)
+    web.include_router(limiting.router)
     web.include_router(audit.router)
     web.include_router(pages.router)
     web.include_router(pause_pages.router)

@@ -31,7 +31,7 @@ from celery_scheduler.store.cassandra import CassandraScheduleStore
 from celery_scheduler.store.cassandra_leases import RETIRED_OWNER
 from celery_scheduler.store.cql import to_timestamp
 from celery_scheduler.store.memory import MemoryScheduleStore
-from celery_scheduler.store.records import EntryChange, OperatorAction, Pause, PauseScope
+from celery_scheduler.store.records import EntryChange, OperatorAction, Pause, PauseScope, RateLimit
 
 NOW = 1_893_456_000_000  # 2030-01-01T00:00:00Z
 B = bucket_of(NOW, 60)
@@ -659,6 +659,20 @@ def test_pauses_are_kept_replaced_by_scope_and_value_and_dropped(store: Schedule
     store.drop_pause(PauseScope.ORDERING_ID, "customer/42")
     store.drop_pause(PauseScope.ORDERING_ID, "never-paused")  # harmless
     assert sorted(store.pauses(), key=lambda p: p.paused_ms) == [again, everything]
+
+
+def test_rate_limits_are_kept_replaced_by_scope_and_value_and_dropped(store: ScheduleStore) -> None:
+    assert store.rate_limits() == []
+    mail = RateLimit(PauseScope.TASK, "proj.mail", 50.0, NOW, "ops@host")
+    customer = RateLimit(PauseScope.ORDERING_ID, "customer/42", 0.5, NOW + 1)
+    for limit in (mail, customer):
+        store.put_rate_limit(limit)
+    faster = replace(mail, per_second=120.0, set_ms=NOW + 2)
+    store.put_rate_limit(faster)
+    assert sorted(store.rate_limits(), key=lambda r: r.set_ms) == [customer, faster]
+    store.drop_rate_limit(PauseScope.ORDERING_ID, "customer/42")
+    store.drop_rate_limit(PauseScope.TASK, "never-limited")  # harmless
+    assert store.rate_limits() == [faster]
 
 
 def test_the_operators_log_reads_newest_first_across_months(store: ScheduleStore) -> None:

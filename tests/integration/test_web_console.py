@@ -61,8 +61,9 @@ def test_the_api_answers_every_generated_request_with_a_documented_status(
 
         check()
     # every route of celery_scheduler/web/api.py: ten on tasks and partitions, four on
-    # periodic entries; web/bulk.py's cancel-many; web/pausing.py's three; web/audit.py's one
-    assert operations == 19 and len(answered) >= operations * 5, (operations, len(answered))
+    # periodic entries; web/bulk.py's cancel-many; web/pausing.py's three; web/limiting.py's three;
+    # web/audit.py's one
+    assert operations == 22 and len(answered) >= operations * 5, (operations, len(answered))
     assert any(200 <= status < 300 for status in answered)  # not only refusals
 
 
