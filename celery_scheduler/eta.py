@@ -15,8 +15,11 @@ A call with an ``eta`` or ``countdown`` (at least ``scheduler_eta_threshold_seco
 is not sent to the broker, where a worker would hold it in memory until it is due (and lose
 or run it twice when killed, or when the eta lies beyond the broker's visibility timeout):
 it is scheduled like ``schedule_at``, with the task id as both its ordering id (so it waits
-for no other task) and its uniqueness key (so the same task id is scheduled once), and it
-runs with that task id, so ``AsyncResult(task_id)`` and result backends work as before.
+for no other task) and its uniqueness key, and it runs with that task id, so
+``AsyncResult(task_id)`` and result backends work as before. A task id names one task, as in
+Celery: a call made again with the same ``task_id`` (whose countdown then gives a later eta)
+moves the task to the later time, with that call's arguments, while it waits; once it was
+released, ran or was revoked, the call runs nothing (see ``dispatcher.naming``).
 A call without a delay goes to Celery unchanged.
 
 Revoking: the returned result's ``revoke()`` cancels the scheduled task (and revokes a run

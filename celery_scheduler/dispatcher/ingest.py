@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.dispatcher import naming
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.envelope import (
@@ -465,12 +466,19 @@ class Ingest:
     def apply(self, operations: Sequence[Operation]) -> None:
         """Write *operations* (of distinct keys) and tell the engine what they stored: the
         write path of every record read, and of periodic occurrences (firer.py)."""
+        # A put of a task scheduled under its own task id may move the key its name was
+        # scheduled under, or be dropped (naming.py): decided before the keys are claimed.
+        resolved = naming.resolve(self.store, operations)
+        operations = [op for op in resolved if op is not None]
         # Each key's status is read, then written from what was read: the engine must not
         # mark any of them released in between (see claims.py).
-        operations = list(operations)
         started = self.clock()
         with self.engine.claims.ingesting(operations):
             results = self.store.apply(operations, started)
+        named = [(op.partition, key) for op, result in zip(operations, results, strict=True)
+                 if isinstance(result, StoredTask) and (key := naming.named(op)) is not None]
+        if named:  # before the next round's records of these ordering ids are resolved
+            self.store.name_keys(named, started)
         if self.spans is not None and self.spans.enabled:
             self.spans.persisted([(r.envelope, r.partition) for r in results if isinstance(r, StoredTask)],
                                  started, self.clock())

@@ -109,6 +109,17 @@ class TaskWriter(StatusReads):
         """
 
     @abc.abstractmethod
+    def named_keys(self, names: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TaskKey]:
+        """The key each (ordering id, uniqueness key) of *names* was last scheduled under,
+        for those scheduled with a task id of their own (see ``dispatcher.naming``)."""
+
+    @abc.abstractmethod
+    def name_keys(self, keys: Sequence[tuple[int, TaskKey]], now_ms: int) -> None:
+        """Keep each of *keys* (with the partition it belongs to) as the one its ordering id
+        and uniqueness key name, for as long as a finished task's status is kept after its
+        time."""
+
+    @abc.abstractmethod
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
         """The envelope a failed *key*'s status kept for a retry, or the one a rescheduled
         key moved to; None if none."""

@@ -55,6 +55,7 @@ from celery_scheduler.store.cql import (
 )
 from celery_scheduler.store.cqlsession import CONCURRENCY, CqlSession, again_if_cut_off
 from celery_scheduler.store.lifecycle import Transition
+from celery_scheduler.store.schema import TASK_NAMES_TABLE
 from celery_scheduler.store.status_layout import StatusLayout
 
 __all__ = ["CassandraScheduleStore", "translate_errors"]
@@ -64,6 +65,9 @@ logger = logging.getLogger(__name__)
 # Keys a status read asks for at most (of one shard and slot): a long IN list holds one
 # request, and its replica, for as long as all of them take.
 STATUSES_A_REQUEST = 100
+SELECT_NAME = f"SELECT at FROM {{ks}}.{TASK_NAMES_TABLE} WHERE ordering_id = ? AND unique_key = ?"
+NAME_KEY = (f"INSERT INTO {{ks}}.{TASK_NAMES_TABLE} (ordering_id, unique_key, at) VALUES (?, ?, ?)"
+            " USING TTL ?")
 
 
 class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pauses, RateLimits,
@@ -141,6 +145,28 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pa
         kept = self.kept_envelope(key) if row is None else None
         transition = lifecycle.retried(partition, current, row, kept, now_ms, self.bucket_seconds)
         return self._written(transition), _row_task(transition)
+
+    def named_keys(self, names: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TaskKey]:
+        if not names:
+            return {}
+        with translate_errors(f"read the keys of {len(names)} task name(s)"):
+            answers = again_if_cut_off(lambda: execute_concurrent_with_args(
+                self._cql.session, self._cql.prepare(SELECT_NAME), list(names),
+                concurrency=CONCURRENCY, raise_on_first_error=True))
+        found = {}
+        for (ordering_id, unique), (_, result) in zip(names, answers, strict=True):
+            row = result.one()
+            if row is not None:
+                found[(ordering_id, unique)] = TaskKey(ordering_id, to_ms(row.at), unique)
+        return found
+
+    def name_keys(self, keys: Sequence[tuple[int, TaskKey]], now_ms: int) -> None:
+        # kept for as long as the key's status, once due: its time, then the status TTL
+        self._cql.batches(f"name {len(keys)} task(s)", [
+            (partition, [(NAME_KEY, (key.ordering_id, key.uniqueness_key,
+                                     to_timestamp(key.scheduled_ms),
+                                     max(1, (key.scheduled_ms - now_ms) // 1000) + self.status_ttl))])
+            for partition, key in keys])
 
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
         row = self._cql.execute(f"read the kept task of {key}",

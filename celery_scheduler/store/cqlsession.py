@@ -41,6 +41,7 @@ from celery_scheduler.store.schema import (
     OPERATOR_LOG_TABLE,
     PAUSES_TABLE,
     RATE_LIMITS_TABLE,
+    TASK_NAMES_TABLE,
     check_identifier,
     keyspace_statements,
 )
@@ -312,6 +313,7 @@ class CqlSession:
                 "`celery -A <your app> scheduler init`, which moves them to 'key_status'")
         for table, kept in ((LEASES_TABLE, "partition leases"), (PAUSES_TABLE, "operators' pauses"),
                             (RATE_LIMITS_TABLE, "operators' rate limits"),
+                            (TASK_NAMES_TABLE, "the keys of tasks scheduled with their own task id"),
                             (OPERATOR_LOG_TABLE, "the operators' log")):
             with translate_errors("read the schema"):
                 present = self._has_table(table)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from celery_scheduler import clock
@@ -53,6 +53,7 @@ class MemoryScheduleStore(ScheduleStore):
         self._changes: dict[str, EntryChange] = {}  # periodic entries changed at run time
         self._pauses: dict[tuple[PauseScope, str], Pause] = {}
         self._limits: dict[tuple[PauseScope, str], RateLimit] = {}
+        self._names: dict[tuple[str, str], TaskKey] = {}  # see named_keys
         self._actions: list[OperatorAction] = []  # the operators' log, oldest first
         self._lock = threading.Lock()
 
@@ -65,7 +66,7 @@ class MemoryScheduleStore(ScheduleStore):
                         or self._pauses or self._limits or self._actions)
             for table in (self._rows, self._index, self._status, self._leases, self._remnants,
                           self._kept, self._fired, self._changes, self._pauses, self._limits,
-                          self._actions):
+                          self._names, self._actions):
                 table.clear()
         return held
 
@@ -200,6 +201,14 @@ class MemoryScheduleStore(ScheduleStore):
             self._apply(move)
             self._apply(put)
             return None if put is None or put.row is None else put.row.task
+
+    def named_keys(self, names: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TaskKey]:
+        with self._lock:
+            return {name: self._names[name] for name in names if name in self._names}
+
+    def name_keys(self, keys: Sequence[tuple[int, TaskKey]], now_ms: int) -> None:
+        with self._lock:
+            self._names.update(((key.ordering_id, key.uniqueness_key), key) for _, key in keys)
 
     def kept_envelope(self, key: TaskKey) -> ScheduleEnvelope | None:
         with self._lock:

@@ -17,10 +17,21 @@ from typing import Any
 
 from celery_scheduler.errors import ConfigurationError
 
-__all__ = ["CHANGES_TABLE", "FIRED_TABLE", "LEASES_TABLE", "OLD_LEASE_TABLE", "OLD_STATUS_TABLE",
-           "OPERATOR_LOG_DAYS", "OPERATOR_LOG_TABLE", "PAUSES_TABLE", "RATE_LIMITS_TABLE",
-           "STATUS_COLUMNS",
-           "check_identifier", "keyspace_statements"]
+__all__ = [
+    "CHANGES_TABLE",
+    "FIRED_TABLE",
+    "LEASES_TABLE",
+    "OLD_LEASE_TABLE",
+    "OLD_STATUS_TABLE",
+    "OPERATOR_LOG_DAYS",
+    "OPERATOR_LOG_TABLE",
+    "PAUSES_TABLE",
+    "RATE_LIMITS_TABLE",
+    "STATUS_COLUMNS",
+    "TASK_NAMES_TABLE",
+    "check_identifier",
+    "keyspace_statements",
+]
 
 # Where earlier versions kept statuses, one Cassandra partition a key: ``init`` copies its
 # rows into key_status, and a dispatcher refuses to start while it is there.
@@ -39,6 +50,9 @@ FIRED_TABLE = "periodic_fired"
 CHANGES_TABLE = "periodic_changes"
 # The operators' pauses: few, in one partition.
 PAUSES_TABLE = "pauses"
+# The key a task that carries its own Celery task id was last scheduled under, by its ordering
+# id and uniqueness key (see TaskWriter.named_keys).
+TASK_NAMES_TABLE = "task_names"
 # The operators' rate limits: few, in one partition.
 RATE_LIMITS_TABLE = "rate_limits"
 # The operators' log: a partition a month, newest first, each row kept this many days.
@@ -188,6 +202,13 @@ def keyspace_statements(keyspace: str, replication: Mapping[str, Any]) -> list[s
             paused_by text,
             reason text,
             PRIMARY KEY (ring, scope, value)
+        )""",
+        # the time a task that carries its own task id was last scheduled at (TASK_NAMES_TABLE)
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{TASK_NAMES_TABLE} (
+            ordering_id text,
+            unique_key text,
+            at timestamp,
+            PRIMARY KEY ((ordering_id, unique_key))
         )""",
         # the operators' rate limits; the ring is always 0 (see RATE_LIMITS_TABLE)
         f"""CREATE TABLE IF NOT EXISTS {ks}.{RATE_LIMITS_TABLE} (

@@ -661,6 +661,14 @@ def test_pauses_are_kept_replaced_by_scope_and_value_and_dropped(store: Schedule
     assert sorted(store.pauses(), key=lambda p: p.paused_ms) == [again, everything]
 
 
+def test_a_named_task_keeps_the_key_it_was_last_scheduled_under(store: ScheduleStore) -> None:
+    assert store.named_keys([("a", "u")]) == {}
+    store.name_keys([(3, TaskKey("a", NOW, "u")), (4, TaskKey("b", NOW, "v"))], NOW - 1_000)
+    store.name_keys([(3, TaskKey("a", NOW + 60_000, "u"))], NOW)
+    assert store.named_keys([("a", "u"), ("b", "v"), ("c", "w")]) == {
+        ("a", "u"): TaskKey("a", NOW + 60_000, "u"), ("b", "v"): TaskKey("b", NOW, "v")}
+
+
 def test_rate_limits_are_kept_replaced_by_scope_and_value_and_dropped(store: ScheduleStore) -> None:
     assert store.rate_limits() == []
     mail = RateLimit(PauseScope.TASK, "proj.mail", 50.0, NOW, "ops@host")

@@ -55,6 +55,28 @@ def test_the_same_task_id_is_scheduled_once(scheduler: SchedulerTesting) -> None
     assert len(scheduler.advance(60)) == 1 and calls == [("c1", "eta")]
 
 
+def test_the_same_task_id_called_again_later_moves_the_task_and_never_runs_twice(
+        scheduler: SchedulerTesting) -> None:
+    """A call made again with its task id (a retried request, say) computes a later eta: the
+    task moves there, with the later call's arguments, and runs once."""
+    first = eta_reminder.apply_async(("c1",), countdown=60, task_id="reminder-c1")
+    scheduler.advance(5)
+    again = eta_reminder.apply_async(("c2",), countdown=60, task_id="reminder-c1")
+    assert scheduler.advance(55) == []  # the first eta passed: it moved
+    [run] = scheduler.advance(5)
+    assert run.result.id == "reminder-c1" and calls == [("c2", "eta")]
+    moved, ran = first.schedule_status(), again.schedule_status()
+    assert moved is not None and moved.state is State.RESCHEDULED
+    assert ran is not None and ran.state is State.SUCCEEDED
+    # once it ran (or was revoked), the task id is spent: a call with it runs nothing
+    eta_reminder.apply_async(("c3",), countdown=60, task_id="reminder-c1")
+    revoked = eta_reminder.apply_async(("c4",), countdown=60, task_id="reminder-c4")
+    revoked.revoke()
+    scheduler.advance(1)
+    eta_reminder.apply_async(("c5",), countdown=90, task_id="reminder-c4")
+    assert scheduler.advance(3600) == [] and calls == [("c2", "eta")]
+
+
 def test_revoking_the_result_or_the_id_cancels_it(scheduler: SchedulerTesting) -> None:
     first = eta_reminder.apply_async(("c1",), countdown=60)
     second = eta_reminder.apply_async(("c2",), countdown=60)
