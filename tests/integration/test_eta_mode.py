@@ -87,3 +87,33 @@ def test_an_eta_beyond_the_visibility_timeout_runs_once(
     results = [schedule.eta_record.apply_async(("eta", n), {"scheduled_for": due}, countdown=10)
                for n in range(COUNT)]
     check_ran_once_on_time(scheduler, results, due)
+
+
+def test_a_call_made_again_with_its_task_id_moves_the_task_and_it_runs_once(
+        scheduler: Scheduler, schedule: Any) -> None:
+    """The same apply_async made again with its task_id and countdown (a retried request: an
+    eta a little later) moves the waiting task; once it ran, such a call runs nothing."""
+    scheduler.dispatcher()
+    scheduler.worker()
+    ids = [f"again-{n}" for n in range(COUNT)]
+    first_due = time.time() + 6
+    for n, task_id in enumerate(ids):
+        schedule.eta_record.apply_async(("again", n), {"scheduled_for": first_due}, countdown=6,
+                                        task_id=task_id)
+    wait_until(lambda: all(eta.status(schedule.app, i) is not None for i in ids), 30,
+               "the dispatcher storing the tasks")
+    time.sleep(0.5)
+    due = time.time() + 6
+    results = [schedule.eta_record.apply_async(("again", n), {"scheduled_for": due}, countdown=6,
+                                               task_id=task_id) for n, task_id in enumerate(ids)]
+    scheduler.wait_for_starts(COUNT, timeout=60)
+    time.sleep(2)
+    starts = scheduler.starts()
+    assert sorted(s["seq"] for s in starts) == list(range(COUNT))  # each once
+    assert all(s["scheduled_for"] == due and s["t"] >= due - 0.001 for s in starts)
+    assert sorted(r.get(timeout=30) for r in results) == list(range(COUNT))
+    # spent: called once more, nothing runs
+    schedule.eta_record.apply_async(("again", 0), {"scheduled_for": time.time() + 2}, countdown=2,
+                                    task_id=ids[0])
+    time.sleep(6)
+    assert len(scheduler.starts()) == COUNT
