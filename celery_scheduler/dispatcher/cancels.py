@@ -11,7 +11,7 @@ though its cancel was written.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.timetable import Timetable
@@ -41,19 +41,30 @@ class Cancels:
 
     def cancelled(self, key: TaskKey) -> None:
         """The ingest loop applied a cancel of *key*: drop the task if its status says so."""
-        self.unconfirmed.pop(key, None)
-        task = self.timetable.get(key)
-        if task is None or self.timetable.is_in_flight(key):
-            self.claims.cancel_noted(key)
+        self.cancelled_many((key,))
+
+    def cancelled_many(self, keys: Sequence[TaskKey]) -> None:
+        """The ingest loop applied cancels of *keys*: drop each task whose status says so
+        (the statuses of those loaded read in one request a slot, as a bulk cancel needs)."""
+        loaded: list[tuple[TaskKey, int]] = []
+        for key in keys:
+            self.unconfirmed.pop(key, None)
+            task = self.timetable.get(key)
+            if task is None or self.timetable.is_in_flight(key):
+                self.claims.cancel_noted(key)
+            else:
+                loaded.append((key, task.partition))
+        if not loaded:
             return
         try:
-            status = self.store.status(key)
+            statuses = self.store.statuses([key for key, _ in loaded])
         except SchedulerError:
-            self.unconfirmed[key] = task.partition
+            self.unconfirmed.update(loaded)
             return
-        self.claims.cancel_noted(key)
-        if status is None or status.state in (State.CANCELLED, State.RESCHEDULED):
-            self.drop(key)
+        for (key, _), status in zip(loaded, statuses, strict=True):
+            self.claims.cancel_noted(key)
+            if status is None or status.state in (State.CANCELLED, State.RESCHEDULED):
+                self.drop(key)
 
     def confirm(self) -> None:
         """Read again, each second, the status behind cancels the store could not confirm."""
@@ -61,8 +72,7 @@ class Cancels:
         if not self.unconfirmed or now < self._confirm_ms:
             return
         self._confirm_ms = now + CONFIRM_CANCEL_EVERY_MS
-        for key in list(self.unconfirmed):
-            self.cancelled(key)
+        self.cancelled_many(list(self.unconfirmed))
 
     def forget_partitions(self, gone: set[int]) -> None:
         """*gone* are given up: their next owner reads the store."""

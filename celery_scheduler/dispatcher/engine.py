@@ -31,7 +31,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.dispatcher.cancels import Cancels
@@ -171,7 +171,13 @@ class Engine:
         self.events.put(Persisted(task))
 
     def cancelled(self, key: TaskKey) -> None:
-        self.events.put(Cancelled(key))
+        self.events.put(Cancelled((key,)))
+
+    def cancelled_many(self, keys: Sequence[TaskKey]) -> None:
+        """The ingest loop applied cancels (or moves) of *keys*: one event, one status read
+        of those loaded."""
+        if keys:
+            self.events.put(Cancelled(tuple(keys)))
 
     def durable_outcome_offsets(self) -> dict[int, int]:
         """Per partition, the outcomes offset up to which every outcome's effect is stored
@@ -370,7 +376,7 @@ class Engine:
         elif isinstance(event, Persisted):
             self._on_persisted(event.row)
         elif isinstance(event, Cancelled):
-            self.cancels.cancelled(event.key)
+            self.cancels.cancelled_many(event.keys)
         elif isinstance(event, Sent):
             self.releaser.sent(event.results, event.sent_ms)
         else:

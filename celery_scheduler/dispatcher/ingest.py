@@ -1,10 +1,11 @@
 """Persist before commit: records polled from Kafka are written to the store, and only then
 are their offsets committed.
 
-A batch is applied in rounds: each round holds at most one record per ordering id and is
-written concurrently, and a later record of the same ordering id (the next task, or a cancel
-after its schedule) goes to a later round, so records of one ordering id take effect in the
-order Kafka delivered them, even when a round fails half-way.
+A batch is applied in rounds: each round holds at most one record per ordering id (or a run
+of cancels of it, each of its own key: they do not depend on each other) and is written
+concurrently, and a later record of the same ordering id (the next task, or a cancel after
+its schedule) goes to a later round, so records of one ordering id take effect in the order
+Kafka delivered them, even when a round fails half-way.
 If any write fails, nothing of the batch is committed: the consumer seeks back and the
 batch is applied again (writes are idempotent), so an acknowledged schedule call is never
 lost. A record that cannot be
@@ -55,6 +56,7 @@ from celery_scheduler.envelope import (
     decode,
 )
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
+from celery_scheduler.keys import TaskKey
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
@@ -303,7 +305,7 @@ class Ingest:
         last: dict[int, Record] = {}
         unleased: dict[int, Record] = {}
         writable: dict[int, bool] = {}
-        rounds: list[dict[object, Operation]] = []
+        rounds: list[dict[str, list[Operation]]] = []
         for message in messages:
             error = message.error()
             if error is not None:
@@ -334,17 +336,24 @@ class Ingest:
                 # First round without this ordering id: records of one ordering id take
                 # effect in Kafka order, so a batch that fails half-way never leaves a later
                 # task stored without an earlier one (which the engine could then run first).
+                # Cancels of one ordering id in a row, each of its own key, share a round:
+                # they do not depend on each other (a bulk cancel sends thousands).
                 ordering_id = envelope.key.ordering_id
-                for round_ in rounds:
-                    if ordering_id not in round_:
-                        round_[ordering_id] = operation
-                        break
+                held = 0  # the rounds holding this ordering id: always the first ones
+                while held < len(rounds) and ordering_id in rounds[held]:
+                    held += 1
+                before = rounds[held - 1][ordering_id] if held else []
+                if (isinstance(operation, Cancel) and before
+                        and all(isinstance(op, Cancel) and op.key != operation.key for op in before)):
+                    before.append(operation)
+                elif held < len(rounds):
+                    rounds[held][ordering_id] = [operation]
                 else:
-                    rounds.append({ordering_id: operation})
+                    rounds.append({ordering_id: [operation]})
         self._hold_back(unleased)
         try:
             for round_ in rounds:
-                self.apply(list(round_.values()))
+                self.apply([op for ops in round_.values() for op in ops])
             self.dead_letters.flush()
             for record in last.values():
                 self.written_to[record.partition] = record.offset + 1
@@ -482,16 +491,18 @@ class Ingest:
         if self.spans is not None and self.spans.enabled:
             self.spans.persisted([(r.envelope, r.partition) for r in results if isinstance(r, StoredTask)],
                                  started, self.clock())
+        cancelled: list[TaskKey] = []  # told to the engine in one event
         for operation, result in zip(operations, results, strict=True):
             if isinstance(operation, Cancel):
                 if result:
                     logger.info("cancelled %s", operation.key)
                     self.engine.metrics.cancelled()
-                self.engine.cancelled(operation.key)
+                cancelled.append(operation.key)
             elif isinstance(operation, Retry) and result is None:
                 logger.warning("not retrying %s: it is not failed, or failed before its task "
                                "was kept for a retry", operation.key)
             elif isinstance(operation, Reschedule):
+                cancelled.append(operation.key)  # the old key goes like a cancelled one
                 self._rescheduled(operation, result)
             elif isinstance(result, StoredTask):
                 if isinstance(operation, Retry):
@@ -499,10 +510,9 @@ class Ingest:
                 self.persisted_count += 1
                 self.engine.metrics.persisted()
                 self.engine.persisted(result)
+        self.engine.cancelled_many(cancelled)
 
     def _rescheduled(self, operation: Reschedule, result: StoredTask | bool | None) -> None:
-        # the old key goes like a cancelled one: dropped once its status says it moved
-        self.engine.cancelled(operation.key)
         if isinstance(result, StoredTask):
             logger.info("rescheduled %s to %s", operation.key, result.key)
             self.persisted_count += 1

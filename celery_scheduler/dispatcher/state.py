@@ -81,9 +81,10 @@ class Persisted:
 
 @dataclass(frozen=True)
 class Cancelled:
-    """The ingest loop applied a cancel of *key* (whether or not it removed anything)."""
+    """The ingest loop applied cancels (or moves) of *keys* (whether or not they removed
+    anything)."""
 
-    key: TaskKey
+    keys: tuple[TaskKey, ...]
 
 
 # Publishes releases in order; for each, None (sent), ReleaseNotSentError (certainly not

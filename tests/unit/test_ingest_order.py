@@ -7,9 +7,11 @@ subset of them may have landed. The chaos run found a later task of an ordering 
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
-from celery_scheduler.envelope import ScheduleEnvelope, encode
+from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
 from celery_scheduler.errors import StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
@@ -128,3 +130,33 @@ def test_a_late_renewal_alone_does_not_stop_writes_but_a_lost_lease_does() -> No
     assert later.may_persist(0)
     engine.step()  # its renewal finds the lease gone
     assert not engine.may_persist(0)
+
+
+class RoundsStore(MemoryScheduleStore):
+    """Keeps the keys of each round it is asked to apply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds: list[list[str]] = []
+
+    def apply(self, operations: list[Any], now_ms: int) -> list[StoredTask | bool | None]:
+        self.rounds.append([f"{type(op).__name__} {op.key.scheduled_ms}" for op in operations])
+        return super().apply(operations, now_ms)
+
+
+def test_cancels_of_an_ordering_id_in_a_row_share_a_round_after_what_came_before() -> None:
+    """A bulk cancel of one ordering id is applied a round at a time, not a key at a time;
+    a cancel still comes after the schedule record of its key."""
+    puts = [ScheduleEnvelope(TaskKey("a", at, "u"), "proj.remind", [1]) for at in (10, 20)]
+    records = [encode(puts[0]), encode(puts[1])] + [
+        encode(CancelEnvelope(TaskKey("a", at, "u"), NOW)) for at in (20, 30, 40, 50)] + [
+        encode(ScheduleEnvelope(TaskKey("a", 60, "u"), "proj.remind", [1])),
+        encode(CancelEnvelope(TaskKey("a", 10, "u"), NOW))]
+    store = RoundsStore()
+    consumer = Consumer([Message("a", offset, data) for offset, data in enumerate(records)])
+    engine = leased_engine(store, range(PARTITIONS))
+    ingest = Ingest(consumer, store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
+                    lambda: PARTITIONS, clock=lambda: NOW)
+    assert ingest.poll_once() == len(records)
+    assert store.rounds == [["Put 10"], ["Put 20"], ["Cancel 20", "Cancel 30", "Cancel 40", "Cancel 50"],
+                            ["Put 60"], ["Cancel 10"]]
