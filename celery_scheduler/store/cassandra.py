@@ -248,7 +248,7 @@ class CassandraScheduleStore(OperatorViews, PartitionLeases, PeriodicEntries, Pa
         results: list[StoredTask | bool | None] = []
         statement_sets: list[tuple[int, Statements]] = []
         puts: list[tuple[int, Statements]] = []  # the reschedules' new keys, written last
-        for op, current in zip(operations, statuses, strict=True):
+        for op, current in zip(operations, statuses[:len(operations)], strict=True):
             if isinstance(op, Reschedule):
                 statements, put, stored = self._plan_reschedule(
                     op, current, new_statuses[op.envelope.key], now_ms)
