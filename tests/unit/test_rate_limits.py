@@ -186,3 +186,19 @@ def test_the_engine_reports_its_share_and_what_it_put_off() -> None:
     clock.ms += 250
     engine.step()
     assert len(released) == 3
+
+
+def test_what_a_resume_lets_go_goes_at_the_limits_pace_in_order(scheduler: SchedulerTesting) -> None:
+    from celery_scheduler import pauses
+
+    handles = [remind.schedule_in(10 + n, "c1", f"k{n}") for n in range(3)]
+    handles += [remind.schedule_in(10, f"d{n}", "k") for n in range(3)]
+    pauses.pause(app, task=remind.name)
+    assert scheduler.advance(60) == []
+    rate_limits.limit(app, task=remind.name, per_second=1)
+    pauses.resume(app, task=remind.name)
+    runs = scheduler.advance(0) + scheduler.advance(10)
+    assert len(runs) == 6
+    gaps = [later.at - earlier.at for earlier, later in zip(runs, runs[1:], strict=False)]
+    assert all(gap.total_seconds() >= 1.0 for gap in gaps), gaps
+    assert [run.key.uniqueness_key for run in runs if run.key.ordering_id == "c1"] == ["k0", "k1", "k2"]
