@@ -4,6 +4,7 @@ backlog waits in order, each head booked once; nothing is dropped."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from types import SimpleNamespace
 
@@ -199,6 +200,6 @@ def test_what_a_resume_lets_go_goes_at_the_limits_pace_in_order(scheduler: Sched
     pauses.resume(app, task=remind.name)
     runs = scheduler.advance(0) + scheduler.advance(10)
     assert len(runs) == 6
-    gaps = [later.at - earlier.at for earlier, later in zip(runs, runs[1:], strict=False)]
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(runs)]
     assert all(gap.total_seconds() >= 1.0 for gap in gaps), gaps
     assert [run.key.uniqueness_key for run in runs if run.key.ordering_id == "c1"] == ["k0", "k1", "k2"]
