@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 groups[number] = [Section(number, SCENARIOS[number].rsplit(".", 1)[-1],
                                           error=f"{type(exc).__name__}: {exc}"[:1000])]
             report.sections += groups[number]
+            if keep:  # kept as each group ends: a run cut short keeps what it measured
+                results.save(report, {number: groups[number]})
             print(f"[bench] scenario {number} took {time.monotonic() - began:.0f}s", file=sys.stderr,
                   flush=True)
     report.load_end = machine.load_average()
