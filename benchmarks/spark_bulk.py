@@ -8,6 +8,7 @@ in scenario 1) on the same stack, for the ratio.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from typing import Any
 
@@ -37,10 +38,33 @@ def _bulk(app: Any, rows: int, at: float) -> float:
         took = time.perf_counter() - started
     finally:
         spark.stop()
+        _end_jvm()
     if (result.accepted, result.rejected_count) != (rows, 0):
         raise RuntimeError(f"bulk job: {result.accepted} accepted, {result.rejected_count} refused")
     log(f"{rows:,} rows bulk-scheduled in {took:.1f}s")
     return took
+
+
+def _end_jvm() -> None:
+    """End the JVM that ``spark.stop()`` leaves running for the life of the process: with it
+    goes Spark's cached Kafka producer, which would keep asking for the (deleted) topic's
+    metadata and take CPU from every scenario after this one."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if process is not None:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def run(ctx: Context) -> list[Section]:
