@@ -74,6 +74,8 @@ SERVICE_FAULTS = ("kafka-restart", "cassandra-restart", "redis-restart", "rabbit
 # again, and a broker or a node stopped (SIGSTOP) for NODE_STALL_SECONDS.
 CLUSTER_FAULTS = ("kafka-kill", "cassandra-kill", "node-stall")
 NODE_STALL_SECONDS = 30.0
+# A node that does not start is killed and started again, up to this many times in all.
+NODE_START_ATTEMPTS = 3
 
 
 def fault_kinds(broker: str, cluster: bool = False) -> tuple[str, ...]:
@@ -175,6 +177,34 @@ class ClusterServices(Services):
     def node(self, service: str, command: str, node: int) -> None:
         self._script(self.clusters[service], command, str(node))
 
+    def node_log(self, service: str, node: int) -> Path:
+        root = Path(self.env[f"{service.upper()}_CLUSTER_STATE"]) / f"node{node}" / service
+        return root / "logs" / ("server.log" if service == "kafka" else "system.log")
+
+    def start_node(self, service: str, node: int, attempts: int = NODE_START_ATTEMPTS) -> list[str]:
+        """Start *node* again, killing what is left of a start that failed and trying again,
+        so that a fault never leaves a node down for the faults after it (a second broker
+        down loses the quorum). Returns what each failed attempt said; raises after the last."""
+        failures: list[str] = []
+        while True:
+            try:
+                self.node(service, "up", node)
+                return failures
+            except subprocess.SubprocessError as exc:
+                failures.append(f"{exc!r}; {self.node_log(service, node)} ends: "
+                                f"{_tail(self.node_log(service, node))}")
+                if len(failures) >= attempts:
+                    raise RuntimeError(f"{service} node {node} did not start in {attempts} "
+                                       f"attempts: {failures}") from exc
+                self.node(service, "kill", node)
+
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
 
 
 @contextlib.contextmanager
@@ -584,7 +614,11 @@ class Run:
                 services.node(service, "cont", node)
                 fault.restore = time.time()
                 return fault
-            services.node(service, "up", node)
+            failures = services.start_node(service, node)
+            if failures:
+                fault.detail["start_failures"] = failures
+                self.say(f"!! {service} node {node} started on attempt {len(failures) + 1}: "
+                         f"{failures}")
             fault.restore = time.time()
             return fault
 

@@ -186,6 +186,12 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         median = sorted(rejoin)[len(rejoin) // 2]
         lines += ["", f"A restarted dispatcher leased its first partition {min(rejoin):.1f}-"
                       f"{max(rejoin):.1f} s after the SIGKILL (median {median:.1f} s)."]
+    restarted = [f for f in facts.faults if f.detail.get("start_failures")]
+    if restarted:
+        lines += ["", f"Nodes that did not start after a fault and were killed and started "
+                      f"again: {len(restarted)} ("
+                      + "; ".join(f"{f.kind} of {f.target}: {len(f.detail['start_failures'])} "
+                                  f"failed start(s)" for f in restarted[:5]) + ")."]
     problems = {name: examples for name, examples in verdict.examples.items() if examples}
     if problems or verdict.notes or unexpected_exits(facts):
         lines += ["", "## Findings", ""]

@@ -101,9 +101,15 @@ def test_a_pause_withdraws_the_occurrences_written_ahead(
     read_at = time.time()
     # 30 s ahead at one every 2 s: about 15 written ahead, all withdrawn
     assert int(said[1]) >= 10, said[0]
-    # one released before the pause was read may still start; nothing later does
-    time.sleep(5 * TICK)
-    later = [s for s in ticks() if s["t"] > read_at + TICK]
+    # one released before the pause was read may still start; nothing later does. A key of
+    # the entry's ordering id due a few ticks on runs only after every occurrence before it:
+    # once it ran, any occurrence released by mistake would have run first.
+    barrier_at = read_at + 3 * TICK
+    schedule.record.schedule_at(dt.datetime.fromtimestamp(barrier_at, dt.timezone.utc),
+                                "periodic:tick", 1, scheduled_for=barrier_at)
+    wait_until(lambda: any(s["seq"] == 1 for s in ticks()), 60,
+               "a key of the paused entry's ordering id, due after its next occurrences, runs")
+    later = [s for s in ticks() if s["t"] > read_at + TICK and s["seq"] == 0]
     assert later == [], later
     entries = scheduler.cli("periodic", "list", "--json")
     assert entries.returncode == 0, entries.stderr

@@ -46,10 +46,13 @@ def test_moved_keys_run_once_at_their_new_time_through_a_dispatcher_kill(
     first.kill()
     first.wait()
     second = scheduler.dispatcher(wait=False)
-    scheduler.wait_for_starts(3, timeout=90, what="the three tasks")
-    time.sleep(2)  # a run at an old time would show by now (the last old time is past)
+    # a key of the ordering id due after the last old time runs only after every key before
+    # it: once it ran, a run at an old time would have shown
+    after = times[2] + 1
+    schedule.record.schedule_at(utc(after), "moving", 3, scheduled_for=after)
+    scheduler.wait_for_starts(4, timeout=90, what="the three tasks and the one after them")
     runs = [(s["seq"], s["scheduled_for"], s["t"]) for s in scheduler.starts()]
-    assert [seq for seq, _, _ in runs] == [0, 1, 2], (runs, scheduler.log_of(second)[-3000:])
+    assert [seq for seq, _, _ in runs] == [0, 1, 2, 3], (runs, scheduler.log_of(second)[-3000:])
     # seq 0 ran at its new time with its new arguments, seq 2 at its new time with its old ones
     assert runs[0][1] == early_to and runs[0][2] >= early_to
     assert runs[2][1] == times[2] and runs[2][2] >= late_to and runs[2][2] < times[2]
