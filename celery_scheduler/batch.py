@@ -25,7 +25,8 @@ from typing import Any, NamedTuple, Protocol
 from celery_scheduler.arguments import MAX_CHAR_BYTES, plain_kwargs_size, plain_size
 from celery_scheduler.calls import check_options, check_retry, expiry_options, scheduled_ms_of
 from celery_scheduler.client import SchedulerClient
-from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder, decode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import RetryPolicy, ScheduleEncoder
 from celery_scheduler.errors import ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import MAX_KEY_LENGTH, KeyInput, TaskKey, key_text
 from celery_scheduler.tasklog.base import BatchAck

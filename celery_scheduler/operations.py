@@ -17,7 +17,8 @@ from typing import Any
 from celery_scheduler.audit import about, note, said
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.config import Settings
-from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope, decode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError, NotRetryableError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.partitioner import partition_for

@@ -42,18 +42,13 @@ from kombu.utils.json import loads as kombu_loads
 from celery_scheduler.client import SchedulerClient, begin_testing, end_testing, set_client
 from celery_scheduler.clock import FakeClock, now_ms
 from celery_scheduler.config import get_settings
+from celery_scheduler.decoding import decode
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.firer import firer_of
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
 from celery_scheduler.dispatcher.service import engine_settings
 from celery_scheduler.dispatcher.timetable import Loaded
-from celery_scheduler.envelope import (
-    CancelEnvelope,
-    RescheduleEnvelope,
-    RetryEnvelope,
-    ScheduleEnvelope,
-    decode,
-)
+from celery_scheduler.envelope import CancelEnvelope, RescheduleEnvelope, RetryEnvelope, ScheduleEnvelope
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage

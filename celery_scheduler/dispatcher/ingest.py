@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from celery_scheduler.clock import Clock, now_ms
+from celery_scheduler.decoding import decode
 from celery_scheduler.dispatcher import naming
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
@@ -53,7 +54,6 @@ from celery_scheduler.envelope import (
     RescheduleEnvelope,
     RetryEnvelope,
     ScheduleEnvelope,
-    decode,
 )
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
 from celery_scheduler.keys import TaskKey

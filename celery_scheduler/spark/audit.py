@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_scheduler.config import Settings
-from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, decode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError
 from celery_scheduler.store.base import State
 

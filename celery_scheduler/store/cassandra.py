@@ -18,7 +18,8 @@ from cassandra.cluster import Cluster, Session
 from cassandra.concurrent import execute_concurrent_with_args
 
 from celery_scheduler import clock
-from celery_scheduler.envelope import ScheduleEnvelope, decode_stored
+from celery_scheduler.decoding import decode_stored
+from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store import lifecycle

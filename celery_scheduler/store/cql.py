@@ -28,7 +28,8 @@ from cassandra.cluster import NoHostAvailable
 from cassandra.protocol import ErrorMessage
 from cassandra.query import named_tuple_factory
 
-from celery_scheduler.envelope import ScheduleEnvelope, decode, encode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import ScheduleEnvelope, encode
 from celery_scheduler.errors import (
     ConfigurationError,
     EnvelopeDecodeError,

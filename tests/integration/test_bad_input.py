@@ -31,7 +31,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from hypothesis import strategies as st
 
-from celery_scheduler.envelope import decode
+from celery_scheduler.decoding import decode
 from celery_scheduler.errors import (
     EnvelopeDecodeError,
     EnvelopeTooLargeError,

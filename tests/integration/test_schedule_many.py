@@ -13,7 +13,8 @@ import pytest
 
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
-from celery_scheduler.envelope import ScheduleEnvelope, decode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import NotSerializableError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for

@@ -14,7 +14,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from celery_scheduler.client import SchedulerClient, set_client
 from celery_scheduler.config import get_settings
-from celery_scheduler.envelope import ScheduleEnvelope, decode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import TaskLogUnavailableError, TopicMissingError
 from celery_scheduler.partitioner import partition_for
 from tests.services import REPO, drop_scheduler

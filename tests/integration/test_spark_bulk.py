@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from celery_scheduler.envelope import decode
+from celery_scheduler.decoding import decode
 from celery_scheduler.keys import to_epoch_ms
 from celery_scheduler.partitioner import partition_for
 from tests.integration.dispatch_fixtures import Scheduler

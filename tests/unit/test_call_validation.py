@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from celery_scheduler.api import ScheduledTask
 from celery_scheduler.client import get_client
-from celery_scheduler.envelope import CELERY_OPTIONS, decode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import CELERY_OPTIONS
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.testing import scheduler_testing
 from tests.unit.apps import app, note, remind

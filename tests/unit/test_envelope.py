@@ -11,15 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_scheduler.envelope import (
-    CancelEnvelope,
-    RetryPolicy,
-    ScheduleEnvelope,
-    decode,
-    decode_stored,
-    encode,
-    encode_arguments,
-)
+from celery_scheduler.decoding import decode, decode_stored
+from celery_scheduler.envelope import CancelEnvelope, RetryPolicy, ScheduleEnvelope, encode, encode_arguments
 from celery_scheduler.errors import EnvelopeDecodeError, EnvelopeTooLargeError, NotSerializableError
 from celery_scheduler.keys import TaskKey
 from tests.unit.budget import examples

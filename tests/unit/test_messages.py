@@ -8,7 +8,8 @@ import datetime as dt
 import pytest
 
 from celery_scheduler import schedule_message
-from celery_scheduler.envelope import decode, encode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import encode
 from celery_scheduler.errors import EnvelopeDecodeError, ScheduleError, ScheduleTimeError
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
 from celery_scheduler.store.base import State

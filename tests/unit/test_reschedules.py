@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from celery_scheduler import audit
 from celery_scheduler.cli import scheduler as scheduler_command
-from celery_scheduler.envelope import RescheduleEnvelope, ScheduleEnvelope, decode, encode
+from celery_scheduler.decoding import decode
+from celery_scheduler.envelope import RescheduleEnvelope, ScheduleEnvelope, encode
 from celery_scheduler.errors import (
     EnvelopeDecodeError,
     InvalidKeyError,

@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from celery_scheduler.client import get_client
-from celery_scheduler.envelope import decode
+from celery_scheduler.decoding import decode
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.spark.bulk import _AT_US, _Plan, _records
 from tests.unit.apps import app, remind
