@@ -26,8 +26,8 @@ from celery_scheduler import registry
 from celery_scheduler.audit import note
 from celery_scheduler.client import get_client
 from celery_scheduler.errors import PeriodicEntryError
-from celery_scheduler.periodic import app_entries
 from celery_scheduler.periodic_changes import definition_of
+from celery_scheduler.periodic_entries import app_entries
 from celery_scheduler.store.records import EntryChange
 
 __all__ = ["add", "changes", "delete", "pause", "reset", "resume", "schedule_from_text"]

@@ -25,7 +25,8 @@ from celery.exceptions import ImproperlyConfigured
 from celery.schedules import crontab, solar
 
 from celery_scheduler.errors import PeriodicEntryError
-from celery_scheduler.periodic import Entry, entry_of, every
+from celery_scheduler.periodic import Entry, every
+from celery_scheduler.periodic_entries import entry_of
 from celery_scheduler.store.records import EntryChange
 
 __all__ = ["definition_of", "entry_of_definition", "in_force"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from celery_scheduler import registry
 from celery_scheduler.api import ScheduledTask, scheduled_task
-from celery_scheduler.periodic import app_entries
+from celery_scheduler.periodic_entries import app_entries
 
 __all__ = ["install"]
 

@@ -11,8 +11,9 @@ from typing import Any
 from celery_scheduler import registry
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import app_entries, key, next_occurrence
+from celery_scheduler.periodic import key, next_occurrence
 from celery_scheduler.periodic_changes import entry_of_definition
+from celery_scheduler.periodic_entries import app_entries
 
 __all__ = ["EntryView", "entry_views"]
 

@@ -26,8 +26,9 @@ from celery_scheduler.clock import now_ms
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.keys import MAX_MS, TaskKey, from_epoch_ms, to_epoch_ms
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import Entry, Overlap, app_entries, envelope_of, occurrences, ordering_id_of
+from celery_scheduler.periodic import Entry, Overlap, envelope_of, occurrences, ordering_id_of
 from celery_scheduler.periodic import key as key_of
+from celery_scheduler.periodic_entries import app_entries
 from celery_scheduler.periodic_views import entry_views
 
 __all__ = ["periodic"]

@@ -23,7 +23,8 @@ from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.errors import PeriodicEntryError, SchedulerError
 from celery_scheduler.outages import Outages
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import Entry, Overlap, app_entries, envelope_of
+from celery_scheduler.periodic import Entry, Overlap, envelope_of
+from celery_scheduler.periodic_entries import app_entries
 from celery_scheduler.store.base import Cancel, Operation, Put, ScheduleStore, State
 
 __all__ = ["CHANGES_EVERY_MS", "Firer", "firer_of"]

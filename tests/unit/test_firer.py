@@ -16,9 +16,10 @@ from celery_scheduler.dispatcher.firing import Firing
 from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.envelope import RetryPolicy
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import Entry, entry_of
+from celery_scheduler.periodic import Entry
 from celery_scheduler.periodic import key as periodic_key
 from celery_scheduler.periodic_changes import definition_of
+from celery_scheduler.periodic_entries import entry_of
 from celery_scheduler.store.base import EntryChange, State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from tests.unit.fakes import PARTITIONS, OutageStore

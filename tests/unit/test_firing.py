@@ -11,7 +11,8 @@ from celery.schedules import crontab
 
 from celery_scheduler.dispatcher.firing import Firing, Occurrence
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import Entry, entry_of
+from celery_scheduler.periodic import Entry
+from celery_scheduler.periodic_entries import entry_of
 
 UTC = dt.timezone.utc
 PARTITIONS = 6

@@ -16,16 +16,8 @@ from celery.schedules import crontab, schedule, solar
 from celery_scheduler import periodic
 from celery_scheduler.errors import ConfigurationError, PeriodicEntryError
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic import (
-    CatchUp,
-    entries,
-    entry_name_of,
-    entry_of,
-    key,
-    next_occurrence,
-    occurrences,
-    to_fire,
-)
+from celery_scheduler.periodic import CatchUp, entry_name_of, key, next_occurrence, occurrences, to_fire
+from celery_scheduler.periodic_entries import entries, entry_of
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
 UTC = dt.timezone.utc

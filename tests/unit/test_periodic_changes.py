@@ -8,8 +8,8 @@ import logging
 import pytest
 from celery.schedules import crontab, solar
 
-from celery_scheduler.periodic import entry_of
 from celery_scheduler.periodic_changes import definition_of, entry_of_definition, in_force
+from celery_scheduler.periodic_entries import entry_of
 from celery_scheduler.store.records import EntryChange
 
 UTC = dt.timezone.utc

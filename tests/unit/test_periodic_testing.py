@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from celery_scheduler import periodic_admin, periodic_tasks
 from celery_scheduler.cli import scheduler as scheduler_command
 from celery_scheduler.errors import PeriodicEntryError
-from celery_scheduler.periodic import entry_of
+from celery_scheduler.periodic_entries import entry_of
 from celery_scheduler.testing import scheduler_testing
 from celery_scheduler.web import create_app
 
