@@ -52,7 +52,17 @@ def _status(exc: SchedulerError) -> int:
 
 def create_app(celery_app: Any) -> FastAPI:
     """The ASGI application serving *celery_app*'s scheduler (its settings and tasks)."""
-    from celery_scheduler.web import api, audit, bulk, limiting, pages, pause_pages, pausing
+    from celery_scheduler.web import (
+        api,
+        audit,
+        bulk,
+        limiting,
+        pages,
+        pause_pages,
+        pausing,
+        periodic,
+        views,
+    )
     from celery_scheduler.web.paths import KeepSlashes
 
     web = FastAPI(title="celery_scheduler", version=__version__,
@@ -61,6 +71,8 @@ def create_app(celery_app: Any) -> FastAPI:
     web.state.celery_app = celery_app  # its beat_schedule, for the periodic entries
     web.add_middleware(KeepSlashes)  # a key part with "/" in it routes as one segment
     web.include_router(api.router)
+    web.include_router(views.router)
+    web.include_router(periodic.router)
     web.include_router(bulk.router)
     web.include_router(pausing.router)
     web.include_router(limiting.router)

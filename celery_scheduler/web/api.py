@@ -1,5 +1,7 @@
-"""The HTTP API, ``/api/v1``: schedule a registered task, cancel, status, an ordering id's
-tasks, partitions, what falls due next, dead letters, periodic entries.
+"""The HTTP API, ``/api/v1``: schedule a registered task; a task's status; cancel, retry or
+move it. What the operators look at is in :mod:`celery_scheduler.web.views`, the periodic
+entries in :mod:`celery_scheduler.web.periodic`, pauses, rate limits and bulk cancels in
+modules of their own; the tokens and errors here are shared by all of them.
 
 For producers that are not Python, and for tools. Every request carries a bearer token from
 ``scheduler_api_tokens``: a ``read`` token may look, a ``write`` token may also schedule and
@@ -9,36 +11,27 @@ cancel. Every error is a documented status with a JSON body ``{"error": ..., "me
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from celery_scheduler import periodic_admin
 from celery_scheduler.api import registered
 from celery_scheduler.client import SchedulerClient
 from celery_scheduler.envelope import CELERY_OPTIONS
-from celery_scheduler.errors import PeriodicEntryError, ScheduleError, ScheduleTimeError
+from celery_scheduler.errors import ScheduleError, ScheduleTimeError
 from celery_scheduler.keys import TaskKey, check_key_part, to_epoch_ms
 from celery_scheduler.operations import (
-    LISTED_STATES,
     describe_key,
-    due_soon,
-    ordering_id_tasks,
-    partitions,
-    read_dead_letters,
     request_cancel,
     request_retry,
-    tasks_in_state,
 )
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.periodic_views import entry_views
 from celery_scheduler.web.paths import KeyPart, segments
 from celery_scheduler.web.tokens import scope_of
 
-__all__ = ["ERRORS", "actor", "router"]
+__all__ = ["ERRORS", "OrderingId", "actor", "client", "reader", "router", "writer"]
 
 _bearer = HTTPBearer(auto_error=False, description="a token of scheduler_api_tokens")
 
@@ -262,184 +255,3 @@ def reschedule(ordering_id: OrderingId, at: At, unique: Unique, move: Reschedule
         key=str(key), to={"ordering_id": key.ordering_id, "at": new_at,
                           "uniqueness_key": key.uniqueness_key},
         path="/tasks/" + segments(key.ordering_id, new_at, key.uniqueness_key))
-
-
-class PartitionOut(BaseModel):
-    partition: int
-    owner: str | None
-    epoch: int
-    lease_expires: str | None
-    leased: bool
-    pending: int
-    oldest: str | None
-    overdue_seconds: float
-    lag: int | None
-
-
-@router.get("/partitions", response_model=list[PartitionOut], dependencies=[Depends(reader)])
-def list_partitions(request: Request, lag: Annotated[bool, Query(
-        description="also ask Kafka for the dispatchers' consumer lag")] = False,
-                    ) -> list[PartitionOut]:
-    """Every partition: lease owner and expiry, backlog, oldest task, and optionally lag."""
-    from celery_scheduler.operations import consumer_lag
-
-    scheduler = client(request)
-    lags = consumer_lag(scheduler.settings) if lag else None
-    return [PartitionOut(**asdict(view))
-            for view in partitions(scheduler.task_log.partitions(), scheduler.store, scheduler.clock(), lags)]
-
-
-class OrderingTaskOut(BaseModel):
-    at: str = Field(description="the scheduled time, ISO 8601")
-    unique: str = Field(description="the uniqueness key")
-    task_id: str
-    task: str
-    state: str = Field(description="pending, released, succeeded, failed or cancelled; ? if unknown")
-    attempts: int
-    not_before: str | None = Field(description="a retry waits until then")
-    lease_until: str | None = Field(description="released: runs again then if no outcome came")
-    blocked: bool = Field(description="out of attempts, holding its ordering id (on_exhausted=block)")
-    last_error: str | None
-
-
-@router.get("/ordering-ids/{ordering_id}/tasks", response_model=list[OrderingTaskOut],
-            dependencies=[Depends(reader)])
-def list_ordering_id(ordering_id: OrderingId, request: Request,
-                     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[OrderingTaskOut]:
-    """The tasks of an ordering id still in the schedule, in the order they will run."""
-    scheduler = client(request)
-    found = ordering_id_tasks(scheduler.store, scheduler.task_log.partitions(),
-                              check_key_part(ordering_id, "ordering id"), limit)
-    return [OrderingTaskOut(**task) for task in found]
-
-
-class ListedTaskOut(BaseModel):
-    ordering_id: str
-    at: str = Field(description="the scheduled time, ISO 8601")
-    unique: str = Field(description="the uniqueness key")
-    task: str
-    state: str = Field(description="failed, blocked or released")
-    attempts: int
-    last_error: str | None
-    note: str = Field(description="blocked, when it failed, or until when it is leased")
-
-
-State = Annotated[str, Query(pattern="^(" + "|".join(LISTED_STATES) + ")$",
-                             description="failed (a scan of the status table), blocked or "
-                                         "released (a walk of the schedule)")]
-
-
-@router.get("/tasks", response_model=list[ListedTaskOut], dependencies=[Depends(reader)])
-def list_in_state(state: State, request: Request,
-                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[ListedTaskOut]:
-    """The tasks that failed, are blocked after their last attempt, or are released."""
-    scheduler = client(request)
-    return [ListedTaskOut(**task) for task in
-            tasks_in_state(scheduler.store, scheduler.task_log.partitions(), state, limit)]
-
-
-class DueBucket(BaseModel):
-    start: str = Field(description="when the bucket starts, ISO 8601")
-    tasks: int = Field(description="tasks due in it")
-
-
-class DueSoonOut(BaseModel):
-    bucket_seconds: int = Field(description="how much time each bucket covers")
-    overdue: int = Field(description="tasks in buckets that ended before now, not yet finished")
-    buckets: list[DueBucket] = Field(description="from the bucket of now on")
-
-
-@router.get("/due-soon", response_model=DueSoonOut, dependencies=[Depends(reader)])
-def list_due_soon(request: Request,
-                  buckets: Annotated[int, Query(ge=1, le=1440)] = 30) -> DueSoonOut:
-    """How many tasks fall due in each of the next buckets of the schedule, over all partitions."""
-    scheduler = client(request)
-    coming = due_soon(scheduler.task_log.partitions(), scheduler.store, scheduler.clock(), buckets)
-    return DueSoonOut(bucket_seconds=coming.bucket_seconds, overdue=coming.overdue,
-                      buckets=[DueBucket(start=start, tasks=count) for start, count in coming.buckets])
-
-
-class DeadLetterOut(BaseModel):
-    offset: int
-    reason: str
-    source: str
-    key: str | None
-    value: str | None
-    task: str | None
-
-
-@router.get("/dead-letters", response_model=list[DeadLetterOut], dependencies=[Depends(reader)])
-def dead_letters(request: Request,
-                 reason: Annotated[str | None, Query(max_length=200)] = None,
-                 limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[DeadLetterOut]:
-    """Records the dispatchers refused, oldest first, with the reason."""
-    found = []
-    for letter in read_dead_letters(client(request).settings, reason):
-        found.append(DeadLetterOut(**letter.as_json()))
-        if len(found) == limit:
-            break
-    return found
-
-
-
-class PeriodicEntryOut(BaseModel):
-    name: str
-    task: str
-    schedule: str = Field(description="Celery's schedule, as it prints itself")
-    partition: int = Field(description="the partition whose dispatcher fires the entry")
-    catch_up: str
-    scheduled_task: bool = Field(description="false: dispatchers refuse to start with this entry")
-    source: str = Field(description="beat_schedule, run time, or beat_schedule replaced at run time")
-    state: str = Field(description="active, paused or deleted")
-    last_fired: dt.datetime | None = Field(description="the latest occurrence written")
-    last_state: str | None = Field(description="its task's state (null: unknown or expired)")
-    last_error: str | None
-    next: list[dt.datetime]
-
-
-@router.get("/periodic", response_model=list[PeriodicEntryOut], dependencies=[Depends(reader)])
-def periodic_entries(request: Request,
-                     upcoming: Annotated[int, Query(ge=0, le=100)] = 3) -> list[PeriodicEntryOut]:
-    """The entries of the app's beat_schedule, fired by the dispatchers (scheduler_periodic)."""
-    views = entry_views(request.app.state.celery_app, client(request), upcoming)
-    return [PeriodicEntryOut(**asdict(view)) for view in views]
-
-
-class PeriodicEntryIn(BaseModel):
-    task: str
-    every: float | None = Field(default=None, gt=0, description="seconds between runs")
-    crontab: str | None = Field(default=None, description="MINUTE HOUR DAY_OF_MONTH MONTH DAY_OF_WEEK")
-    solar: str | None = Field(default=None, description="EVENT LATITUDE LONGITUDE, e.g. sunrise 48.85 2.35")
-    args: list[Any] = Field(default_factory=list)
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    options: dict[str, Any] = Field(default_factory=dict)
-    catch_up: str = "last"
-    jitter: float = 0.0
-    overlap: str = "buffer_all"
-
-
-@router.put("/periodic/{name}", status_code=204, dependencies=[Depends(writer)])
-def add_periodic_entry(name: str, entry: PeriodicEntryIn, request: Request) -> None:
-    """Add entry *name* at run time, or replace its definition (one of every, crontab and
-    solar)."""
-    try:
-        schedule = periodic_admin.schedule_from_text(name, entry.every, entry.crontab, entry.solar)
-    except PeriodicEntryError as exc:
-        raise HTTPException(422, str(exc)) from None
-    periodic_admin.add(request.app.state.celery_app, name, {
-        "task": entry.task, "schedule": schedule, "args": entry.args, "kwargs": entry.kwargs,
-        "options": entry.options, "catch_up": entry.catch_up, "jitter": entry.jitter,
-        "overlap": entry.overlap}, by=actor(request))
-
-
-@router.post("/periodic/{name}/{action}", status_code=204, dependencies=[Depends(writer)])
-def change_periodic_entry(name: str, action: Annotated[str, Path(pattern="^(pause|resume|reset)$")],
-                          request: Request) -> None:
-    """Pause, resume or reset (to beat_schedule's) entry *name*."""
-    getattr(periodic_admin, action)(request.app.state.celery_app, name, by=actor(request))
-
-
-@router.delete("/periodic/{name}", status_code=204, dependencies=[Depends(writer)])
-def delete_periodic_entry(name: str, request: Request) -> None:
-    """Entry *name* never fires again, whatever beat_schedule says (until reset)."""
-    periodic_admin.delete(request.app.state.celery_app, name, by=actor(request))
