@@ -115,7 +115,7 @@ def test_no_stamp_is_shared_past_any_partitions_fence() -> None:
 
 
 def test_writes_are_packed_by_cassandra_partition_into_few_requests() -> None:
-    from celery_scheduler.store.cqlsession import (
+    from celery_scheduler.store.packing import (
         PACK_BYTES,
         PACK_PARTITIONS,
         PACK_STATEMENTS,
@@ -151,7 +151,7 @@ def test_writes_are_packed_by_cassandra_partition_into_few_requests() -> None:
 
 
 def test_a_writes_weight_bounds_what_cassandra_counts_for_its_batch_size() -> None:
-    from celery_scheduler.store.cqlsession import weight_of
+    from celery_scheduler.store.packing import weight_of
 
     # a pending status: 14 values, 30 bytes of text; Cassandra counted up to 275 bytes
     pending = (3, 7, None, "order-42", "u7", "pending", "bench.record", 3, 100, 0, None, None,
