@@ -39,6 +39,7 @@ SCENARIOS: dict[str, str] = {
     "8": "benchmarks.ceiling",
     "9": "benchmarks.duplicates",
     "10": "benchmarks.periodic",
+    "11": "benchmarks.soak",
 }
 PACKAGES = ("celery", "kombu", "confluent-kafka", "cassandra-driver", "redis", "rq", "procrastinate",
             "psycopg", "celery-longterm-scheduler", "celery-redbeat")

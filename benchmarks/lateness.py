@@ -29,7 +29,7 @@ from benchmarks.harness import RABBITMQ_URL, REDIS_URL, Stack, log, stack
 from benchmarks.report import Row, Section
 from benchmarks.stats import Figure, percentile, ratio
 
-__all__ = ["Load", "Outcome", "measure", "run", "systems"]
+__all__ = ["Load", "Outcome", "measure", "parts_of", "run", "systems"]
 
 ORDERING_IDS = 1000
 WORKERS = 2
@@ -205,7 +205,7 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
         publish(first_seq + i, due)
 
     # this process started the stack's processes: count its own CPU only
-    meter = CpuMeter({**_parts(s), "load generator": [os.getpid()], **local_services()},
+    meter = CpuMeter({**parts_of(s), "load generator": [os.getpid()], **local_services()},
                      alone=["load generator"])
     meter.start()
     t0, total, planned = feed(timed, load.rate, load.duration, load.lead, threads)
@@ -252,7 +252,7 @@ def _ratios(section: Section, ours: list[Outcome], peer: list[Outcome], name: st
 PARTS = {"dispatcher": "dispatcher", "longterm": peers_longterm.PART}
 
 
-def _parts(s: Stack) -> dict[str, list[int]]:
+def parts_of(s: Stack) -> dict[str, list[int]]:
     """The stack's processes by part: its dispatcher(s) or scheduler command, and its workers."""
     parts: dict[str, list[int]] = {}
     for process in s.processes:
