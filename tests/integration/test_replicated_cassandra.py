@@ -113,6 +113,12 @@ def check_everything_reads_back(outage: Outage, store: ScheduleStore) -> None:
     assert rows == {key for key, state in outage.acknowledged.items() if state is State.PENDING}
 
 
+def host_of(store: CassandraScheduleStore, cluster: CassandraCluster, node: int) -> Host:
+    """The driver's host of the cluster's *node*."""
+    address = cluster.address(node)
+    return next(host for host in store._cluster.metadata.all_hosts() if host.address == address)
+
+
 def at_all(settings: Settings) -> ScheduleStore:
     """A store of the same keyspace that needs every replica for each request."""
     return open_store(settings.replace(cassandra_consistency="ALL",
@@ -145,8 +151,7 @@ def outage(cassandra_cluster: CassandraCluster) -> Iterator[Outage]:  # noqa: F8
         cassandra_cluster.kill(VICTIM)
         # The driver sees the node's connections close at once; waiting for that keeps a
         # request from being sent to a node already dead, which would fail it.
-        victim = next(host for host in store._cluster.metadata.all_hosts()
-                      if host.address == cassandra_cluster.address(VICTIM))
+        victim = host_of(store, cassandra_cluster, VICTIM)
         wait_until(lambda: not victim.is_up, 30, lambda: f"the driver still has {victim} up")
         yield history
     finally:
@@ -258,9 +263,14 @@ class DownTimes(HostStateListener):  # type: ignore[misc]
 def test_a_stalled_node_fails_no_request_and_is_marked_down_within_seconds(
         cassandra_cluster: CassandraCluster, outage: Outage) -> None:  # noqa: F811
     store = outage.store
+    # Run without the restart test before it, the node the fixture killed is still down, and
+    # with a second node stalled no quorum would be left: start it as that test does.
+    victim = host_of(store, cassandra_cluster, VICTIM)
+    if not victim.is_up:
+        cassandra_cluster.start(VICTIM)
+        wait_until(lambda: victim.is_up, 60, lambda: f"the driver has not found {victim} again")
     check_everything_reads_back(outage, store)  # every node is up, and the driver knows it
-    stalled = next(host for host in store._cluster.metadata.all_hosts()
-                   if host.address == cassandra_cluster.address(STALLED))
+    stalled = host_of(store, cassandra_cluster, STALLED)
     downs = DownTimes()
     store._cluster.register_listener(downs)
     cassandra_cluster.stop(STALLED)
