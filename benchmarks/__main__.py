@@ -33,6 +33,7 @@ SCENARIOS: dict[str, str] = {
     "3": "benchmarks.lateness",
     "3k": "benchmarks.delivery",
     "3h": "benchmarks.hot",
+    "3c": "benchmarks.sweep",
     "4": "benchmarks.memory",
     "5": "benchmarks.failover",
     "6": "benchmarks.backlog",
