@@ -41,6 +41,7 @@ SCENARIOS: dict[str, str] = {
     "9": "benchmarks.duplicates",
     "10": "benchmarks.periodic",
     "11": "benchmarks.soak",
+    "12": "benchmarks.scale",
 }
 PACKAGES = ("celery", "kombu", "confluent-kafka", "cassandra-driver", "redis", "rq", "procrastinate",
             "psycopg", "celery-longterm-scheduler", "celery-redbeat")
