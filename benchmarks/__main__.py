@@ -1,17 +1,21 @@
-"""``python -m benchmarks [--quick] [--only 1,3 [--update]] [--output FILE]``: run the
-scenarios, write the report.
+"""``python -m benchmarks [--quick] [--only 1,3 [--update]] [--output FILE] | --render``: run
+the scenarios, write the report.
 
 A full run (every group, not ``--quick``) keeps each group's results in
 ``benchmarks/results/`` and writes BENCHMARKS.md. ``--only`` groups are printed, or, with
 ``--update``, kept in place of those groups' earlier results and BENCHMARKS.md written anew
-from all of them (its Runs table then says which run each group comes from).
+from all of them (its Runs table then says which run each group comes from). ``--render`` runs nothing:
+it writes BENCHMARKS.md from the kept results alone, each group with none kept shown as not
+run (a full run stopped before its last groups, say).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib.metadata
+import math
 import shlex
 import sys
 import tempfile
@@ -76,6 +80,32 @@ def _scenario(number: str) -> Callable[[Context], list[Section]]:
     return run
 
 
+def not_run(reports: list[Report], order: list[str]) -> list[Report]:
+    """A report for each group of *order* that *reports* lack, saying it was not run, with
+    the newest report's run (so that it reads as part of that run)."""
+    kept = {next(iter(r.probes)) for r in reports if r.probes}
+    newest = max(reports, key=lambda r: r.started)
+    return [dataclasses.replace(
+        newest, probes={number: math.nan},
+        sections=[Section(number, SCENARIOS[number].rsplit(".", 1)[-1],
+                          error=f"not run: no result of this group is kept (scripts/bench "
+                                f"--only {number} --update runs it and adds it here)")])
+        for number in order if number not in kept]
+
+
+def _render(output: Path) -> int:
+    reports = results.load()
+    if not reports:
+        print("no kept results: run scripts/bench (full) first", file=sys.stderr)
+        return 1
+    missing = not_run(reports, list(SCENARIOS))
+    output.write_text(render_many(reports + missing, list(SCENARIOS), sizing.derived))
+    print(f"[bench] wrote {output} from the kept results"
+          + (f"; not run: {', '.join(next(iter(r.probes)) for r in missing)}" if missing else ""),
+          file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller counts, fewer runs (< 5 min)")
@@ -86,8 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true",
                         help="with --only: keep these groups' results in place of the earlier "
                              "ones and write BENCHMARKS.md from all of them")
+    parser.add_argument("--render", action="store_true",
+                        help="run nothing: write BENCHMARKS.md from the kept results, a group "
+                             "with none shown as not run")
     parser.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.render:
+        if args.only or args.update or args.quick:
+            parser.error("--render runs nothing: not with --only, --update or --quick")
+        return _render(args.output or REPO / "BENCHMARKS.md")
     chosen = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
     unknown = [n for n in chosen if n not in SCENARIOS]
     if unknown:

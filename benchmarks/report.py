@@ -92,7 +92,7 @@ INTRO = [
 
 
 def _probes(probes: dict[str, float]) -> str:
-    return ", ".join(f"{number}: {ms:.1f}" for number, ms in probes.items())
+    return ", ".join(f"{number}: {ms:.1f}" for number, ms in probes.items() if not math.isnan(ms))
 
 
 def _durability(report: Report) -> list[str]:

@@ -141,6 +141,20 @@ def test_a_group_run_again_alone_replaces_its_own_results_and_says_which_run_it_
     assert "10 /s" in text and text.count("## 5. scenario 5") == 1
 
 
+def test_a_render_shows_each_group_with_no_kept_result_as_not_run() -> None:
+    from benchmarks.__main__ import not_run
+    from benchmarks.report import render_many
+
+    kept = [_group_report(g, "2030-01-01 00:00 UTC", "scripts/bench", 10.0) for g in ("1", "5")]
+    missing = not_run(kept, ["1", "5", "10"])
+    assert [next(iter(r.probes)) for r in missing] == ["10"]
+    text = render_many(kept + missing, ["1", "5", "10"])
+    assert "## Run\n" in text  # one run still: the not-run group reads as part of it
+    assert "**Did not complete:** not run: no result of this group is kept" in text
+    assert "--only 10 --update" in text and "10: nan" not in text
+    assert not_run(kept, ["1", "5"]) == []
+
+
 def test_the_sizing_section_is_derived_run_by_run_from_the_drains_cpu_per_task() -> None:
     six = Section("6", "Backlog")
     six.add("celery_scheduler: CPU per task, dispatcher", Figure.of([0.25, 0.5], "ms", 2))
