@@ -24,7 +24,11 @@ NOT_MEASURED = {
     "docs/periodic.md": {
         "14 s": "how long the chaos run's slow periodic runs take (its workload)",
     },
+    "README.md": {
+        "150 MB": "what the Kafka and Cassandra downloads weigh",
+    },
     "docs/production.md": {
+        "6.5 s": "the bound test_replicated_cassandra.py holds a request to with a node stalled",
         "120 s": "the default of scheduler_startup_timeout",
         "256 KiB": "the default of scheduler_max_envelope_bytes",
         "9 s": "the default of Kafka's broker.session.timeout.ms",
