@@ -12,7 +12,9 @@ The ingest loop shows it so: at time *t* it asks the broker for the partition's 
 (a record acknowledged before *t* is below it); once every record below that offset is
 applied, the partition is caught up to *t*. It asks for the partitions the engine is
 waiting for, and keeps asking for a while after, so that a busy partition's next tasks find
-it caught up already; while an answer waits to be applied, it reads without lingering.
+it caught up already. While an answer waits, a lingering batch counts as applied the plain
+schedule calls it holds that are due after anything the engine may release meanwhile: they
+cannot hold a release back (see ingest.py); any other record it holds is written at once.
 
 The engine thread calls :meth:`CaughtUp.covers`; the ingest loops (the group's, and the
 one reading kept partitions) call the rest.
@@ -83,7 +85,8 @@ class CaughtUp:
             return bool(self._pending)
 
     def applied(self, partition: int, offset: int) -> None:
-        """Every record of *partition* below *offset* is applied (or its cancel held back)."""
+        """Every record of *partition* below *offset* is applied, or its cancel held back, or
+        it can hold back no release the engine may make before the answer's time."""
         with self._lock:
             answers = self._pending.get(partition)
             while answers and offset >= answers[0][1]:

@@ -211,6 +211,11 @@ class Engine:
         self.releaser.caught_up = caught_up
 
     @property
+    def release_ahead_ms(self) -> int:
+        """How long before its due time a task may be marked released (ms)."""
+        return self._ahead_ms
+
+    @property
     def released_count(self) -> int:
         """Releases sent (taken by the broker, or maybe taken)."""
         return self.releaser.released_count

@@ -23,13 +23,17 @@ At a light load a poll holds a few records of many partitions, and a key's statu
 with one request per (partition, status slot): about one read a record. While every record
 of a batch is due more than ``URGENT_SECONDS`` ahead, the loop keeps reading for up to
 ``linger_seconds`` (``scheduler_ingest_linger_seconds``), so that one batch writes what a
-second brings; a record due sooner ends the wait, and so does the engine waiting for a
-partition to be caught up (see caught_up.py).
+second brings; a record due sooner ends the wait, and so does any record other than a plain
+schedule call (a cancel, a retry, a move, a task scheduled under its own task id).
 
-Before each batch the loop asks the broker where the partitions the engine waits for end,
-and after it tells the engine how far it has applied: once everything below an answer is,
-the engine may release those partitions' tasks up to the time it asked (a cancel
-acknowledged before a task's due time wins).
+Before each batch, and while it lingers, the loop asks the broker where the partitions the
+engine waits for end, and tells the engine how far it has applied: once everything below an
+answer is, the engine may release those partitions' tasks up to the time it asked (a cancel
+acknowledged before a task's due time wins). A lingering batch counts as applied the plain
+schedule calls it holds that are due after anything the engine may release meanwhile
+(:func:`cannot_hold_back`): applied or not, they change no release before theirs. So a
+waiting engine does not cut the batches short: at a steady load it always waits for one
+partition or another, and a batch cut at every wait costs a write a few records.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from celery_scheduler.tasklog.base import TaskLogReader
 from celery_scheduler.tasklog.reader import kafka_errors
 from celery_scheduler.tracing import DispatcherSpans
 
-__all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record"]
+__all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record", "cannot_hold_back"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +89,15 @@ logger = logging.getLogger(__name__)
 URGENT_SECONDS = 2.0
 # How long a batch waits for records while the engine waits for its ingest to catch up.
 HURRIED_SECONDS = 0.02
+
+
+def cannot_hold_back(envelope: Envelope | None, after_ms: int) -> bool:
+    """Whether *envelope*, read but not yet applied, can change no release of a task due at
+    or before *after_ms*: a plain schedule call due later (not a cancel, a retry, a move, or
+    a task named by its own task id, which may move another key). It adds a task after those
+    of its ordering id due by then, applied or not."""
+    return (isinstance(envelope, ScheduleEnvelope) and "task_id" not in envelope.options
+            and envelope.key.scheduled_ms > after_ms)
 
 
 @dataclass(frozen=True)
@@ -248,7 +261,7 @@ class Ingest:
         those partitions end first and waits for records only briefly (``HURRIED_SECONDS``).
         """
         hurried = self._ask_ends()
-        count = self._poll(min(timeout, HURRIED_SECONDS) if hurried else timeout, hurried)
+        count = self._poll(min(timeout, HURRIED_SECONDS) if hurried else timeout)
         if self.caught_up is not None:
             for partition, offset in self.applied_to.items():
                 self.caught_up.applied(partition, offset)
@@ -287,13 +300,13 @@ class Ingest:
                 logger.info("could not ask where partition %s ends (%s)", partition, exc)
         return ends
 
-    def _poll(self, timeout: float, hurried: bool) -> int:
+    def _poll(self, timeout: float) -> int:
         self.engine.ingest_alive()
         self._resume_leased()
         decoded: dict[tuple[int, int], Envelope] = {}
         try:
             messages = self.consumer.consume(self.batch_size, timeout)
-            if messages and self.linger_seconds > 0 and not hurried:
+            if messages and self.linger_seconds > 0:
                 messages = self._linger(messages, timeout, decoded)
         except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
@@ -394,13 +407,17 @@ class Ingest:
         until = time.monotonic() + self.linger_seconds
         earliest = self._earliest_due(messages, decoded)
         while len(messages) < self.batch_size:
-            if self.caught_up is not None and self.caught_up.waiting():
-                break  # the engine waits for what was read to be applied
             left = min(until - time.monotonic(), (earliest - self.clock()) / 1000 - URGENT_SECONDS)
             if left <= 0:
                 break
+            wait = min(timeout, left)
+            if self._ask_ends():
+                if not self._show_held(messages, decoded):
+                    break  # the engine waits for a record that may hold a release back
+                if self.caught_up is not None and self.caught_up.waiting():
+                    wait = min(wait, HURRIED_SECONDS)  # its records are still on the way
             try:
-                more = self.consumer.consume(self.batch_size - len(messages), min(timeout, left))
+                more = self.consumer.consume(self.batch_size - len(messages), wait)
             except TaskLogError as exc:
                 # what was read is past the consumer's position: it is written now, not lost
                 logger.warning("Kafka poll failed: %s", exc)
@@ -408,6 +425,31 @@ class Ingest:
             messages += more
             earliest = min(earliest, self._earliest_due(more, decoded))
         return messages
+
+    def _show_held(self, messages: list[Message], decoded: dict[tuple[int, int], Envelope]) -> bool:
+        """Tell the engine how far each partition is read while *messages* linger unapplied,
+        as far as none of them can hold back a release it may make meanwhile; whether none
+        does (else the batch is written now)."""
+        assert self.caught_up is not None
+        after = self.clock() + self.engine.release_ahead_ms
+        read_to = dict(self.applied_to)  # what earlier batches applied, then what this one read
+        held_back: set[int] = set()
+        for message in messages:
+            partition, offset = message.partition() or 0, message.offset() or 0
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    read_to[partition] = max(read_to.get(partition, 0), offset)
+                continue
+            if not cannot_hold_back(decoded.get((partition, offset)), after):
+                held_back.add(partition)
+            read_to[partition] = max(read_to.get(partition, 0), offset + 1)
+        for partition, offset in read_to.items():
+            # a partition whose lease is not held yet has its records read again once it is
+            if (partition not in held_back and partition in self.owned
+                    and self.engine.may_persist(partition)):
+                self.caught_up.applied(partition, offset)
+        return not held_back
 
     @staticmethod
     def _earliest_due(messages: list[Message], decoded: dict[tuple[int, int], Envelope]) -> int:

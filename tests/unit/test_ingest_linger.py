@@ -6,10 +6,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, DeadLetters, Ingest
-from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
+import pytest
+from confluent_kafka import TopicPartition
+
+from celery_scheduler.dispatcher.caught_up import CaughtUp
+from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, DeadLetters, Ingest, cannot_hold_back
+from celery_scheduler.envelope import (
+    CancelEnvelope,
+    RescheduleEnvelope,
+    RetryEnvelope,
+    ScheduleEnvelope,
+    encode,
+)
 from celery_scheduler.errors import TaskLogError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Operation, StoredTask
 from celery_scheduler.store.memory import MemoryScheduleStore
 from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
@@ -127,3 +138,86 @@ def test_what_was_read_before_a_failed_poll_is_written() -> None:
     assert store.applied == [2]
     assert [tp.offset for batch in consumer.committed for tp in batch]  # and committed
     assert store.status(tasks[0].key) is not None and store.status(tasks[1].key) is not None
+
+
+class Ends(Trickle):
+    """A trickle that says where each partition ends (*ends*), and whether the engine's wait
+    for *watched* was answered at each consume call."""
+
+    def __init__(self, chunks: list[list[Message]], ends: dict[int, int], caught_up: CaughtUp,
+                 watched: int) -> None:
+        super().__init__(chunks)
+        self.ends, self.caught_up, self.watched = ends, caught_up, watched
+        self.answered: list[bool] = []
+
+    def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
+        return {tp.partition: self.ends.get(tp.partition, 0) for tp in partitions}
+
+    def consume(self, count: int, timeout: float) -> list[Message]:
+        self.answered.append(self.caught_up.covers(self.watched, NOW, NOW))
+        return super().consume(count, timeout)
+
+
+def _in_partition(partition: int, count: int) -> list[str]:
+    ids = (f"o{n}" for n in range(10_000))
+    return [i for i in ids if partition_for(i, PARTITIONS) == partition][:count]
+
+
+def _waiting_ingest(chunks: list[list[Message]], ends: dict[int, int], store: CountingStore,
+                    watched: int) -> tuple[Ingest, Ends]:
+    caught_up = CaughtUp()
+    consumer = Ends(chunks, ends, caught_up, watched)
+    ingest = _ingest(consumer, store)
+    ingest.caught_up = caught_up
+    ingest.assigned([TopicPartition("t", p) for p in range(PARTITIONS)])
+    assert not caught_up.covers(watched, NOW, NOW)  # the engine waits for the partition
+    return ingest, consumer
+
+
+def test_a_waiting_engine_hears_of_plain_calls_due_later_without_ending_the_linger() -> None:
+    """At a steady load the engine always waits for some partition: a batch cut short at each
+    wait would write a few records at a time."""
+    ids = _in_partition(1, 3)
+    tasks = [ScheduleEnvelope(TaskKey(i, NOW + 60_000, "u"), "proj.remind") for i in ids]
+    store = CountingStore()
+    ingest, consumer = _waiting_ingest([[_message(n, t)] for n, t in enumerate(tasks)], {1: 3},
+                                       store, watched=1)
+
+    assert ingest.poll_once() == 3
+
+    assert store.applied == [3]  # one write still
+    assert consumer.answered[:3] == [False, False, False] and True in consumer.answered[3:]
+
+
+@pytest.mark.parametrize("held", [
+    pytest.param(lambda key: ScheduleEnvelope(key, "proj.remind", options={"task_id": "t-1"}),
+                 id="a task named by its task id, which may move another key"),
+    pytest.param(lambda key: RescheduleEnvelope(TaskKey(key.ordering_id, NOW, key.uniqueness_key),
+                                                ScheduleEnvelope(key, "proj.remind")),
+                 id="a move"),
+])
+def test_a_waiting_engine_has_a_record_that_may_hold_a_release_back_written_at_once(
+        held: Any) -> None:
+    first, second = _in_partition(1, 2)
+    plain = ScheduleEnvelope(TaskKey(first, NOW + 60_000, "u"), "proj.remind")
+    store = CountingStore()
+    ingest, consumer = _waiting_ingest(
+        [[_message(0, plain)], [_message(1, held(TaskKey(second, NOW + 60_000, "n")))],
+         [_message(2, _task(2, 60))]], {1: 2}, store, watched=1)
+
+    assert ingest.poll_once() == 2  # the third record is left for the next batch
+
+    assert store.applied[-1] >= 1 and consumer.answered == [False, False]
+    assert ingest.caught_up is not None and ingest.caught_up.covers(1, NOW, NOW)
+
+
+@pytest.mark.parametrize(("envelope", "expected"), [
+    (ScheduleEnvelope(TaskKey("o", NOW + 1_001, "u"), "proj.remind"), True),
+    (ScheduleEnvelope(TaskKey("o", NOW + 1_000, "u"), "proj.remind"), False),  # due by then
+    (ScheduleEnvelope(TaskKey("o", NOW + 5_000, "u"), "proj.remind", options={"task_id": "x"}), False),
+    (CancelEnvelope(TaskKey("o", NOW + 5_000, "u")), False),
+    (RetryEnvelope(TaskKey("o", NOW + 5_000, "u")), False),
+    (None, False),  # not decoded
+])
+def test_only_plain_calls_due_later_cannot_hold_a_release_back(envelope: Any, expected: bool) -> None:
+    assert cannot_hold_back(envelope, NOW + 1_000) is expected
