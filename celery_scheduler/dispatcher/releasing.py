@@ -6,8 +6,11 @@ A task past its deadline (its ``expires``) is marked expired instead, freeing it
 id. Each is released only while its partition's lease is certain, once its partition's ingest
 has read every record acknowledged before it could first be marked (so that a cancel made
 before then wins), once an earlier release of it has been settled, and not while the ingest
-loop decides its key. The lot is marked released in one round trip (with the successes due
-to be stored), and only then sent: by the on-time sender at each one's due time, or at once.
+loop decides its key. A task whose partition's ingest has not read that far is looked at
+again 50 ms later, still ahead of its due time; while its take's first task is not yet due
+within ``gate_hold_ms``, the rest of the take waits with it, so that the take is marked
+together rather than a few tasks at each step the ingest makes. The lot is marked released
+in one round trip (with the successes due to be stored), and only then sent: by the on-time sender at each one's due time, or at once.
 What the broker certainly did not take is put back; what it may have taken stays released
 until its outcome or the end of its lease.
 """
@@ -75,6 +78,9 @@ class Releaser:
         # requests, instead of each step marking the few that came into reach since the last.
         self.ahead_ms = ahead_ms
         self.mark_lead_ms = ahead_ms * 3 // 5
+        # A take some of whose tasks wait for the ingest (below) waits with them while its
+        # first task is due more than this ahead.
+        self.gate_hold_ms = ahead_ms * 3 // 10
         # What the ingest loop has shown it has applied, per partition (caught_up.py): a task
         # is marked released only once every record acknowledged before its earliest marking
         # time is applied, so that a cancel made before then wins. None: records are applied
@@ -116,6 +122,7 @@ class Releaser:
 
     def _release_taken(self, open_: dict[TaskKey, Loaded], now: int) -> None:
         ready: list[Loaded] = []
+        gated = False
         for task in list(open_.values()):
             partition = self.partitions.get(task.partition)
             if partition is None or not self.leases.may_release(partition):
@@ -123,10 +130,19 @@ class Releaser:
                 del open_[task.key]
                 continue
             if not self._ingested_before(task, now):
-                self.timetable.defer(task.key, now + GATE_RETRY_MS)
+                self.timetable.look_again(task.key, now + GATE_RETRY_MS)
                 del open_[task.key]
+                gated = True
                 continue
             ready.append(task)
+        if gated and ready and min(task.due_ms for task in ready) - now > self.gate_hold_ms:
+            # The ingest has not read as far as the later tasks of this take need: the take
+            # waits for them while its first task can, and is marked in one request, not a
+            # request for each step the ingest makes (see caught_up.py).
+            for task in ready:
+                self.timetable.look_again(task.key, now + GATE_RETRY_MS)
+                del open_[task.key]
+            return
         ready = self.settler.unsettled(ready, open_)
         if not ready:
             return

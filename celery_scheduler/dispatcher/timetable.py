@@ -107,6 +107,9 @@ class Timetable:
         # leased, and tasks put off. They wait here until due, so that a step looking ahead
         # does not find them again and again.
         self._parked: list[tuple[int, int, str]] = []
+        # Heads put back to be looked at again at a time (look_again), ahead of their due
+        # time as any head: (time, tie, ordering id), back in the heap from that time.
+        self._waking: list[tuple[int, int, str]] = []
         self._tie = itertools.count()
         self._in_flight = 0  # queues with a task in flight
         # Every task that may await an outcome (loaded with a lease, or taken in flight since
@@ -198,6 +201,12 @@ class Timetable:
         """
         while self._parked and self._parked[0][0] <= now_ms:
             heapq.heappush(self._heap, heapq.heappop(self._parked))
+        while self._waking and self._waking[0][0] <= now_ms:
+            _, tie, ordering_id = heapq.heappop(self._waking)
+            queue = self._queues.get(ordering_id)
+            head = queue.head() if queue is not None else None
+            if head is not None:  # its head now, at its due time (a stale one is passed over)
+                heapq.heappush(self._heap, (head.due_ms, tie, ordering_id))
         released: list[Loaded] = []
         limiter = self.limiter if self.limiter else None
         while self._heap and self._heap[0][0] <= now_ms + ahead_ms:
@@ -256,7 +265,7 @@ class Timetable:
 
     def next_due_ms(self) -> int | None:
         """The earliest due time of a releasable head (may be stale-early, never late)."""
-        heads = [entries[0][0] for entries in (self._heap, self._parked) if entries]
+        heads = [entries[0][0] for entries in (self._heap, self._parked, self._waking) if entries]
         return min(heads) if heads else None
 
     def next_take_ms(self, ahead_ms: int) -> int | None:
@@ -268,8 +277,9 @@ class Timetable:
         candidates = []
         if self._heap:
             candidates.append(self._heap[0][0] - ahead_ms)
-        if self._parked:
-            candidates.append(self._parked[0][0])
+        for waiting in (self._parked, self._waking):
+            if waiting:
+                candidates.append(waiting[0][0])
         return min(candidates) if candidates else None
 
     def in_flight(self) -> list[Loaded]:
@@ -296,6 +306,16 @@ class Timetable:
         self._land(queue, task)
         task.not_before_ms = max(task.not_before_ms, until_ms)
         self._schedule(key.ordering_id, queue, park=True)
+
+    def look_again(self, key: TaskKey, at_ms: int) -> None:
+        """Put the in-flight *key* back unchanged, to be taken again from *at_ms*, and then
+        ahead of its due time as any head (unlike :meth:`defer`, which keeps it until due)."""
+        task = self._by_key[key]
+        queue = self._queues[key.ordering_id]
+        self._land(queue, task)
+        head = queue.head()
+        if head is not None and not head.blocked:
+            heapq.heappush(self._waking, (at_ms, next(self._tie), key.ordering_id))
 
     def retry_later(self, key: TaskKey, not_before_ms: int) -> None:
         """Put the in-flight *key* back as the head of its ordering id, due at *not_before_ms*."""

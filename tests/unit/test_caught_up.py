@@ -8,6 +8,9 @@ reading the partition's records from the committed offset.
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from confluent_kafka import TopicPartition
 
 from celery_scheduler.dispatcher.caught_up import (
@@ -18,6 +21,7 @@ from celery_scheduler.dispatcher.caught_up import (
 )
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
+from celery_scheduler.dispatcher.state import EngineSettings
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
 from celery_scheduler.errors import TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
@@ -74,10 +78,10 @@ class Dispatcher:
     """An engine and its ingest loop over a memory task log, as a dispatcher wires them."""
 
     def __init__(self, log: MemoryTaskLog, store: MemoryScheduleStore, clock: Clock,
-                 name: str = "d1") -> None:
+                 name: str = "d1", settings: EngineSettings | None = None) -> None:
         self.released: list[TaskKey] = []
         self.engine = Engine(store, lambda task, release: self.released.append(task.key), name,
-                             clock=clock)
+                             settings, clock=clock)
         self.engine.caught_up = CaughtUp()
         self.reader = MemoryTaskLogReader(log, TOPIC, partition_eof=True)
         self.ingest = Ingest(self.reader, store, self.engine, MemoryDeadLetters(), lambda: PARTITIONS,
@@ -178,3 +182,60 @@ def test_a_partition_whose_leader_is_away_does_not_hold_the_others_back() -> Non
     dispatcher.engine.step()
     assert asked == [[0, 1], [0], [1]]
     assert dispatcher.released == [keys[0]]  # partition 1's task waits for its leader
+
+
+class MarkCounting(MemoryScheduleStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[list[TaskKey]] = []
+
+    def mark_released_and_succeeded(self, released: Any, succeeded: Any, now_ms: int,
+                                    runs: Any = None) -> Any:
+        if released:
+            self.marks.append(sorted(task.key for task, _, _ in released))
+        return super().mark_released_and_succeeded(released, succeeded, now_ms, runs)
+
+
+@pytest.mark.parametrize("answers_at", [NOW + 760, None])
+def test_a_take_waits_for_its_later_tasks_while_its_first_can(answers_at: int | None) -> None:
+    """A take's tasks marked as the ingest's answers come in would cost a request each step:
+    at a steady load, where the ingest is always a little behind the take, that tripled the
+    dispatcher's and Cassandra's work a task."""
+    log, store, clock = MemoryTaskLog(PARTITIONS), MarkCounting(), Clock(NOW)
+    ids = [f"o{i}" for i in range(50)]
+    keys = [TaskKey(next(i for i in ids if partition_for(i, PARTITIONS) == p), NOW + 1_000, "u")
+            for p in (0, 1)]
+    for key in keys:
+        _schedule(log, key)
+    dispatcher = Dispatcher(log, store, clock, settings=EngineSettings(release_ahead_seconds=0.5))
+    answer = dispatcher.reader.end_offsets
+
+    def end_offsets(partitions: list[TopicPartition]) -> dict[int, int]:
+        ends = answer(partitions)
+        if 1 in ends and not late:  # a record acknowledged, on its way to the ingest
+            ends[1] += 1
+        return ends
+
+    late: list[TaskKey] = []
+    dispatcher.reader.end_offsets = end_offsets  # type: ignore[method-assign]
+    dispatcher.ingest.poll_once(0)
+    clock.ms = NOW + 700  # the take: both want their partitions caught up
+    dispatcher.engine.step()
+    dispatcher.ingest.poll_once(0)  # partition 0 is; a record of partition 1 is on its way
+    clock.ms = NOW + 750
+    dispatcher.engine.step()
+    assert store.marks == []  # the first task, due in 250 ms, waits with the take
+    if answers_at is not None:
+        clock.ms = answers_at
+        late.append(TaskKey(keys[1].ordering_id, NOW + 60_000, "later"))
+        _schedule(log, late[0])  # the record on its way reaches the ingest
+        dispatcher.ingest.poll_once(0)
+        clock.ms = NOW + 800
+        dispatcher.engine.step()
+        assert store.marks == [sorted(keys)]  # both, in one request
+    else:  # the first task no longer waits once it is due within the hold
+        for ms in range(NOW + 800, NOW + 1_000, 50):
+            clock.ms = ms
+            dispatcher.ingest.poll_once(0)
+            dispatcher.engine.step()
+        assert store.marks == [keys[:1]]

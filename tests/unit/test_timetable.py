@@ -162,3 +162,31 @@ def test_awaiting_follows_a_random_workload() -> None:
         full_scan = {id(task) for partition in range(3) for task in table.partition_tasks(partition)
                      if task.lease_until_ms > 0}
         assert {id(task) for task in table.awaiting()} == full_scan
+
+
+def test_a_task_looked_at_again_is_taken_ahead_of_its_due_time_from_then() -> None:
+    """What defer() does not do: a deferred task waits for its due time, whatever the look
+    ahead (a task the release gate put back 50 ms was otherwise marked only once due)."""
+    table = Timetable()
+    task = loaded("a", 1_000)
+    table.add(task)
+    assert table.take_due(500, ahead_ms=500) == [task]
+    table.look_again(task.key, 550)
+    assert table.next_take_ms(300) == 550
+    assert table.take_due(549, ahead_ms=500) == []
+    assert table.take_due(550, ahead_ms=500) == [task]  # 450 ms before it is due
+    table.defer(task.key, 600)
+    assert table.next_take_ms(300) == 1_000
+    assert table.take_due(600, ahead_ms=500) == []
+
+
+def test_a_look_again_of_a_task_gone_meanwhile_takes_the_next_head_at_its_own_time() -> None:
+    table = Timetable()
+    first, second = loaded("a", 1_000), loaded("a", 5_000, "v")
+    table.add(first)
+    table.add(second)
+    assert table.take_due(500, ahead_ms=500) == [first]
+    table.look_again(first.key, 550)
+    table.remove(first.key)
+    assert table.take_due(550, ahead_ms=500) == []
+    assert table.take_due(4_500, ahead_ms=500) == [second]
