@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from benchmarks.capacity import PUNCTUAL_MS
+from benchmarks.capacity import PUNCTUAL_MS, punctual
 from benchmarks.context import Context
 from benchmarks.harness import Stack, log
 from benchmarks.lateness import (
@@ -45,11 +45,6 @@ LOWEST, HIGHEST = 100, 1000
 BOTH_HOLD = 250  # a rate both ours and Celery eta= keep punctual (the issue's example)
 LEAD_SECONDS = 5.0
 DRAIN_SECONDS = 120.0  # after a run that was not punctual, how long its backlog may take
-
-
-def punctual(outcome: Outcome) -> bool:
-    """Published on time, 99% run by the deadline, p99 within PUNCTUAL_MS."""
-    return outcome.valid and outcome.ran >= 0.99 and outcome.ms(99) <= PUNCTUAL_MS
 
 
 @dataclass

@@ -45,3 +45,11 @@ def test_punctual_needs_the_load_on_time_the_tasks_run_and_a_low_p99() -> None:
     assert not punctual(Outcome([0.05] * 98 + [0.5] * 2, 100, 100, 0, 0))  # p99 500 ms
     assert not punctual(Outcome([0.05] * 98, 100, 100, 0, 0))  # 98% ran
     assert not punctual(Outcome([0.05] * 100, 100, 100, 2, 0))  # 2% published late
+
+
+def test_a_capacity_row_calls_a_run_whose_load_was_published_late_not_punctual() -> None:
+    from benchmarks.capacity import row
+    from benchmarks.lateness import Outcome
+
+    assert "| yes |" in row("s", 100, Outcome([0.05] * 100, 100, 100, 0, 0))
+    assert "| no |" in row("s", 100, Outcome([0.05] * 100, 100, 100, 2, 0))  # 2% published late
