@@ -23,8 +23,7 @@ At a light load a poll holds a few records of many partitions, and a key's statu
 with one request per (partition, status slot): about one read a record. While every record
 of a batch is due more than ``URGENT_SECONDS`` ahead, the loop keeps reading for up to
 ``linger_seconds`` (``scheduler_ingest_linger_seconds``), so that one batch writes what a
-second brings; a record due sooner ends the wait, and so does any record other than a plain
-schedule call (a cancel, a retry, a move, a task scheduled under its own task id).
+second brings; a record due sooner ends the wait, and so does a cancel, a retry or a move.
 
 Before each batch, and while it lingers, the loop asks the broker where the partitions the
 engine waits for end, and tells the engine how far it has applied: once everything below an
@@ -33,7 +32,9 @@ acknowledged before a task's due time wins). A lingering batch counts as applied
 schedule calls it holds that are due after anything the engine may release meanwhile
 (:func:`cannot_hold_back`): applied or not, they change no release before theirs. So a
 waiting engine does not cut the batches short: at a steady load it always waits for one
-partition or another, and a batch cut at every wait costs a write a few records.
+partition or another, and a batch cut at every wait costs a write a few records. A task
+named by its own task id may move another key: held while the engine waits, it is written
+at once.
 """
 
 from __future__ import annotations
@@ -464,7 +465,7 @@ class Ingest:
             except EnvelopeDecodeError:
                 return 0  # dead-lettered once checked: no reason to wait
             decoded[(message.partition() or 0, message.offset() or 0)] = envelope
-            # a cancel or a retry is written at once: a cancel must beat its task's release
+            # a cancel, a retry or a move is written at once: a cancel must beat its task's release
             if not isinstance(envelope, ScheduleEnvelope):
                 return 0
             earliest = min(earliest, envelope.key.scheduled_ms)
