@@ -65,7 +65,7 @@ from celery_scheduler.client import SchedulerClient, set_client  # noqa: E402
 from celery_scheduler.clock import now_ms  # noqa: E402
 from celery_scheduler.config import get_settings  # noqa: E402
 from celery_scheduler.dispatcher.engine import Engine  # noqa: E402
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest  # noqa: E402
+from celery_scheduler.dispatcher.ingest import Ingest  # noqa: E402
 from celery_scheduler.dispatcher.service import engine_settings  # noqa: E402
 from celery_scheduler.dispatcher.state import PublishMany  # noqa: E402
 from celery_scheduler.dispatcher.timetable import Loaded  # noqa: E402
@@ -74,6 +74,7 @@ from celery_scheduler.partitioner import partition_for  # noqa: E402
 from celery_scheduler.store import open_store  # noqa: E402
 from celery_scheduler.store.base import Operation, Put  # noqa: E402
 from celery_scheduler.tasklog.base import Ack, Position, TaskLog  # noqa: E402
+from celery_scheduler.tasklog.dead_letters import DeadLetters  # noqa: E402
 from celery_scheduler.tasklog.kafka import create_topic  # noqa: E402
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader  # noqa: E402
 from celery_scheduler.tasklog.topics import dead_letter_topic  # noqa: E402

@@ -45,7 +45,7 @@ from celery_scheduler.config import get_settings
 from celery_scheduler.decoding import decode
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.dispatcher.firer import firer_of
-from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.service import engine_settings
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RescheduleEnvelope, RetryEnvelope, ScheduleEnvelope
@@ -55,6 +55,7 @@ from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
 from celery_scheduler.release import CELERY_RETRIES_EXHAUSTED
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.dead_letters import MemoryDeadLetters
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
 from celery_scheduler.wire import Outcome, Release
 

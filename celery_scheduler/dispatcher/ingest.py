@@ -43,10 +43,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.decoding import decode
@@ -63,9 +61,7 @@ from celery_scheduler.envelope import (
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
-from celery_scheduler.metrics import Metrics
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.signing import Signer
 from celery_scheduler.store.base import (
     Cancel,
@@ -79,10 +75,10 @@ from celery_scheduler.store.base import (
 from celery_scheduler.store.lifecycle import reschedule_problem
 from celery_scheduler.store.records import State
 from celery_scheduler.tasklog.base import TaskLogReader
-from celery_scheduler.tasklog.reader import kafka_errors
+from celery_scheduler.tasklog.dead_letters import DeadLetterSink, Record
 from celery_scheduler.tracing import DispatcherSpans
 
-__all__ = ["DeadLetterSink", "DeadLetters", "Ingest", "MemoryDeadLetters", "Record", "cannot_hold_back"]
+__all__ = ["Ingest", "cannot_hold_back"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,86 +95,6 @@ def cannot_hold_back(envelope: Envelope | None, after_ms: int) -> bool:
     of its ordering id due by then, applied or not."""
     return (isinstance(envelope, ScheduleEnvelope) and "task_id" not in envelope.options
             and envelope.key.scheduled_ms > after_ms)
-
-
-@dataclass(frozen=True)
-class Record:
-    """The parts of a consumed Kafka message the dispatcher uses."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    signature: bytes | None = None
-
-    @classmethod
-    def of(cls, message: Message) -> Record:
-        key, value = message.key(), message.value()
-        signature = None
-        for header in message.headers() or ():
-            if isinstance(header, tuple) and header[0] == SIGNATURE_HEADER:
-                signature = header[1]
-        return cls(message.topic() or "", message.partition() or 0, message.offset() or 0,
-                   key if isinstance(key, bytes) else None, value if isinstance(value, bytes) else None,
-                   signature if isinstance(signature, bytes) else None)
-
-    @property
-    def source(self) -> str:
-        return f"{self.topic}/{self.partition}/{self.offset}"
-
-
-class DeadLetterSink(Protocol):
-    """Where records that cannot be scheduled go, with the reason."""
-
-    def send(self, record: Record, reason: str) -> None: ...
-
-    def flush(self, timeout: float = 30.0) -> None: ...
-
-
-class MemoryDeadLetters:
-    """Keeps what would be dead-lettered, for the testing helper and unit tests."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[Record, str]] = []
-
-    def send(self, record: Record, reason: str) -> None:
-        self.sent.append((record, reason))
-
-    def flush(self, timeout: float = 30.0) -> None:
-        pass
-
-
-class DeadLetters:
-    """Copies rejected records to the dead-letter topic; flush() waits for Kafka's ack."""
-
-    def __init__(self, producer: Producer, topic: str, metrics: Metrics | None = None) -> None:
-        self.producer = producer
-        self.topic = topic
-        self.metrics = metrics or Metrics()
-        self.count = 0
-        self._errors: list[str] = []
-
-    def send(self, record: Record, reason: str) -> None:
-        logger.warning("dead-lettering record %s: %s", record.source, reason)
-
-        def on_delivery(error: KafkaError | None, _: Any) -> None:
-            if error is not None:
-                self._errors.append(str(error))
-
-        with kafka_errors(f"dead-letter record {record.source}"):
-            self.producer.produce(self.topic, key=record.key, value=record.value,
-                                  headers=[("reason", reason.encode("utf-8")),
-                                           ("source", record.source.encode("utf-8"))],
-                                  on_delivery=on_delivery)
-        self.count += 1
-        self.metrics.dead_lettered()
-
-    def flush(self, timeout: float = 30.0) -> None:
-        remaining = self.producer.flush(timeout)
-        errors, self._errors = self._errors, []
-        if remaining or errors:
-            raise TaskLogError(f"dead-letter records not acknowledged: {errors or remaining}")
 
 
 class Ingest:

@@ -10,9 +10,9 @@ loop decides its key. A task whose partition's ingest has not read that far is l
 again 50 ms later, still ahead of its due time; while its take's first task is not yet due
 within ``gate_hold_ms``, the rest of the take waits with it, so that the take is marked
 together rather than a few tasks at each step the ingest makes. The lot is marked released
-in one round trip (with the successes due to be stored), and only then sent: by the on-time sender at each one's due time, or at once.
-What the broker certainly did not take is put back; what it may have taken stays released
-until its outcome or the end of its lease.
+in one round trip (with the successes due to be stored), and only then sent: by the on-time
+sender at each one's due time, or at once. What the broker certainly did not take is put
+back; what it may have taken stays released until its outcome or the end of its lease.
 """
 
 from __future__ import annotations

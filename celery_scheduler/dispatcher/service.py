@@ -31,7 +31,7 @@ from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.firer import firer_of
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.outcomes import OutcomeReader
@@ -50,6 +50,7 @@ from celery_scheduler.metrics import Metrics
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import TaskLogReader
+from celery_scheduler.tasklog.dead_letters import DeadLetters
 from celery_scheduler.tasklog.kafka import client_config, topic_partitions
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_aside
 from celery_scheduler.tasklog.topics import (

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Cancel, Cursor, Put, ScheduleStore, State
 from celery_scheduler.store.cassandra import CassandraScheduleStore
+from celery_scheduler.tasklog.dead_letters import MemoryDeadLetters
 from tests.integration.test_store_contract import NOW, B, envelope
 from tests.integration.test_store_contract import store as store  # the fixture: both stores
 from tests.integration.test_write_fencing import stores as stores  # two Cassandra stores

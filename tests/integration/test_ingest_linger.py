@@ -13,12 +13,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from celery_scheduler.clock import now_ms
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, Ingest, MemoryDeadLetters
+from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, Ingest
 from celery_scheduler.envelope import ScheduleEnvelope, encode
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Operation, StoredTask
 from celery_scheduler.store.cassandra import CassandraScheduleStore
+from celery_scheduler.tasklog.dead_letters import MemoryDeadLetters
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra]

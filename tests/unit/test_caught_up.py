@@ -20,7 +20,7 @@ from celery_scheduler.dispatcher.caught_up import (
     CaughtUp,
 )
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.state import EngineSettings
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
 from celery_scheduler.errors import TaskLogUnavailableError
@@ -28,6 +28,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.dead_letters import MemoryDeadLetters
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
 from tests.unit.test_engine import Clock
 

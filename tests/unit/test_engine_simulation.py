@@ -32,7 +32,7 @@ from celery_scheduler.dispatcher import beats as beats_module
 from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher import ingest as ingest_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
-from celery_scheduler.dispatcher.ingest import Ingest, MemoryDeadLetters
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryPolicy, ScheduleEnvelope, encode
@@ -41,6 +41,7 @@ from celery_scheduler.heartbeat import RunLease
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Cursor, RunTimes, State, StoredTask, TaskStatus
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.dead_letters import MemoryDeadLetters
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
 from celery_scheduler.wire import Beat, Outcome, Release
 from celery_scheduler.worker import STALE_MARGIN_MS

@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest, Record
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.dead_letters import DeadLetters, Record
 from tests.unit.budget import examples
 from tests.unit.fakes import NOW, PARTITIONS, FakeProducer
 

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from celery_scheduler.dispatcher.caught_up import CaughtUp
-from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, DeadLetters, Ingest, cannot_hold_back
+from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, Ingest, cannot_hold_back
 from celery_scheduler.envelope import (
     CancelEnvelope,
     RescheduleEnvelope,
@@ -23,6 +23,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Operation, StoredTask
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.dead_letters import DeadLetters
 from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
 
 LINGER = 0.3

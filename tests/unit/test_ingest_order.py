@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
 from celery_scheduler.errors import StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put, StoredTask
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.dead_letters import DeadLetters
 from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
 
 

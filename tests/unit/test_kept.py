@@ -7,13 +7,14 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.envelope import ScheduleEnvelope, encode
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.base import TaskLogReader
+from celery_scheduler.tasklog.dead_letters import DeadLetters
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader
 from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
 

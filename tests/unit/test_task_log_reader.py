@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from celery_scheduler.dispatcher.ingest import DeadLetters, Ingest
+from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.envelope import ScheduleEnvelope, encode
 from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.dead_letters import DeadLetters
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader, kafka_errors
 from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
 
