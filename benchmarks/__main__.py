@@ -132,12 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.update and (args.quick or args.output):
         parser.error("--update keeps full runs' results in BENCHMARKS.md: not with --quick or "
                      "--output")
-    if args.update:
-        kept = {next(iter(r.probes)) for r in results.load() if r.probes}
-        missing = sorted(set(SCENARIOS) - set(chosen) - kept)
-        if missing:
-            parser.error(f"no kept results of group(s) {', '.join(missing)} to write "
-                         "BENCHMARKS.md with: run scripts/bench (full) once first")
+    if args.update and not results.load():
+        parser.error("no kept results to write BENCHMARKS.md with: run scripts/bench (full) once "
+                     "first")
     # only full runs reach BENCHMARKS.md: a quick or partial one prints (or goes to --output)
     keep = args.update or (chosen == list(SCENARIOS) and not args.quick and args.output is None)
     output = args.output or (REPO / "BENCHMARKS.md" if keep else None)
@@ -170,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     report.load_end = machine.load_average()
     report.duration_s = time.monotonic() - started
-    if keep:
+    if keep:  # a group no run has kept is shown as not run, as --render shows it
         results.save(report, groups)
-        text = render_many(results.load(), list(SCENARIOS), sizing.derived)
+        kept = results.load()
+        text = render_many(kept + not_run(kept, list(SCENARIOS)), list(SCENARIOS), sizing.derived)
     else:
         text = render(report, sizing.derived)
     if output is not None:
