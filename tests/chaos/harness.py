@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,6 +76,9 @@ CLUSTER_FAULTS = ("kafka-kill", "cassandra-kill", "node-stall")
 NODE_STALL_SECONDS = 30.0
 # A node that does not start is killed and started again, up to this many times in all.
 NODE_START_ATTEMPTS = 3
+# A fault that could not be injected is tried again at the end of its lane, up to this many
+# times, so that a run injects the faults its plan counts on.
+FAULT_RETRIES = 2
 
 
 def fault_kinds(broker: str, cluster: bool = False) -> tuple[str, ...]:
@@ -640,7 +643,10 @@ class Run:
         return fault
 
     def _lane(self, lane: list[tuple[str, float]]) -> None:
-        for kind, gap in lane:
+        planned = deque(lane)
+        failed: Counter[str] = Counter()
+        while planned:
+            kind, gap = planned.popleft()
             if self._stop.wait(gap):
                 return
             self.say(f"   fault: {kind}")
@@ -649,6 +655,9 @@ class Run:
             except Exception as exc:  # a fault that could not be injected is reported, not hidden
                 self.lane_errors.append(f"{kind}: {exc!r}")
                 self.say(f"!! fault {kind} failed: {exc!r}")
+                failed[kind] += 1
+                if failed[kind] <= FAULT_RETRIES:  # and made again at the lane's end: the
+                    planned.append((kind, gap))   # plan's count of each kind is the run's
                 continue
             self.faults.append(fault)
             self.say(f"   fault: {kind} on {fault.target} over after "
