@@ -1,7 +1,8 @@
 """The dispatcher: one process of the Kafka consumer group on the scheduler topic, which
 persists what it reads and releases what falls due, for the partitions it owns.
 
-One task's way through it, by module::
+One task's way through it, by module (the Kafka clients are the task log's:
+:mod:`celery_scheduler.tasklog`; nothing here imports the driver)::
 
     Kafka topic ──▶ ingest ──────────────▶ store (Cassandra)            persist, then commit
                     naming, claims, caught_up
@@ -13,15 +14,17 @@ One task's way through it, by module::
                           │ due: rules decide
                           ▼
                       releasing ──▶ ontime ──▶ Celery broker           marked, then sent
-                      (delivery: a delayed Kafka message instead)
+                      (tasklog.delivery: a delayed Kafka message)
                           ▲
-    outcomes topic ──▶ outcomes ──▶ settling, beats, cancels           finish, retry, fail,
+    outcomes topic ──▶ tasklog.outcomes ──▶ settling, beats, cancels   finish, retry, fail,
                                                                        block; keep a lease
 
-- :mod:`~celery_scheduler.dispatcher.service` starts the process: the Kafka clients, the
-  store, the threads (ingest, the engine, outcomes, on-time sends) and their shutdown.
-- :mod:`~celery_scheduler.dispatcher.ingest` writes each polled batch to the store before it
-  commits its offsets; :mod:`~celery_scheduler.dispatcher.naming` resolves task ids to keys,
+- :mod:`~celery_scheduler.dispatcher.service` starts the process: the Kafka clients
+  (:mod:`celery_scheduler.tasklog.clients` makes them), the store, the threads (ingest, the
+  engine, outcomes, on-time sends) and their shutdown.
+- :mod:`~celery_scheduler.dispatcher.ingest` writes each batch it reads through the task
+  log's reader port (:class:`~celery_scheduler.tasklog.base.TaskLogReader`) to the store
+  before it commits its offsets; :mod:`~celery_scheduler.dispatcher.naming` resolves task ids to keys,
   :mod:`~celery_scheduler.dispatcher.claims` keeps it and the engine off the same key, and
   :mod:`~celery_scheduler.dispatcher.caught_up` says how far in time it has read.
 - :mod:`~celery_scheduler.dispatcher.engine` is the release loop; what it holds is in
@@ -33,8 +36,8 @@ One task's way through it, by module::
   certainly valid, nothing of the partition is released.
 - :mod:`~celery_scheduler.dispatcher.releasing` marks due tasks released and hands them to
   :mod:`~celery_scheduler.dispatcher.ontime`, which sends each at its time;
-  :mod:`~celery_scheduler.dispatcher.delivery` produces delayed Kafka messages instead.
-- :mod:`~celery_scheduler.dispatcher.outcomes` reads the workers' reports;
+  :mod:`celery_scheduler.tasklog.delivery` produces delayed Kafka messages instead.
+- :mod:`celery_scheduler.tasklog.outcomes` reads the workers' reports;
   :mod:`~celery_scheduler.dispatcher.settling` and
   :mod:`~celery_scheduler.dispatcher.beats` turn them into the key's next state, and
   :mod:`~celery_scheduler.dispatcher.cancels` drops cancelled and moved keys.

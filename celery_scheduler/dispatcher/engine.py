@@ -40,7 +40,6 @@ from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import Leases
 from celery_scheduler.dispatcher.loader import PartitionLoader
 from celery_scheduler.dispatcher.ontime import OnTimeSender
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Switching, Watch, Window
 from celery_scheduler.dispatcher.pausing import PauseWatch
 from celery_scheduler.dispatcher.releasing import Releaser
@@ -66,7 +65,7 @@ from celery_scheduler.outages import Outages
 from celery_scheduler.release import publish_each
 from celery_scheduler.store.base import ScheduleStore, StoredTask
 from celery_scheduler.store.records import PauseScope
-from celery_scheduler.wire import Outcome, Release
+from celery_scheduler.wire import Outcome, OutcomeBatch, Release
 
 __all__ = ["Engine", "EngineSettings"]
 

@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from celery_scheduler.dispatcher import rules
 from celery_scheduler.dispatcher.beats import Beats
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Window
 from celery_scheduler.dispatcher.state import EngineSettings, Partition
 from celery_scheduler.dispatcher.timetable import Loaded, Timetable
@@ -23,7 +22,7 @@ from celery_scheduler.errors import SchedulerError, StoreUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store.base import RunTimes, ScheduleStore, State, TaskStatus
-from celery_scheduler.wire import Outcome
+from celery_scheduler.wire import Outcome, OutcomeBatch
 
 __all__ = ["ALL_READ", "Settler"]
 

@@ -26,14 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from celery_scheduler.dispatcher import beats as beats_module
 from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher import ingest as ingest_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import Ingest
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryPolicy, ScheduleEnvelope, encode
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
@@ -43,7 +41,7 @@ from celery_scheduler.store.base import Cursor, RunTimes, State, StoredTask, Tas
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.dead_letters import MemoryDeadLetters
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
-from celery_scheduler.wire import Beat, Outcome, Release
+from celery_scheduler.wire import Beat, Outcome, OutcomeBatch, Release
 from celery_scheduler.worker import STALE_MARGIN_MS
 
 START_MS = 1_893_456_000_000
@@ -337,7 +335,7 @@ class Simulation:
         dispatcher.engine.assign([partition])
         if dispatcher.reader is not None and dispatcher.ingest is not None:
             dispatcher.reader.assign([partition])
-            dispatcher.ingest.assigned([TopicPartition("sim", partition)])
+            dispatcher.ingest.assigned([partition])
 
     def _revoke(self, dispatcher: Dispatcher, partition: int) -> None:
         dispatcher.owned.discard(partition)
@@ -352,7 +350,7 @@ class Simulation:
     def _revoke_reading(dispatcher: Dispatcher, partitions: list[int]) -> None:
         if dispatcher.reader is not None and dispatcher.ingest is not None:
             dispatcher.reader.revoke(partitions)
-            dispatcher.ingest.revoked([TopicPartition("sim", p) for p in partitions])
+            dispatcher.ingest.revoked(partitions)
 
     def _faults(self) -> None:
         now = self.world.ms
