@@ -24,7 +24,6 @@ from celery_scheduler import registry, wire
 from celery_scheduler import release as releasing
 from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
-from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.firer import firer_of
@@ -43,6 +42,7 @@ from celery_scheduler.errors import (
 )
 from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
+from celery_scheduler.release.confirms import Unconfirmed
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import TaskLogReader
