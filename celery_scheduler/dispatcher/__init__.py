@@ -13,8 +13,8 @@ One task's way through it, by module (the Kafka clients are the task log's:
                       pausing, limits (the operators' levers)
                           │ due: rules decide
                           ▼
-                      releasing ──▶ ontime ──▶ Celery broker           marked, then sent
-                      (tasklog.delivery: a delayed Kafka message)
+                      releasing ──▶ ontime ──▶ routing ──▶ release/    marked, then sent
+                                                   (tasklog.delivery: a delayed Kafka message)
                           ▲
     outcomes topic ──▶ tasklog.outcomes ──▶ settling, beats, cancels   finish, retry, fail,
                                                                        block; keep a lease
@@ -35,8 +35,10 @@ One task's way through it, by module (the Kafka clients are the task log's:
 - :mod:`~celery_scheduler.dispatcher.leases` fences each partition; while a lease is not
   certainly valid, nothing of the partition is released.
 - :mod:`~celery_scheduler.dispatcher.releasing` marks due tasks released and hands them to
-  :mod:`~celery_scheduler.dispatcher.ontime`, which sends each at its time;
-  :mod:`celery_scheduler.tasklog.delivery` produces delayed Kafka messages instead.
+  :mod:`~celery_scheduler.dispatcher.ontime`, which sends each at its time through
+  :mod:`~celery_scheduler.dispatcher.routing`: a Celery task to the broker
+  (:mod:`celery_scheduler.release`), a delayed Kafka message to Kafka
+  (:mod:`celery_scheduler.tasklog.delivery`).
 - :mod:`celery_scheduler.tasklog.outcomes` reads the workers' reports;
   :mod:`~celery_scheduler.dispatcher.settling` and
   :mod:`~celery_scheduler.dispatcher.beats` turn them into the key's next state, and

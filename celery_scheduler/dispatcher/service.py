@@ -17,12 +17,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from celery_scheduler import registry, wire
+from celery_scheduler import registry
 from celery_scheduler import release as releasing
-from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
@@ -31,8 +30,7 @@ from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.pace import ON_TIME_SWITCH_INTERVAL
-from celery_scheduler.dispatcher.timetable import Loaded
-from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.dispatcher.routing import Router, held_by_worker
 from celery_scheduler.errors import (
     ConfigurationError,
     SchedulerError,
@@ -40,9 +38,7 @@ from celery_scheduler.errors import (
     TaskLogError,
     TaskLogUnavailableError,
 )
-from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
-from celery_scheduler.release.confirms import Unconfirmed
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import TaskLogReader
@@ -128,12 +124,6 @@ def open_checked_store(settings: Settings) -> ScheduleStore:
     return store
 
 
-def _held_by_worker(task: Loaded) -> bool:
-    """Whether *task*'s release may go to the broker before it is due: a Celery task's
-    worker holds it until its ``eta``; a delayed message's reader of the topic would not."""
-    return task.envelope.task != MESSAGE_TASK
-
-
 class Dispatcher:
     """Runs until :meth:`stop` is called (from a signal handler or another thread)."""
 
@@ -164,16 +154,17 @@ class Dispatcher:
         self.metrics = metrics or Metrics()
         self.publisher = releasing.Publisher(app)  # used by one thread only
         self.spans = DispatcherSpans(s.opentelemetry)  # traced tasks' persist and release spans
-        self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
-                             metrics=self.metrics, publish_many=self._publish_many,
-                             sends_early=_held_by_worker if s.release_eta else None,
-                             prepare_many=self._prepare_many, publish_prepared=self._send_prepared,
+        router = Router(self.publisher, self.spans)
+        self.engine = Engine(self.store, router.publish, self.owner, engine_settings(s),
+                             metrics=self.metrics, publish_many=router.publish_many,
+                             sends_early=held_by_worker if s.release_eta else None,
+                             prepare_many=router.prepare_many, publish_prepared=router.send_prepared,
                              confirm=self.publisher.collect_confirms,
                              switch_interval=sys.setswitchinterval)
         self.engine.partition_count = self._partitions  # its share of a rate limit
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
-        self.delivery = kafka.delivery(self.engine.outcomes)
+        self.delivery = router.delivery = kafka.delivery(self.engine.outcomes)
         counts = [when_available("Kafka", kafka.partitions(topic), deadline, self.stopping)
                   for topic in (dead_letter_topic(s.kafka_topic), outcome_topic(s.kafka_topic))]
         if counts[1] != self._partitions:
@@ -209,67 +200,6 @@ class Dispatcher:
     def partition_count(self) -> int:
         """How many partitions the scheduler topic has."""
         return self._partitions
-
-    def _publish(self, task: Loaded, release: wire.Release) -> None:
-        [error] = self._publish_many([(task, release)])
-        if error is not None:
-            raise error
-
-    def _prepare_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Any]:
-        """Each Celery release's message built ahead (see ``Publisher.prepare_many``)."""
-        tasks = [i for i, (task, _) in enumerate(items) if task.envelope.task != MESSAGE_TASK]
-        prepared: list[Any] = [None] * len(items)
-        built = self.publisher.prepare_many([(items[i][0].envelope, items[i][1]) for i in tasks])
-        for i, message in zip(tasks, built, strict=True):
-            prepared[i] = message
-        return prepared
-
-    def _send_prepared(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any]
-                       ) -> list[Exception | Unconfirmed | None]:
-        """The on-time sender's publish: RabbitMQ's confirms are collected while it waits."""
-        return self._publish_mixed(items, prepared, confirm_later=True)
-
-    def _publish_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Exception | None]:
-        # without confirm_later every result is final
-        return cast(list[Exception | None], self._publish_mixed(items, None, confirm_later=False))
-
-    def _publish_mixed(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any] | None,
-                       confirm_later: bool) -> list[Exception | Unconfirmed | None]:
-        """Each release to Celery, or for a delayed message to Kafka; results in *items*' order.
-
-        *prepared* holds what :meth:`_prepare_many` built for each (or None); with
-        *confirm_later*, see ``Publisher.publish_many``."""
-        if not self.spans.enabled:
-            return self._publish_routed(items, prepared, confirm_later)
-        started = now_ms()
-        results = self._publish_routed(items, prepared, confirm_later)
-        self.spans.released([(task.envelope, release, result if isinstance(result, Exception) else None)
-                             for (task, release), result in zip(items, results, strict=True)],
-                            started, now_ms())
-        return results
-
-    def _publish_routed(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any] | None,
-                        confirm_later: bool) -> list[Exception | Unconfirmed | None]:
-        messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
-        if not messages:
-            return self.publisher.publish_many([(task.envelope, release) for task, release in items],
-                                               prepared, confirm_later=confirm_later)
-        results: list[Exception | Unconfirmed | None] = [None] * len(items)
-        tasks = [i for i in range(len(items)) if i not in set(messages)]
-
-        def chosen(indexes: list[int]) -> list[tuple[ScheduleEnvelope, wire.Release]]:
-            return [(items[i][0].envelope, items[i][1]) for i in indexes]
-
-        sent: list[tuple[list[int], Sequence[Exception | Unconfirmed | None]]] = [
-            (messages, self.delivery.deliver(chosen(messages)))]
-        if tasks:
-            sent.append((tasks, self.publisher.publish_many(
-                chosen(tasks), None if prepared is None else [prepared[i] for i in tasks],
-                confirm_later=confirm_later)))
-        for indexes, outcomes in sent:
-            for i, result in zip(indexes, outcomes, strict=True):
-                results[i] = result
-        return results
 
     def _on_assign(self, partitions: list[int]) -> None:
         kept = self.membership.kept
