@@ -174,11 +174,11 @@ class Dispatcher:
                 "partition of the same number; run `celery -A <your app> scheduler init` to see "
                 "how to make them match")
         self.outcomes = kafka.outcome_reader(self.engine.outcomes, self.engine.durable_outcome_offsets)
-        self.engine.outcomes_read_until = self.outcomes.read_until
+        self.engine.hears(outcomes_read_until=self.outcomes.read_until)
         self.reader = kafka.group_reader()
         # the engine releases a partition's tasks once its ingest has caught up (caught_up.py)
         caught_up = CaughtUp()
-        self.engine.caught_up = caught_up
+        self.engine.hears(caught_up=caught_up)
         self.membership = Membership(self._partitions, time.monotonic())
         dead_letters = kafka.dead_letters(self.metrics)
 

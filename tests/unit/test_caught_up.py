@@ -83,10 +83,11 @@ class Dispatcher:
         self.released: list[TaskKey] = []
         self.engine = Engine(store, lambda task, release: self.released.append(task.key), name,
                              settings, clock=clock)
-        self.engine.caught_up = CaughtUp()
+        caught_up = CaughtUp()
+        self.engine.hears(caught_up=caught_up)
         self.reader = MemoryTaskLogReader(log, TOPIC, partition_eof=True)
         self.ingest = Ingest(self.reader, store, self.engine, MemoryDeadLetters(), lambda: PARTITIONS,
-                             clock=clock, caught_up=self.engine.caught_up)
+                             clock=clock, caught_up=caught_up)
         self.ingest.assigned(range(PARTITIONS))
         self.engine.assign(range(PARTITIONS))
         self.engine.step()  # takes the leases
@@ -114,7 +115,7 @@ def _taken_over(*, gated: bool) -> tuple[Dispatcher, MemoryScheduleStore, TaskKe
     clock.ms = NOW + 2_000
     taker = Dispatcher(log, store, clock, "d2")  # loads the task from the store
     if not gated:
-        taker.engine.caught_up = None
+        taker.engine.releaser.caught_up = None  # nothing waits
     for _ in range(3):
         clock.ms += 100
         taker.engine.step()

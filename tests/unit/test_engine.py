@@ -1055,7 +1055,7 @@ def test_a_lease_end_while_the_outcome_reader_is_behind_does_not_release_again(
     h.step()
     released_at = h.clock()
     read_until = [0]
-    h.engine.outcomes_read_until = lambda partition: read_until[0]
+    h.engine.hears(outcomes_read_until=lambda partition: read_until[0])
     for _ in range(20):
         h.step(1000)
     # its start lease (8 s) and the 3 s a first beat may take end 11 s after it

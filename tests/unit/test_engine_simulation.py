@@ -215,7 +215,7 @@ class Simulation:
                         monotonic=self.world.monotonic, rng=random.Random(self.rng.random()))
         dispatcher = Dispatcher(name, engine)
         # what its outcome reader has read up to: everything appended before its last read
-        engine.outcomes_read_until = lambda partition: dispatcher.read_until.get(partition, 0)
+        engine.hears(outcomes_read_until=lambda partition: dispatcher.read_until.get(partition, 0))
         if self.through_ingest:
             dispatcher.reader = MemoryTaskLogReader(self.log, "sim", self.group_committed, ())
             dispatcher.ingest = Ingest(dispatcher.reader, self.store, engine, self.dead_letters,
