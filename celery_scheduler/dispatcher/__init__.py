@@ -41,7 +41,8 @@ One task's way through it, by module (the Kafka clients are the task log's:
   (:mod:`celery_scheduler.tasklog.delivery`).
 - :mod:`celery_scheduler.tasklog.outcomes` reads the workers' reports;
   :mod:`~celery_scheduler.dispatcher.settling` and
-  :mod:`~celery_scheduler.dispatcher.beats` turn them into the key's next state, and
+  :mod:`~celery_scheduler.dispatcher.beats` turn them into the key's next state,
+  :mod:`~celery_scheduler.dispatcher.expiry` judges leases that end without one, and
   :mod:`~celery_scheduler.dispatcher.cancels` drops cancelled and moved keys.
 - :mod:`~celery_scheduler.dispatcher.firer` and :mod:`~celery_scheduler.dispatcher.firing`
   schedule the periodic entries of the partitions owned; :mod:`~celery_scheduler.dispatcher.kept`

@@ -194,7 +194,7 @@ class Engine:
         if caught_up is not None:
             self.releaser.caught_up = caught_up
         if outcomes_read_until is not None:
-            self.settler.outcomes_read_until = outcomes_read_until
+            self.settler.expiry.outcomes_read_until = outcomes_read_until
 
     def _publish_many(self, items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
         return self.publish_many(items)  # looked up at each call: tests replace it
@@ -308,7 +308,7 @@ class Engine:
         # events of the one before). Take those events before releasing anything read.
         self._drain_events(0)
         watch.lap("load")
-        self.settler.poll_outcomes()
+        self.settler.expiry.poll()
         watch.lap("outcomes")
         self.releaser.release_due()
         self.settler.store_succeeded(lingering=True)
