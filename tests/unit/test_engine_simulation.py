@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from celery_scheduler import heartbeat
 from celery_scheduler.dispatcher import beats as beats_module
 from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher import ingest as ingest_module
@@ -512,6 +513,9 @@ BROKEN_RULES = {
                                                         lambda self: {}),
     "a worker runs on when its beats do not reach Kafka": (RunLease, "expired",
                                                            lambda self, now: False),
+    "a worker waits for its first beat to count without end": (
+        RunLease, "begin", classmethod(lambda cls, release, now, started_ms: cls(
+            release, started_ms, 2.0**60, now + heartbeat.start_after_ms(release.run_lease_ms)))),
 }
 
 
