@@ -26,6 +26,7 @@ from celery.contrib.testing.worker import start_worker
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.release import Publisher
+from celery_scheduler.release import message as release_message
 from celery_scheduler.release import publisher as release_publisher
 from celery_scheduler.release import redis_push as release_redis
 from celery_scheduler.wire import Release
@@ -351,7 +352,8 @@ def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         built.append(name)
         return real(app, name, *args, **kwargs)
 
-    monkeypatch.setattr(release_publisher, "task_message", counting)
+    for module in (release_message, release_publisher):  # both build the full way
+        monkeypatch.setattr(module, "task_message", counting)
     return built
 
 
