@@ -167,3 +167,24 @@ def test_outcomes_gather_into_requests_unless_the_options_say_otherwise(made: Ma
     assert told._config["linger.ms"] == 2
     # the delivery guarantees are not the options' to weaken
     assert told._config["acks"] == "all" and told._config["enable.idempotence"] is True
+
+
+def test_an_outcome_purged_by_replacements_is_not_lost_however_often(made: Made) -> None:
+    """A stalled Kafka controller: each new producer waits for a producer id, is found stuck
+    and replaced in turn. What the replaced ones purged was never given to Kafka: it goes on
+    through the next producer, as many times as that takes."""
+    made.error = None
+    clock = SecondsClock(1000.0)
+    producer = outcome_producer.OutcomeProducer(Settings(kafka_topic="t"), clock=clock)
+    made[0].silent = True
+    producer.send(_outcome(1))
+    for _ in range(4):  # four producers in a row report nothing and are replaced
+        made[-1].silent = True
+        clock.now += outcome_producer.STUCK_AFTER_SECONDS + 1
+        producer.poll()
+    assert producer.replaced == 4 and all(p.purged for p in made[:4])
+    assert made[4].values() == [_outcome(1).encode()]  # still on its way, once
+    producer.flush(0)  # the controller is back: delivered
+    producer.send(_outcome(2))
+    producer.flush(0)
+    assert made[4].values() == [_outcome(n).encode() for n in (1, 2)]
