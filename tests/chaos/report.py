@@ -192,7 +192,7 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         took = sorted(t for t in in_sync if t != "never")
         lines += ["", f"After a fault on a Kafka broker, every partition's replicas were in sync "
                       f"again {took[0]:.1f}-{took[-1]:.1f} s after the broker was back (median "
-                      f"{took[len(took) // 2]:.1f} s); the next Kafka fault waited for it"
+                      f"{took[len(took) // 2]:.1f} s); the next Kafka fault waited for it."
                   if took else "", *([f"{len(in_sync) - len(took)} Kafka fault(s) never saw "
                                       "the replicas in sync again."]
                                     if len(took) < len(in_sync) else [])]
