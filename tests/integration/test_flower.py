@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.dispatch_fixtures import Scheduler
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra, pytest.mark.redis]
 UTC = dt.timezone.utc
@@ -50,12 +51,29 @@ def test_released_tasks_show_in_flowers_api_and_tasks_page(
         scheduler.python, "-m", "celery", "-A", "tests.apps.dispatching", "flower",
         f"--port={port}", "--address=127.0.0.1"], {"FLOWER_UNAUTHENTICATED_API": "true"})
     scheduler.wait_for_log(flower, "Visit me at", timeout=60)
-    time.sleep(2)  # Flower subscribes to the workers' events once it is up
+    # Flower subscribes to the workers' events some time after it is up: a marker task is
+    # scheduled, every few seconds, until Flower lists one
+    markers: list[str] = []
+    marked = [0.0]
+
+    def flower_lists_a_marker() -> bool:
+        tasks = _get(f"http://127.0.0.1:{port}/api/tasks")
+        if any(task_id in tasks for task_id in markers):
+            return True
+        if time.monotonic() > marked[0] + 3:
+            marked[0] = time.monotonic()
+            now = dt.datetime.now(UTC)
+            markers.append(schedule.record.schedule_at(now, "marker", len(markers),
+                                                       scheduled_for=now.timestamp()).task_id)
+        return False
+
+    wait_until(flower_lists_a_marker, 60, lambda: f"{len(markers)} marker(s), none in Flower",
+               every=0.5)
 
     due = dt.datetime.now(UTC) + dt.timedelta(seconds=2)
     handles = [schedule.record.schedule_at(due, f"flower-{n}", n, scheduled_for=due.timestamp())
                for n in range(2)]
-    scheduler.wait_for_starts(2, timeout=60)
+    scheduler.wait_for_starts(len(markers) + 2, timeout=60)
     wanted = {handle.task_id: handle for handle in handles}
     deadline = time.monotonic() + 30
     while True:

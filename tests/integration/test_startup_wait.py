@@ -22,6 +22,7 @@ import pytest
 from tests.integration.dispatch_fixtures import Scheduler
 from tests.integration.dispatch_fixtures import schedule as schedule
 from tests.integration.dispatch_fixtures import scheduler as scheduler
+from tests.waiting import wait_until
 
 
 def free_port() -> int:
@@ -90,8 +91,13 @@ def test_a_dispatcher_waits_for_cassandra_then_releases(forwarder: Forwarder, sc
     dispatcher = scheduler.dispatcher(wait=False)
     scheduler.wait_for_log(dispatcher, "Cassandra is not available yet", timeout=60)
     scheduler.worker()
-    schedule.record.schedule(("w", 0), {}, at=datetime.fromtimestamp(time.time() + 1, timezone.utc))
-    time.sleep(3)
+    due = time.time() + 1
+    schedule.record.schedule(("w", 0), {}, at=datetime.fromtimestamp(due, timezone.utc))
+    # still waiting after the task fell due: a later "not available" line than that
+    wait_until(lambda: time.time() > due, 10, "the due time")
+    waited = scheduler.log_of(dispatcher).count("Cassandra is not available yet")
+    wait_until(lambda: scheduler.log_of(dispatcher).count("Cassandra is not available yet") > waited,
+               30, lambda: scheduler.log_of(dispatcher)[-2000:])
     assert dispatcher.poll() is None, scheduler.log_of(dispatcher)
     assert scheduler.starts() == []
 
