@@ -137,7 +137,7 @@ def render(report: Report, derived: Derived = _no_derived) -> str:
     """The whole BENCHMARKS.md text of one run, with the sections *derived* from its own."""
     out = [*INTRO, "", "## Run", "",
            f"- command: `{report.command}` ({report.mode} mode)",
-           f"- started: {report.started}, took {report.duration_s / 60:.1f} min"]
+           f"- started: {report.started}, took {_took(report.duration_s)}"]
     if report.code:
         out.append(f"- code: {report.code}")
     out += [f"- {label}: {text}" for label, text in report.machine.items()]
@@ -182,7 +182,7 @@ def render_many(reports: list[Report], order: list[str], derived: Derived = _no_
         first = members[0]
         probes = {g: ms for r in members for g, ms in r.probes.items()}
         out.append(f"| {', '.join(probes)} | `{_cell(command)}` ({first.mode}) | {started} | "
-                   f"{first.duration_s / 60:.1f} min | {first.code or 'n/a'} | "
+                   f"{_took(first.duration_s)} | {first.code or 'n/a'} | "
                    f"{first.load_start} / {first.load_end} | {_probes(probes)} |")
     out.append("")
     out += [f"- {label}: {text}" for label, text in newest.machine.items()]
@@ -190,3 +190,9 @@ def render_many(reports: list[Report], order: list[str], derived: Derived = _no_
         out.append("- versions (newest run): "
                    + ", ".join(f"{k} {v}" for k, v in newest.versions.items()))
     return "\n".join(out + _durability(newest) + _body(sections, derived)) + "\n"
+
+
+def _took(seconds: float) -> str:
+    """How long a run took; a run stopped before its end kept its groups' results but not
+    its length (nor the load average at its end)."""
+    return "n/a (stopped before its end)" if math.isnan(seconds) else f"{seconds / 60:.1f} min"

@@ -55,6 +55,8 @@ def test_report_lists_targets_first_then_each_scenario() -> None:
     text = render(report)
     assert "`scripts/bench --quick` (quick mode)" in text
     assert "took 1.5 min" in text
+    report.duration_s = math.nan  # a run stopped before its end: its length is not known
+    assert "took n/a (stopped before its end)" in render(report) and "nan" not in render(report)
     assert "1.00 / 1.00 / 1.00 at start, 2.00 / 2.00 / 2.00 at end" in text
     targets = text.index("## Targets")
     assert text.index("| 1 | ratio \\| to raw | 50% (40 to 60, n=2) | ≥ 50% | **not met** |") > targets
