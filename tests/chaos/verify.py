@@ -230,9 +230,15 @@ def verify(facts: RunFacts) -> Verdict:
                 verdict.flag("unknown_runs", str(event))
                 continue
             starts[key].append(event)
-            busy = [begun for (other, _), begun in open_runs.items() if other == pid]
-            if busy:  # the previous run of this process never ended: impossible
-                verdict.notes.append(f"pid {pid} started {key} while {busy[0]} had no end")
+            busy = [(run, begun) for run, begun in open_runs.items() if run[0] == pid]
+            for run, begun in busy:
+                killed = facts.killed_workers.get(pid)
+                if killed is not None and begun["t"] <= killed <= event["t"]:
+                    # the worker was killed in that run, and a later process got its pid
+                    del open_runs[run]
+                    runs[begun["o"]].append((begun["t"], killed, begun["seq"]))
+                else:  # the previous run of this process never ended: impossible
+                    verdict.notes.append(f"pid {pid} started {key} while {begun} had no end")
             open_runs[(pid, event["o"])] = event
         else:
             begun = open_runs.pop((pid, event["o"]), None)

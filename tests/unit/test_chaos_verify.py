@@ -464,3 +464,18 @@ def test_a_move_that_came_after_the_release_may_leave_the_key_at_its_old_time() 
     # a move that raised may or may not have been written: either time passes, not both
     unsure = verify(facts([moved(move_accepted=False, status="succeeded")], at_time(0, 20.001, 20)))
     assert unsure.ok, violations(unsure)
+
+
+def test_a_killed_workers_pid_taken_by_a_later_process_ends_the_killed_run() -> None:
+    """pids wrap around in a long run: a process started after a worker's kill may get its
+    pid. The killed worker's run ended at the kill, not at the end of the run, and the new
+    process's runs are its own, not runs started beside it."""
+    executions = run("a", 0, 10.0, None, pid=7) + run("b", 0, 30.0, 30.1, pid=7)
+    tasks = [task("a", 0, 10), task("b", 0, 29), task("a", 1, 20)]
+    executions += run("a", 1, 20.5, 20.6, pid=8)
+    reused = verify(facts(tasks, executions, killed={7: T0 + 15}))
+    assert violations(reused) == {} and reused.notes == []
+    # not killed: a process that starts a task while its last one goes on is impossible
+    impossible = verify(facts(tasks, executions))
+    assert any("had no end" in note for note in impossible.notes)
+    assert violations(impossible) == {"overlaps": 1}  # a/0 then runs to the end, beside a/1
