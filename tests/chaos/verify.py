@@ -218,6 +218,10 @@ def verify(facts: RunFacts) -> Verdict:
     completed: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)  # starts of runs that ended
     periodic_starts: list[dict[str, Any]] = []
     periodic_ends: dict[str, float] = {}  # task id -> when its last run that ended ended
+    # a run cut short ended when its worker was killed, or stopped itself (see lease_stops)
+    stops = lease_stops(facts.unexpected_exits)
+    verdict.counts["lease_stops"] = len(stops)
+    ended = {**facts.killed_workers, **stops}
     for event in sorted(facts.executions, key=lambda e: e["t"]):
         pid = event["pid"]
         if event["event"] == "start":
@@ -231,12 +235,12 @@ def verify(facts: RunFacts) -> Verdict:
                 continue
             starts[key].append(event)
             busy = [(run, begun) for run, begun in open_runs.items() if run[0] == pid]
+            end = ended.get(pid)
             for run, begun in busy:
-                killed = facts.killed_workers.get(pid)
-                if killed is not None and begun["t"] <= killed <= event["t"]:
-                    # the worker was killed in that run, and a later process got its pid
+                if end is not None and begun["t"] <= end <= event["t"]:
+                    # the worker ended in that run, and a later process got its pid
                     del open_runs[run]
-                    runs[begun["o"]].append((begun["t"], killed, begun["seq"]))
+                    runs[begun["o"]].append((begun["t"], end, begun["seq"]))
                 else:  # the previous run of this process never ended: impossible
                     verdict.notes.append(f"pid {pid} started {key} while {begun} had no end")
             open_runs[(pid, event["o"])] = event
@@ -248,10 +252,6 @@ def verify(facts: RunFacts) -> Verdict:
                     completed[(begun["o"], begun["seq"])].append(begun)
                 elif "task_id" in begun:
                     periodic_ends[begun["task_id"]] = event["t"]
-    # a run cut short ended when its worker was killed, or stopped itself (see lease_stops)
-    stops = lease_stops(facts.unexpected_exits)
-    verdict.counts["lease_stops"] = len(stops)
-    ended = {**facts.killed_workers, **stops}
     for (pid, _), begun in open_runs.items():
         end = ended.get(pid, facts.finished)
         runs[begun["o"]].append((begun["t"], end, begun["seq"]))
