@@ -140,7 +140,7 @@ class Firer:
         due = self.plan.due(now)
         if not due:
             return 0
-        written = self._kept_by_overlap(due)
+        due, written = self._still_held(due, self._kept_by_overlap(due))
         # each key once (an allow_all one hashes until it lands in the entry's partition), and
         # no lookups in a list: a minute's firing may be thousands of occurrences
         keys = {id(o): self.plan.key_of(o.entry, o.at_ms) for o in due}
@@ -161,6 +161,17 @@ class Firer:
                             occurrence.entry.overlap.value)
         self.fired_count += len(written)
         return len(written)
+
+    def _still_held(self, due: list[Occurrence], written: list[Occurrence]
+                    ) -> tuple[list[Occurrence], list[Occurrence]]:
+        """*due* and *written*, but those of partitions this process may no longer write.
+
+        Deciding took store reads, long enough for this process to be paused past a lease
+        (SIGSTOP, a long pause of the VM) while the next owner decided the same occurrences
+        otherwise: what it decided for a partition it no longer holds is not its to write.
+        """
+        held = {p for p in {o.partition for o in due} if self.may_write(p)}
+        return [o for o in due if o.partition in held], [o for o in written if o.partition in held]
 
     def _kept_by_overlap(self, due: list[Occurrence]) -> list[Occurrence]:
         """The occurrences to write: all of them, but those an entry's overlap policy skips
