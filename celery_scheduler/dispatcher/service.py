@@ -191,7 +191,7 @@ class Dispatcher:
         self.ingest = ingest(self.reader, s.ingest_linger_seconds)
         # periodic entries (beat_schedule), fired between two polls (firer.py)
         self.firer = firer_of(app, s, self.store, self.ingest.apply, self.engine.may_persist,
-                              self._partitions)
+                              self._partitions, certain=self.engine.leases.certain)
         # kept partitions are read while the group forms again: each record is written at
         # once, the group is waited for only as long as a short poll
         self.kept = KeptReader(kafka.kept_reader, lambda reader: ingest(reader, 0.0))
