@@ -271,7 +271,7 @@ def _dispatcher_parts(app: Celery, name: str, publish: Callable[[Loaded, wire.Re
                                  "acks": "all", "enable.idempotence": True}),
                        dead_letter_topic(name))
     names = set(registered())
-    ingest = Ingest(KafkaTaskLogReader(consumer), store, engine, dead, lambda: PARTITIONS,
+    ingest = Ingest(KafkaTaskLogReader(name, lambda: consumer), store, engine, dead, lambda: PARTITIONS,
                     allowed=names.__contains__)
     return store, engine, consumer, ingest
 

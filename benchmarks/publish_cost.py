@@ -7,7 +7,7 @@
 Publishes *count* releases through the dispatcher's publisher (``release.Publisher``, as its
 sender thread does) to a queue of its own on the local Redis, in steps of each batch size,
 and prints the CPU time of this process per release, pushed onto Redis by the publisher
-itself (``release_redis``) and through kombu's producer. For comparison, the same task sent
+itself (``release.redis_push``) and through kombu's producer. For comparison, the same task sent
 with Celery's ``apply_async`` one at a time, and the finished messages pushed with a bare
 ``LPUSH`` (one command a message, and one pipeline a batch). At light load a dispatcher
 sends each release alone, at its due time: the figure for batch 1 is part of its CPU per

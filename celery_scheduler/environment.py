@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from celery_scheduler.config import Settings
-from celery_scheduler.errors import ConfigurationError, TaskLogError, TopicMissingError
+from celery_scheduler.errors import ConfigurationError
 from celery_scheduler.tasklog.topics import (
     dead_letter_topic,
     dispatcher_group,
@@ -60,40 +59,25 @@ def create(settings: Settings, partitions: int | None = None,
     The outcomes topic must have as many partitions as the scheduler topic:
     :class:`~celery_scheduler.errors.ConfigurationError` says how to fix one that has not.
     """
-    import time
-
-    from confluent_kafka.admin import AdminClient
-
     from celery_scheduler.store import open_store
-    from celery_scheduler.tasklog.kafka import client_config, create_topic, topic_partitions
+    from celery_scheduler.tasklog.admin import partitions_of
+    from celery_scheduler.tasklog.kafka import create_topic
 
     s = settings
     names = environment(s)
     replication = replication_factor or s.kafka_replication_factor
-    admin = AdminClient(client_config(s.kafka_bootstrap_servers, s.kafka_options))
-
-    def partitions_of(topic: str, created: bool) -> int:
-        # another broker than the one that saw the topic created may not know it yet
-        deadline = time.monotonic() + s.kafka_produce_timeout
-        while True:
-            try:
-                return topic_partitions(admin, topic, s.kafka_produce_timeout)
-            except TopicMissingError:
-                if not created or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
 
     topic, dead, outcomes = names.topics
     created = create_topic(s.kafka_bootstrap_servers, s.kafka_options, topic,
                            partitions or s.kafka_partitions, replication)
-    count = partitions_of(topic, created)
+    count = partitions_of(s, topic, created)
     say(f"kafka topic {topic}: {'created' if created else 'exists'}, {count} partitions")
     created = create_topic(s.kafka_bootstrap_servers, s.kafka_options, dead, 1, replication)
     say(f"kafka topic {dead}: {'created' if created else 'exists'}")
     # one outcomes partition for each partition of the topic, numbered alike
     created = create_topic(s.kafka_bootstrap_servers, s.kafka_options, outcomes, count,
                            replication)
-    outcome_count = partitions_of(outcomes, created)
+    outcome_count = partitions_of(s, outcomes, created)
     if outcome_count != count:
         raise ConfigurationError(
             f"Kafka topic {outcomes!r} has {outcome_count} partitions but {topic!r} has {count}: "
@@ -114,47 +98,13 @@ def drop(settings: Settings, group: str | None = None, timeout: float = 30.0) ->
     Raises :class:`~celery_scheduler.errors.TaskLogError` when a group still has members
     (stop the dispatchers first) or Kafka refuses a deletion, before the keyspace is touched.
     """
-    from confluent_kafka import KafkaError
-    from confluent_kafka.admin import AdminClient
-
     from celery_scheduler.store import open_store
-    from celery_scheduler.tasklog.kafka import client_config
-    from celery_scheduler.tasklog.reader import kafka_errors
+    from celery_scheduler.tasklog.admin import delete
 
     names = environment(settings, group)
-    dropped = Dropped()
-    admin = AdminClient(client_config(settings.kafka_bootstrap_servers, settings.kafka_options))
-    with kafka_errors("delete the scheduler's consumer groups"):
-        groups = admin.delete_consumer_groups(list(names.groups), request_timeout=timeout)
-    _settle(groups, "consumer group", KafkaError.GROUP_ID_NOT_FOUND, dropped, timeout,
-            busy=KafkaError.NON_EMPTY_GROUP)
-    with kafka_errors("delete the scheduler's topics"):
-        topics = admin.delete_topics(list(names.topics), operation_timeout=timeout)
-    _settle(topics, "kafka topic", KafkaError.UNKNOWN_TOPIC_OR_PART, dropped, timeout)
+    removed, absent = delete(settings, names.groups, names.topics, timeout)
+    dropped = Dropped(removed, absent)
     with open_store(settings) as store:
         existed = store.drop_schema()
     (dropped.removed if existed else dropped.absent).append(f"cassandra keyspace {names.keyspace}")
     return dropped
-
-
-def _settle(futures: dict[str, Any], what: str, absent: int, dropped: Dropped, timeout: float,
-            busy: int | None = None) -> None:
-    """Wait for Kafka's answer to each deletion and note it in *dropped*: done, or *absent*
-    (the error code of a name that does not exist); a *busy* group, or any other error,
-    raises TaskLogError naming it."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    for name, future in futures.items():
-        try:
-            future.result(timeout)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            code = error.code() if isinstance(error, KafkaError) else None
-            if code == absent:
-                dropped.absent.append(f"{what} {name}")
-                continue
-            if code is not None and code == busy:
-                raise TaskLogError(f"{what} {name} still has members: stop the dispatchers of "
-                                   "this environment first") from exc
-            raise TaskLogError(f"Kafka could not delete {what} {name}: {exc}") from exc
-        dropped.removed.append(f"{what} {name}")

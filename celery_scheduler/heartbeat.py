@@ -12,11 +12,13 @@ for long leases:
 
 - A beat *counts* for the worker only if Kafka acknowledged it within :func:`credit_ms` of
   its send (Kafka has it by then, so a dispatcher that has read everything produced up to
-  that time has read it). The worker may go on running the task until :data:`run lease
-  <RunLease>` after the send of its latest beat that counted, and until
-  ``start_after + credit`` after the start before the first counts. Past that it stops the
-  task: it kills the process that runs it (``worker``), because a dispatcher may be about to
-  release it again. That happens only while the worker cannot reach Kafka.
+  that time has read it), and before the task had to stop. The worker may go on running
+  the task until :data:`run lease <RunLease>` after the send of its latest beat that
+  counted, and before the first counts, until a dispatcher could take the release for one
+  that never started (below), less the clocks' margin: the end of its start lease plus 1 s
+  at the defaults, and never less than ``start_after + credit`` after the start. Past that
+  it stops the task: it kills the process that runs it (``worker``), because a dispatcher
+  may be about to release it again. That happens only while the worker cannot reach Kafka.
 - A dispatcher releases a task again only once its outcome reader has read everything
   produced up to the time it judges by (``outcomes_read_until``): for a release of which no
   beat was read, the end of its start lease plus the longest wait for a first beat and the
@@ -108,8 +110,18 @@ class RunLease:
 
     @classmethod
     def begin(cls, release: Release, now: float, started_ms: int) -> RunLease:
+        """The lease of a task of *release* that starts at *now* (monotonic ms), *started_ms*
+        by the wall clock. Until a beat counts, it may run until a dispatcher could take its
+        release for one that never started (:func:`not_started_by_ms`, less the clocks'
+        margin): a task that started at its due time rides out a Kafka leader's failover of
+        several seconds before its first beat. At the least, its first beat's wait and credit
+        time (a release without a start lease, or one that started at its end)."""
         first = now + start_after_ms(release.run_lease_ms)
-        return cls(release, started_ms, first + credit_ms(release.run_lease_ms), first)
+        alive = first + credit_ms(release.run_lease_ms)
+        if release.lease_until_ms:
+            unheard_until = not_started_by_ms(release.lease_until_ms) - CLOCK_MARGIN_MS
+            alive = max(alive, now + unheard_until - started_ms)
+        return cls(release, started_ms, alive, first)
 
     def beat(self, now: float, wall_ms: int) -> Beat:
         """The beat to send now; the next one is due a beat interval later."""

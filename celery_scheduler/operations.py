@@ -19,13 +19,15 @@ from celery_scheduler.client import SchedulerClient
 from celery_scheduler.config import Settings
 from celery_scheduler.decoding import decode
 from celery_scheduler.envelope import CancelEnvelope, RetryEnvelope, ScheduleEnvelope
-from celery_scheduler.errors import EnvelopeDecodeError, NotRetryableError, TaskLogUnavailableError
+from celery_scheduler.errors import EnvelopeDecodeError, NotRetryableError
 from celery_scheduler.keys import TaskKey, from_epoch_ms
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cursor, ScheduleStore, State, StoredTask, bucket_of
-from celery_scheduler.tasklog.topics import dead_letter_topic, dispatcher_group
+from celery_scheduler.tasklog import views
+from celery_scheduler.tasklog.views import consumer_lag
 
-__all__ = ["LISTED_STATES", "DeadLetter", "DueSoon", "PartitionView", "describe_key", "due_soon",
+__all__ = ["LISTED_STATES", "DeadLetter", "DueSoon", "PartitionView", "consumer_lag", "describe_key",
+           "due_soon",
            "ordering_id_tasks", "partitions", "read_dead_letters", "replay", "request_retry",
            "retry_problem", "tasks_in_state", "waiting_note"]
 
@@ -92,30 +94,6 @@ def due_soon(count: int, store: ScheduleStore, now_ms: int, buckets: int = 30) -
                 per_bucket[bucket] += rows
     return DueSoon(size, overdue, [(from_epoch_ms(bucket * size * 1000).isoformat(), rows)
                                    for bucket, rows in sorted(per_bucket.items())])
-
-
-def consumer_lag(settings: Settings, timeout: float = 10.0) -> dict[int, int | None]:
-    """Per partition, how many records the dispatchers' group has not committed yet."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from celery_scheduler.tasklog.kafka import client_config, topic_partitions
-    from celery_scheduler.tasklog.reader import kafka_errors
-
-    consumer = Consumer({**client_config(settings.kafka_bootstrap_servers, settings.kafka_options),
-                         "group.id": dispatcher_group(settings.kafka_topic),
-                         "enable.auto.commit": False})
-    try:
-        count = topic_partitions(consumer, settings.kafka_topic, timeout)  # type: ignore[arg-type]
-        wanted = [TopicPartition(settings.kafka_topic, n) for n in range(count)]
-        with kafka_errors("say the dispatchers' offsets"):
-            committed = consumer.committed(wanted, timeout=timeout)
-            lags: dict[int, int | None] = {}
-            for tp in committed:
-                low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
-                lags[tp.partition] = high - (tp.offset if tp.offset >= 0 else low)
-        return lags
-    finally:
-        consumer.close()
 
 
 def describe_key(store: ScheduleStore, key: TaskKey, now_ms: int | None = None
@@ -308,66 +286,25 @@ def _cut(text: str) -> str:
     return text if len(text) <= SHOWN_CHARACTERS else text[:SHOWN_CHARACTERS - 3] + "..."
 
 
-def _header(headers: Any, name: str) -> str:
-    for header in headers or ():
-        if isinstance(header, tuple) and header[0] == name and isinstance(header[1], bytes):
-            return header[1].decode("utf-8", "replace")
-    return ""
-
-
 def read_dead_letters(settings: Settings, reason: str | None = None,
                       timeout: float = 10.0) -> Iterator[DeadLetter]:
     """The dead letters from the oldest kept to the newest, those whose reason holds *reason*."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    from celery_scheduler.tasklog.kafka import client_config, topic_partitions
-    from celery_scheduler.tasklog.reader import kafka_errors
-
-    topic = dead_letter_topic(settings.kafka_topic)
-    consumer = Consumer({**client_config(settings.kafka_bootstrap_servers, settings.kafka_options),
-                         "group.id": topic + ".operator", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
-    try:
-        count = topic_partitions(consumer, topic, timeout)  # type: ignore[arg-type]
-        with kafka_errors(f"read {topic}"):
-            ends = {n: consumer.get_watermark_offsets(TopicPartition(topic, n), timeout=timeout)[1]
-                    for n in range(count)}
-            consumer.assign([TopicPartition(topic, n, OFFSET_BEGINNING) for n in range(count)])
-        left = {n for n, end in ends.items() if end > 0}
-        while left:
-            with kafka_errors(f"read {topic}"):
-                message = consumer.poll(timeout)
-            if message is None:
-                raise TaskLogUnavailableError(f"Kafka stopped answering while {topic} was read")
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    left.discard(message.partition())
-                    continue
-                raise TaskLogUnavailableError(f"reading {topic}: {error}")
-            number = message.partition() or 0
-            if (message.offset() or 0) + 1 >= ends[number]:
-                left.discard(number)
-            letter = _letter(message)
-            if reason is None or reason in letter.reason:
-                yield letter
-    finally:
-        consumer.close()
+    for letter in views.dead_letters(settings, timeout):
+        shown = _letter(letter)
+        if reason is None or reason in shown.reason:
+            yield shown
 
 
-def _letter(message: Any) -> DeadLetter:
-    key, value = message.key(), message.value()
+def _letter(letter: views.Letter) -> DeadLetter:
     task = None
-    if isinstance(value, bytes):
+    if letter.value is not None:
         try:
-            envelope = decode(value)
+            envelope = decode(letter.value)
             task = envelope.task if isinstance(envelope, ScheduleEnvelope) else None
         except EnvelopeDecodeError:
             pass
-    return DeadLetter(message.offset(), _header(message.headers(), "reason"),
-                      _header(message.headers(), "source"),
-                      key if isinstance(key, bytes) else None,
-                      value if isinstance(value, bytes) else None, task)
+    return DeadLetter(letter.offset, letter.headers.get("reason", ""), letter.headers.get("source", ""),
+                      letter.key, letter.value, task)
 
 
 def replay(publish: Callable[[str, bytes], Any], letters: Iterator[DeadLetter]) -> tuple[int, int]:

@@ -23,7 +23,8 @@ import orjson
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.tasklog.topics import outcome_topic
 
-__all__ = ["HEADER", "Beat", "Outcome", "Release", "decode_report", "outcome_topic", "parse_header"]
+__all__ = ["HEADER", "Beat", "Outcome", "OutcomeBatch", "Release", "decode_report", "outcome_topic",
+           "parse_header"]
 
 # Message header naming the task key and attempt of a released task.
 HEADER = "celery_scheduler"
@@ -144,3 +145,17 @@ def decode_report(data: str | bytes) -> Outcome | Beat | None:
                        int(d.get("b") or 0), int(d.get("f") or 0), int(d.get("g") or 0))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+class OutcomeBatch:
+    """Outcomes and beats read together, and the offsets to commit once their effect is
+    stored; *retried*: outcomes whose effect an earlier write did not store, applied again."""
+
+    __slots__ = ("beats", "offsets", "outcomes", "retried")
+
+    def __init__(self, outcomes: list[Outcome], offsets: dict[int, int], *,
+                 retried: bool = False, beats: list[Beat] | None = None) -> None:
+        self.outcomes = outcomes
+        self.offsets = offsets  # partition -> offset of the next record to read
+        self.retried = retried
+        self.beats = beats or []

@@ -1,7 +1,8 @@
 """The dispatcher: one process of the Kafka consumer group on the scheduler topic, which
 persists what it reads and releases what falls due, for the partitions it owns.
 
-One task's way through it, by module::
+One task's way through it, by module (the Kafka clients are the task log's:
+:mod:`celery_scheduler.tasklog`; nothing here imports the driver)::
 
     Kafka topic ──▶ ingest ──────────────▶ store (Cassandra)            persist, then commit
                     naming, claims, caught_up
@@ -12,16 +13,18 @@ One task's way through it, by module::
                       pausing, limits (the operators' levers)
                           │ due: rules decide
                           ▼
-                      releasing ──▶ ontime ──▶ Celery broker           marked, then sent
-                      (delivery: a delayed Kafka message instead)
+                      releasing ──▶ ontime ──▶ routing ──▶ release/    marked, then sent
+                                                   (tasklog.delivery: a delayed Kafka message)
                           ▲
-    outcomes topic ──▶ outcomes ──▶ settling, beats, cancels           finish, retry, fail,
+    outcomes topic ──▶ tasklog.outcomes ──▶ settling, beats, cancels   finish, retry, fail,
                                                                        block; keep a lease
 
-- :mod:`~celery_scheduler.dispatcher.service` starts the process: the Kafka clients, the
-  store, the threads (ingest, the engine, outcomes, on-time sends) and their shutdown.
-- :mod:`~celery_scheduler.dispatcher.ingest` writes each polled batch to the store before it
-  commits its offsets; :mod:`~celery_scheduler.dispatcher.naming` resolves task ids to keys,
+- :mod:`~celery_scheduler.dispatcher.service` starts the process: the Kafka clients
+  (:mod:`celery_scheduler.tasklog.clients` makes them), the store, the threads (ingest, the
+  engine, outcomes, on-time sends) and their shutdown.
+- :mod:`~celery_scheduler.dispatcher.ingest` writes each batch it reads through the task
+  log's reader port (:class:`~celery_scheduler.tasklog.base.TaskLogReader`) to the store
+  before it commits its offsets; :mod:`~celery_scheduler.dispatcher.naming` resolves task ids to keys,
   :mod:`~celery_scheduler.dispatcher.claims` keeps it and the engine off the same key, and
   :mod:`~celery_scheduler.dispatcher.caught_up` says how far in time it has read.
 - :mod:`~celery_scheduler.dispatcher.engine` is the release loop; what it holds is in
@@ -32,11 +35,14 @@ One task's way through it, by module::
 - :mod:`~celery_scheduler.dispatcher.leases` fences each partition; while a lease is not
   certainly valid, nothing of the partition is released.
 - :mod:`~celery_scheduler.dispatcher.releasing` marks due tasks released and hands them to
-  :mod:`~celery_scheduler.dispatcher.ontime`, which sends each at its time;
-  :mod:`~celery_scheduler.dispatcher.delivery` produces delayed Kafka messages instead.
-- :mod:`~celery_scheduler.dispatcher.outcomes` reads the workers' reports;
+  :mod:`~celery_scheduler.dispatcher.ontime`, which sends each at its time through
+  :mod:`~celery_scheduler.dispatcher.routing`: a Celery task to the broker
+  (:mod:`celery_scheduler.release`), a delayed Kafka message to Kafka
+  (:mod:`celery_scheduler.tasklog.delivery`).
+- :mod:`celery_scheduler.tasklog.outcomes` reads the workers' reports;
   :mod:`~celery_scheduler.dispatcher.settling` and
-  :mod:`~celery_scheduler.dispatcher.beats` turn them into the key's next state, and
+  :mod:`~celery_scheduler.dispatcher.beats` turn them into the key's next state,
+  :mod:`~celery_scheduler.dispatcher.expiry` judges leases that end without one, and
   :mod:`~celery_scheduler.dispatcher.cancels` drops cancelled and moved keys.
 - :mod:`~celery_scheduler.dispatcher.firer` and :mod:`~celery_scheduler.dispatcher.firing`
   schedule the periodic entries of the partitions owned; :mod:`~celery_scheduler.dispatcher.kept`

@@ -38,9 +38,9 @@ from celery_scheduler.dispatcher.cancels import Cancels
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.claims import Claims
 from celery_scheduler.dispatcher.leases import Leases
+from celery_scheduler.dispatcher.limiting import LimitWatch
 from celery_scheduler.dispatcher.loader import PartitionLoader
 from celery_scheduler.dispatcher.ontime import OnTimeSender
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.pace import Switching, Watch, Window
 from celery_scheduler.dispatcher.pausing import PauseWatch
 from celery_scheduler.dispatcher.releasing import Releaser
@@ -65,8 +65,7 @@ from celery_scheduler.metrics import Metrics
 from celery_scheduler.outages import Outages
 from celery_scheduler.release import publish_each
 from celery_scheduler.store.base import ScheduleStore, StoredTask
-from celery_scheduler.store.records import PauseScope
-from celery_scheduler.wire import Outcome, Release
+from celery_scheduler.wire import Outcome, OutcomeBatch, Release
 
 __all__ = ["Engine", "EngineSettings"]
 
@@ -105,14 +104,12 @@ class Engine:
         # the operators' pauses, read every few seconds; everything is held until first read
         self.pauses = PauseWatch(store, monotonic=monotonic)
         self.timetable.hold_by(self.pauses.held)
-        # the scheduler topic's partitions, for this dispatcher's share of a task name's rate
-        # limit (0: unknown, all of it); and which limits and share the limiter has
-        self.partition_count = 0
-        self._limits_seen: tuple[int, float] = (0, 1.0)
         # keys the ingest loop is deciding: not marked released meanwhile (see claims.py)
         self.claims = Claims()
         self.metrics = metrics or Metrics()
         self.partitions: dict[int, Partition] = {}
+        # the operators' rate limits, and this dispatcher's share of a task name's (limits.py)
+        self.limits = LimitWatch(self.pauses, self.timetable, self.partitions, self.metrics)
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -189,31 +186,33 @@ class Engine:
         """Keys finished here: succeeded, or failed for good."""
         return self.settler.completed_count
 
-    @property
-    def outcomes_read_until(self) -> Callable[[int], int]:
-        """Per partition, the time (ms) before which every outcome reported has been read."""
-        return self.settler.outcomes_read_until
-
-    @outcomes_read_until.setter
-    def outcomes_read_until(self, read_until: Callable[[int], int]) -> None:
-        self.settler.outcomes_read_until = read_until
+    def hears(self, *, caught_up: CaughtUp | None = None,
+              outcomes_read_until: Callable[[int], int] | None = None) -> None:
+        """Judge by what the readers have read: what the ingest loop has applied, per
+        partition (caught_up.py: a task waits for its partition's), and the time (ms) before
+        which every outcome reported has been read (a lease is judged once that is past it)."""
+        if caught_up is not None:
+            self.releaser.caught_up = caught_up
+        if outcomes_read_until is not None:
+            self.settler.expiry.outcomes_read_until = outcomes_read_until
 
     def _publish_many(self, items: list[tuple[Loaded, Release]]) -> list[Exception | None]:
         return self.publish_many(items)  # looked up at each call: tests replace it
 
     @property
-    def caught_up(self) -> CaughtUp | None:
-        """What the ingest loop has applied, per partition (caught_up.py); None: all of it."""
-        return self.releaser.caught_up
-
-    @caught_up.setter
-    def caught_up(self, caught_up: CaughtUp | None) -> None:
-        self.releaser.caught_up = caught_up
-
-    @property
     def release_ahead_ms(self) -> int:
         """How long before its due time a task may be marked released (ms)."""
         return self._ahead_ms
+
+    @property
+    def partition_count(self) -> int:
+        """The scheduler topic's partitions (0: unknown), for this dispatcher's share of a
+        task name's rate limit."""
+        return self.limits.partition_count
+
+    @partition_count.setter
+    def partition_count(self, count: int) -> None:
+        self.limits.partition_count = count
 
     @property
     def released_count(self) -> int:
@@ -287,7 +286,7 @@ class Engine:
         self.cancels.confirm()
         if self.pauses.refresh(self.clock()):
             self.timetable.hold_by(self.pauses.held)
-        self._limit()
+        self.limits.apply()
         watch.lap("events")
         # Tasks already loaded and due go first: recording successes, lease upkeep and
         # schedule reads are store round trips that would otherwise stand between a due time
@@ -309,7 +308,7 @@ class Engine:
         # events of the one before). Take those events before releasing anything read.
         self._drain_events(0)
         watch.lap("load")
-        self.settler.poll_outcomes()
+        self.settler.expiry.poll()
         watch.lap("outcomes")
         self.releaser.release_due()
         self.settler.store_succeeded(lingering=True)
@@ -318,24 +317,8 @@ class Engine:
         self.metrics.state(len(self.timetable), self.timetable.in_flight_count(),
                            sum(1 for p in self.partitions.values() if p.lease is not None))
         self.metrics.held(self.timetable.held_count())
-        if self.pauses.limits or self.timetable.limiter.delayed:  # (once lifted: gauges go)
-            limiter = self.timetable.limiter
-            self.metrics.rate_limits({r.value: limiter.rate_of(r.value) or 0.0
-                                      for r in self.pauses.limits if r.scope is PauseScope.TASK},
-                                     limiter.delayed)
+        self.limits.report()
         watch.step_done(self)
-
-    def _limit(self) -> None:
-        """Give the limiter the rate limits last read and this dispatcher's share of the
-        partitions, when either changed."""
-        held = sum(1 for p in self.partitions.values() if p.lease is not None)
-        share = held / self.partition_count if self.partition_count else 1.0
-        seen = (self.pauses.limits_read, share)
-        if seen != self._limits_seen:
-            self._limits_seen = seen
-            self.timetable.limit_by(self.pauses.limits, share)
-            if self.timetable.limiter:
-                logger.info("rate limits here: %s", self.timetable.limiter.describe())
 
     def _wait_seconds(self) -> float:
         now = self.clock()
@@ -379,18 +362,14 @@ class Engine:
         elif isinstance(event, Revocation):
             self._revoke(event)
         elif isinstance(event, Persisted):
-            self._on_persisted(event.row)
+            if (partition := self.partitions.get(event.row.partition)) is not None:
+                partition.loader.persisted(event.row, self.timetable)
         elif isinstance(event, Cancelled):
             self.cancels.cancelled_many(event.keys)
         elif isinstance(event, Sent):
             self.releaser.sent(event.results, event.sent_ms)
         else:
             self.settler.on_outcomes(event)
-
-    def _on_persisted(self, row: StoredTask) -> None:
-        partition = self.partitions.get(row.partition)
-        if partition is not None:
-            partition.loader.persisted(row, self.timetable)
 
     def _revoke(self, request: Revocation) -> None:
         # Whatever fails on the way, every partition is given up: one still held here would
@@ -410,15 +389,7 @@ class Engine:
     def _give_up(self, request: Revocation) -> None:
         gone = set(request.partitions)
         self.settler.forget_partitions(gone)
-        for number in request.partitions:
-            self.leases.let_go(number)
-            partition = self.partitions.pop(number, None)
-            if partition is not None and partition.lease is not None:
-                try:
-                    self.store.release_lease(partition.lease)
-                except Exception as exc:  # it ends on its own; the others are given up still
-                    logger.warning("could not give up the lease of partition %d: %s", number, exc,
-                                   exc_info=not isinstance(exc, SchedulerError))
+        self.leases.give_up(request.partitions)
         dropped = self.timetable.drop_partitions(request.partitions)
         self.claims.forget_partitions(request.partitions)
         self.cancels.forget_partitions(gone)

@@ -43,7 +43,9 @@ class Firer:
 
     *write* applies operations as the ingest loop does (:meth:`Ingest.apply`); *may_write*
     says whether this process may write a partition now (its engine holds the lease);
-    *retry_of* gives a task name's retry policy (the scheduled task's, or the settings').
+    *retry_of* gives a task name's retry policy (the scheduled task's, or the settings');
+    *certain* whether the lease is certainly still held by this process's clock (a process
+    paused past its lease end has not yet been told it lost it).
     """
 
     def __init__(self, plan: Firing, store: ScheduleStore,
@@ -51,8 +53,12 @@ class Firer:
                  may_write: Callable[[int], bool], retry_of: Callable[[str], RetryPolicy],
                  clock: Clock | None = None, code: Sequence[Entry] = (),
                  known_tasks: Callable[[], Collection[str]] | None = None,
-                 changes_every_ms: int = CHANGES_EVERY_MS) -> None:
+                 changes_every_ms: int = CHANGES_EVERY_MS,
+                 certain: Callable[[int], bool] | None = None) -> None:
         self.plan = plan
+        # whether the lease is certainly still this process's, by its own clock (asked again
+        # once a decision is made: see _still_held); may_write if not given
+        self.certain = certain or may_write
         self.store = store
         self.write = write
         self.may_write = may_write
@@ -140,7 +146,7 @@ class Firer:
         due = self.plan.due(now)
         if not due:
             return 0
-        written = self._kept_by_overlap(due)
+        due, written = self._still_held(due, self._kept_by_overlap(due))
         # each key once (an allow_all one hashes until it lands in the entry's partition), and
         # no lookups in a list: a minute's firing may be thousands of occurrences
         keys = {id(o): self.plan.key_of(o.entry, o.at_ms) for o in due}
@@ -161,6 +167,17 @@ class Firer:
                             occurrence.entry.overlap.value)
         self.fired_count += len(written)
         return len(written)
+
+    def _still_held(self, due: list[Occurrence], written: list[Occurrence]
+                    ) -> tuple[list[Occurrence], list[Occurrence]]:
+        """*due* and *written*, but those of partitions this process may no longer write.
+
+        Deciding took store reads, long enough for this process to be paused past a lease
+        (SIGSTOP, a long pause of the VM) while the next owner decided the same occurrences
+        otherwise: what it decided for a partition it no longer holds is not its to write.
+        """
+        held = {p for p in {o.partition for o in due} if self.may_write(p) and self.certain(p)}
+        return [o for o in due if o.partition in held], [o for o in written if o.partition in held]
 
     def _kept_by_overlap(self, due: list[Occurrence]) -> list[Occurrence]:
         """The occurrences to write: all of them, but those an entry's overlap policy skips
@@ -200,7 +217,8 @@ class Firer:
 def firer_of(app: Any, settings: Settings, store: ScheduleStore,
              write: Callable[[Sequence[Operation]], object], may_write: Callable[[int], bool],
              partitions: int, clock: Clock | None = None,
-             changes_every_ms: int = CHANGES_EVERY_MS) -> Firer | None:
+             changes_every_ms: int = CHANGES_EVERY_MS,
+             certain: Callable[[int], bool] | None = None) -> Firer | None:
     """The firer of *app*'s periodic entries, with ``scheduler_periodic`` on (else None).
 
     :class:`PeriodicEntryError` names an entry that cannot be run as given, or whose task is
@@ -230,4 +248,5 @@ def firer_of(app: Any, settings: Settings, store: ScheduleStore,
         return policy or settings.retry_policy
 
     return Firer(plan, store, write, may_write, retry_of, clock, code=entries,
-                 known_tasks=lambda: registry.names(app), changes_every_ms=changes_every_ms)
+                 known_tasks=lambda: registry.names(app), changes_every_ms=changes_every_ms,
+                 certain=certain)

@@ -1,16 +1,13 @@
 """Persist before commit: records polled from Kafka are written to the store, and only then
 are their offsets committed.
 
-A batch is applied in rounds: each round holds at most one record per ordering id (or a run
-of cancels of it, each of its own key: they do not depend on each other) and is written
-concurrently, and a later record of the same ordering id (the next task, or a cancel after
-its schedule) goes to a later round, so records of one ordering id take effect in the order
-Kafka delivered them, even when a round fails half-way.
-If any write fails, nothing of the batch is committed: the consumer seeks back and the
+A batch is applied in rounds (:mod:`~celery_scheduler.dispatcher.rounds`), so that records
+of one ordering id take effect in the order Kafka delivered them, even when a round fails
+half-way. If any write fails, nothing of the batch is committed: the consumer seeks back and the
 batch is applied again (writes are idempotent), so an acknowledged schedule call is never
-lost. A record that cannot be
-decoded, or breaks the rules a dispatcher relies on, is copied to the dead-letter topic
-with the reason, and the partition moves on.
+lost. A record that cannot be decoded, or breaks the rules a dispatcher relies on
+(:mod:`~celery_scheduler.dispatcher.admission`), is copied to the dead-letter topic with
+the reason, and the partition moves on.
 
 Records of a partition whose lease this process has not taken (another dispatcher holds
 it, or it was just assigned) are not written: the partition is paused at the first of them
@@ -42,40 +39,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-
-from confluent_kafka import KafkaError, Message, TopicPartition
+from collections.abc import Callable, Iterable, Sequence
 
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.decoding import decode
-from celery_scheduler.dispatcher import naming
+from celery_scheduler.dispatcher.admission import Admission, Refused
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.dispatcher.rounds import Rounds, operation_of
+from celery_scheduler.dispatcher.writing import Writer
 from celery_scheduler.envelope import (
-    CancelEnvelope,
     Envelope,
-    RescheduleEnvelope,
-    RetryEnvelope,
     ScheduleEnvelope,
 )
 from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
-from celery_scheduler.keys import TaskKey
-from celery_scheduler.messages import MESSAGE_TASK, DelayedMessage
-from celery_scheduler.partitioner import partition_for
 from celery_scheduler.signing import Signer
 from celery_scheduler.store.base import (
-    Cancel,
     Operation,
-    Put,
-    Reschedule,
-    Retry,
-    StoredTask,
     TaskWriter,
 )
-from celery_scheduler.store.lifecycle import reschedule_problem
-from celery_scheduler.store.records import State
-from celery_scheduler.tasklog.base import TaskLogReader
-from celery_scheduler.tasklog.dead_letters import DeadLetterSink, Record
+from celery_scheduler.tasklog.base import PartitionEnd, Read, Record, TaskLogReader
+from celery_scheduler.tasklog.dead_letters import DeadLetterSink
 from celery_scheduler.tracing import DispatcherSpans
 
 __all__ = ["Ingest", "cannot_hold_back"]
@@ -107,47 +91,44 @@ class Ingest:
                  linger_seconds: float = 0.0, clock: Clock | None = None,
                  caught_up: CaughtUp | None = None, spans: DispatcherSpans | None = None) -> None:
         self.consumer = consumer
-        self.store = store
         self.engine = engine
         self.dead_letters = dead_letters
-        self.partitions = partitions
-        self.allowed = allowed
-        self.signer = signer
-        self.max_bytes = max_bytes
+        self.admission = Admission(partitions, allowed, signer, max_bytes)
         self.batch_size = batch_size
         self.linger_seconds = linger_seconds
         self.clock = clock or now_ms
-        self.spans = spans  # traced tasks' persist spans (tracing.py)
-        self.persisted_count = 0
+        self.writer = Writer(store, engine, self.clock, spans)  # spans: traced tasks' persists
         self._failing_since: float | None = None  # batches fail to persist: said once
-        self.paused: dict[int, str] = {}  # partition -> topic, paused until its lease is held
-        self._assigned: list[TopicPartition] = []  # newly assigned: not paused by us
+        self.paused: set[int] = set()  # partitions paused until their lease is held
+        self._assigned: list[int] = []  # partitions newly assigned: not paused by us
         # partition -> offset after the last record written (or dead-lettered) since the
         # partition was assigned: where a reader of its own may go on (see kept.py)
         self.written_to: dict[int, int] = {}
         # What the engine's releases wait for (None: nothing waits, as in memory): the
-        # partitions read, by topic, and the offset below which all is applied, per partition
+        # partitions read, and the offset below which all is applied, per partition
         self.caught_up = caught_up
-        self.owned: dict[int, str] = {}
+        self.owned: set[int] = set()
         self.applied_to: dict[int, int] = {}
 
-    def assigned(self, partitions: list[TopicPartition]) -> None:
+    def assigned(self, partitions: Iterable[int]) -> None:
         """Kafka assigned *partitions* (called from the consumer's callback, on this thread)."""
+        partitions = list(partitions)
         self._assigned.extend(partitions)
-        for tp in partitions:
-            self.written_to.pop(tp.partition, None)  # it goes on from the committed offset
-            self.applied_to.pop(tp.partition, None)
-            self.owned[tp.partition] = tp.topic
+        for partition in partitions:
+            self.written_to.pop(partition, None)  # it goes on from the committed offset
+            self.applied_to.pop(partition, None)
+            self.owned.add(partition)
         if self.caught_up is not None:
-            self.caught_up.forget(tp.partition for tp in partitions)
+            self.caught_up.forget(partitions)
 
-    def revoked(self, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self.paused.pop(tp.partition, None)
-            self.owned.pop(tp.partition, None)
-            self.applied_to.pop(tp.partition, None)
+    def revoked(self, partitions: Iterable[int]) -> None:
+        partitions = list(partitions)
+        for partition in partitions:
+            self.paused.discard(partition)
+            self.owned.discard(partition)
+            self.applied_to.pop(partition, None)
         if self.caught_up is not None:
-            self.caught_up.forget(tp.partition for tp in partitions)
+            self.caught_up.forget(partitions)
 
     def _resume_leased(self) -> None:
         if self._assigned:
@@ -155,21 +136,18 @@ class Ingest:
             fresh, self._assigned = self._assigned, []
             with contextlib.suppress(TaskLogError):
                 self.consumer.resume(fresh)
-        ready = [TopicPartition(topic, partition) for partition, topic in self.paused.items()
-                 if self.engine.may_persist(partition)]
+        ready = [partition for partition in self.paused if self.engine.may_persist(partition)]
         if ready:
             self.consumer.resume(ready)
-            for tp in ready:
-                del self.paused[tp.partition]
+            self.paused.difference_update(ready)
 
     def _hold_back(self, records: dict[int, Record]) -> None:
         """Read *records* (the first unwritten one of each partition) again once leased."""
         for record in records.values():
-            tp = TopicPartition(record.topic, record.partition, record.offset)
             with contextlib.suppress(TaskLogError):  # revoked meanwhile: its new owner reads it
-                self.consumer.seek(tp)
-                self.consumer.pause([tp])
-                self.paused[record.partition] = record.topic
+                self.consumer.seek(record.partition, record.offset)
+                self.consumer.pause([record.partition])
+                self.paused.add(record.partition)
 
     def poll_once(self, timeout: float = 0.2) -> int:
         """Consume, persist and commit one batch; return how many records it held.
@@ -204,7 +182,7 @@ class Ingest:
         it fails (one leader away fails it whole), each is asked alone, so that the others'
         tasks do not wait for that leader."""
         try:
-            return self.consumer.end_offsets([TopicPartition(self.owned[p], p) for p in partitions])
+            return self.consumer.end_offsets(partitions)
         except TaskLogError as exc:
             if len(partitions) == 1:
                 logger.info("could not ask where partition %s ends (%s)", partitions[0], exc)
@@ -212,7 +190,7 @@ class Ingest:
         ends: dict[int, int] = {}
         for partition in partitions:
             try:
-                ends |= self.consumer.end_offsets([TopicPartition(self.owned[partition], partition)])
+                ends |= self.consumer.end_offsets([partition])
             except TaskLogError as exc:
                 logger.info("could not ask where partition %s ends (%s)", partition, exc)
         return ends
@@ -235,16 +213,11 @@ class Ingest:
         last: dict[int, Record] = {}
         unleased: dict[int, Record] = {}
         writable: dict[int, bool] = {}
-        rounds: list[dict[str, list[Operation]]] = []
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    ends[message.partition() or 0] = message.offset() or 0
-                else:
-                    logger.warning("Kafka reported %s", error)
+        rounds = Rounds()
+        for record in messages:
+            if isinstance(record, PartitionEnd):
+                ends[record.partition] = record.offset
                 continue
-            record = Record.of(message)
             if record.partition not in writable:
                 writable[record.partition] = self.engine.may_persist(record.partition)
             if not writable[record.partition]:
@@ -254,36 +227,11 @@ class Ingest:
             last[record.partition] = record
             envelope = self._check(record, decoded.get((record.partition, record.offset)))
             if envelope is not None:
-                operation: Operation
-                if isinstance(envelope, CancelEnvelope):
-                    operation = Cancel(record.partition, envelope.key)
-                elif isinstance(envelope, RetryEnvelope):
-                    operation = Retry(record.partition, envelope.key)
-                elif isinstance(envelope, RescheduleEnvelope):
-                    operation = Reschedule(record.partition, envelope.key, envelope.to)
-                else:
-                    operation = Put(record.partition, envelope, record.value)
-                # First round without this ordering id: records of one ordering id take
-                # effect in Kafka order, so a batch that fails half-way never leaves a later
-                # task stored without an earlier one (which the engine could then run first).
-                # Cancels of one ordering id in a row, each of its own key, share a round:
-                # they do not depend on each other (a bulk cancel sends thousands).
-                ordering_id = envelope.key.ordering_id
-                held = 0  # the rounds holding this ordering id: always the first ones
-                while held < len(rounds) and ordering_id in rounds[held]:
-                    held += 1
-                before = rounds[held - 1][ordering_id] if held else []
-                if (isinstance(operation, Cancel) and before
-                        and all(isinstance(op, Cancel) and op.key != operation.key for op in before)):
-                    before.append(operation)
-                elif held < len(rounds):
-                    rounds[held][ordering_id] = [operation]
-                else:
-                    rounds.append({ordering_id: [operation]})
+                rounds.add(operation_of(envelope, record.partition, record.value))
         self._hold_back(unleased)
         try:
-            for round_ in rounds:
-                self.apply([op for ops in round_.values() for op in ops])
+            for round_ in rounds.rounds:
+                self.apply(round_)
             self.dead_letters.flush()
             for record in last.values():
                 self.written_to[record.partition] = record.offset + 1
@@ -292,8 +240,7 @@ class Ingest:
                 if partition not in unleased and partition in self.owned:
                     self.applied_to[partition] = offset
             if last:
-                self.consumer.commit(offsets=[TopicPartition(r.topic, r.partition, r.offset + 1)
-                                              for r in last.values()], asynchronous=True)
+                self.consumer.commit({r.partition: r.offset + 1 for r in last.values()})
         except SchedulerError as exc:  # TaskLogError included
             # Nothing of this batch counts as done: read it again (the writes are idempotent).
             # Tried again every second while an outage lasts: said once, and its end.
@@ -305,17 +252,17 @@ class Ingest:
             for record in first.values():
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
                 with contextlib.suppress(TaskLogError):
-                    self.consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
+                    self.consumer.seek(record.partition, record.offset)
             time.sleep(1.0)
             return 0
         if self._failing_since is not None:
             logger.warning("batches persist again, after %.1fs of failures",
                            time.monotonic() - self._failing_since)
             self._failing_since = None
-        return len(messages) - sum(1 for m in messages if m.error() is not None)
+        return len(messages) - len(ends)
 
-    def _linger(self, messages: list[Message], timeout: float,
-                decoded: dict[tuple[int, int], Envelope]) -> list[Message]:
+    def _linger(self, messages: list[Read], timeout: float,
+                decoded: dict[tuple[int, int], Envelope]) -> list[Read]:
         """*messages* and what is read after them, while none is due soon (see the module).
 
         The envelopes decoded to find the due times are kept in *decoded*, by (partition,
@@ -343,7 +290,7 @@ class Ingest:
             earliest = min(earliest, self._earliest_due(more, decoded))
         return messages
 
-    def _show_held(self, messages: list[Message], decoded: dict[tuple[int, int], Envelope]) -> bool:
+    def _show_held(self, messages: list[Read], decoded: dict[tuple[int, int], Envelope]) -> bool:
         """Tell the engine how far each partition is read while *messages* linger unapplied,
         as far as none of them can hold back a release it may make meanwhile; whether none
         does (else the batch is written now)."""
@@ -352,11 +299,9 @@ class Ingest:
         read_to = dict(self.applied_to)  # what earlier batches applied, then what this one read
         held_back: set[int] = set()
         for message in messages:
-            partition, offset = message.partition() or 0, message.offset() or 0
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    read_to[partition] = max(read_to.get(partition, 0), offset)
+            partition, offset = message.partition, message.offset
+            if isinstance(message, PartitionEnd):
+                read_to[partition] = max(read_to.get(partition, 0), offset)
                 continue
             if not cannot_hold_back(decoded.get((partition, offset)), after):
                 held_back.add(partition)
@@ -369,18 +314,17 @@ class Ingest:
         return not held_back
 
     @staticmethod
-    def _earliest_due(messages: list[Message], decoded: dict[tuple[int, int], Envelope]) -> int:
+    def _earliest_due(messages: list[Read], decoded: dict[tuple[int, int], Envelope]) -> int:
         """The earliest scheduled time (ms) of *messages*; 0 if one has none (a cancel, say)."""
         earliest = 2**63 - 1
         for message in messages:
-            value = message.value()
-            if message.error() is not None or not isinstance(value, bytes):
+            if isinstance(message, PartitionEnd) or message.value is None:
                 continue
             try:
-                envelope = decode(value)
+                envelope = decode(message.value)
             except EnvelopeDecodeError:
                 return 0  # dead-lettered once checked: no reason to wait
-            decoded[(message.partition() or 0, message.offset() or 0)] = envelope
+            decoded[(message.partition, message.offset)] = envelope
             # a cancel, a retry or a move is written at once: a cancel must beat its task's release
             if not isinstance(envelope, ScheduleEnvelope):
                 return 0
@@ -388,108 +332,20 @@ class Ingest:
         return earliest
 
     def _check(self, record: Record, envelope: Envelope | None = None) -> Envelope | None:
-        if record.value is None:
-            self.dead_letters.send(record, "record has no value")
+        """*record*'s envelope, or None once it is dead-lettered (see admission.py)."""
+        admitted = self.admission.admit(record, envelope)
+        if isinstance(admitted, Refused):
+            self.dead_letters.send(record, admitted.reason)
             return None
-        if self.max_bytes is not None and len(record.value) > self.max_bytes:
-            # a producer that bypassed the schedule call's limit would otherwise cost every
-            # dispatcher that loads it this much memory per task
-            self.dead_letters.send(record, f"record is {len(record.value)} bytes, over the limit of "
-                                           f"{self.max_bytes} (scheduler_max_envelope_bytes)")
-            return None
-        if self.signer is not None:
-            problem = self.signer.problem(record.key, record.value, record.signature)
-            if problem is not None:
-                self.dead_letters.send(record, problem)
-                return None
-        if envelope is None:
-            try:
-                envelope = decode(record.value)
-            except EnvelopeDecodeError as exc:
-                self.dead_letters.send(record, exc.reason)
-                return None
-        key = record.key
-        ordering_id = envelope.key.ordering_id
-        if key is None or key != ordering_id.encode("utf-8"):
-            self.dead_letters.send(record, f"record key {key!r} is not the ordering id {ordering_id!r}")
-            return None
-        expected = partition_for(ordering_id, self.partitions())
-        if record.partition != expected:
-            self.dead_letters.send(record, (
-                f"ordering id {ordering_id!r} belongs in partition {expected}, not "
-                f"{record.partition}: the producer does not use Kafka's Java partitioner"))
-            return None
-        if isinstance(envelope, ScheduleEnvelope) and envelope.task == MESSAGE_TASK:
-            try:
-                DelayedMessage.of(envelope)  # a delayed Kafka message: no task to look up
-            except EnvelopeDecodeError as exc:
-                self.dead_letters.send(record, f"not a valid delayed Kafka message: {exc.reason}")
-                return None
-        elif (isinstance(envelope, ScheduleEnvelope) and self.allowed is not None
-                and not self.allowed(envelope.task)):
-            self.dead_letters.send(record, f"task {envelope.task!r} is not a registered scheduled task")
-            return None
-        return envelope
+        return admitted
 
     def apply(self, operations: Sequence[Operation]) -> None:
-        """Write *operations* (of distinct keys) and tell the engine what they stored: the
-        write path of every record read, and of periodic occurrences (firer.py)."""
-        # A put of a task scheduled under its own task id may move the key its name was
-        # scheduled under, or be dropped (naming.py): decided before the keys are claimed.
-        resolved = naming.resolve(self.store, operations)
-        operations = [op for op in resolved if op is not None]
-        # Each key's status is read, then written from what was read: the engine must not
-        # mark any of them released in between (see claims.py).
-        started = self.clock()
-        with self.engine.claims.ingesting(operations):
-            results = self.store.apply(operations, started)
-        named = [(op.partition, key) for op, result in zip(operations, results, strict=True)
-                 if isinstance(result, StoredTask) and (key := naming.named(op)) is not None]
-        if named:  # before the next round's records of these ordering ids are resolved
-            self.store.name_keys(named, started)
-        if self.spans is not None and self.spans.enabled:
-            self.spans.persisted([(r.envelope, r.partition) for r in results if isinstance(r, StoredTask)],
-                                 started, self.clock())
-        cancelled: list[TaskKey] = []  # told to the engine in one event
-        for operation, result in zip(operations, results, strict=True):
-            if isinstance(operation, Cancel):
-                if result:
-                    logger.info("cancelled %s", operation.key)
-                    self.engine.metrics.cancelled()
-                cancelled.append(operation.key)
-            elif isinstance(operation, Retry) and result is None:
-                logger.warning("not retrying %s: it is not failed, or failed before its task "
-                               "was kept for a retry", operation.key)
-            elif isinstance(operation, Reschedule):
-                cancelled.append(operation.key)  # the old key goes like a cancelled one
-                self._rescheduled(operation, result)
-            elif isinstance(result, StoredTask):
-                if isinstance(operation, Retry):
-                    logger.info("retrying %s after attempt %d", operation.key, result.attempts)
-                self.persisted_count += 1
-                self.engine.metrics.persisted()
-                self.engine.persisted(result)
-        self.engine.cancelled_many(cancelled)
+        """Write *operations* (of distinct keys) and tell the engine (see writing.py)."""
+        self.writer.apply(operations)
 
-    def _rescheduled(self, operation: Reschedule, result: StoredTask | bool | None) -> None:
-        if isinstance(result, StoredTask):
-            logger.info("rescheduled %s to %s", operation.key, result.key)
-            self.persisted_count += 1
-            self.engine.metrics.rescheduled()
-            self.engine.persisted(result)
-        else:
-            logger.warning("not rescheduling %s to %s: %s", operation.key, operation.envelope.key,
-                           self._why_not_moved(operation))
-
-    def _why_not_moved(self, operation: Reschedule) -> str:
-        try:
-            current = self.store.status(operation.key)
-            moved = (self.store.kept_envelope(operation.key)
-                     if current is not None and current.state is State.RESCHEDULED else None)
-        except SchedulerError as exc:
-            return f"its status could not be read ({exc})"
-        problem = reschedule_problem(current, moved.key if moved else None, operation.envelope.key)
-        return problem or f"{operation.envelope.key} ran or was cancelled already"
+    @property
+    def persisted_count(self) -> int:
+        return self.writer.persisted_count
 
     def close(self) -> None:
         pass

@@ -19,41 +19,41 @@ again what was written meanwhile (writes are idempotent, as after any batch that
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
-
-from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Protocol
 
 from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.tasklog.base import TaskLogReader
-from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_aside, kafka_errors
 
-__all__ = ["KeptReader"]
+__all__ = ["HandReader", "KeptReader"]
 
 logger = logging.getLogger(__name__)
 
 
-class _Uncommitted(KafkaTaskLogReader):
-    """A hand-assigned consumer read as the group's is, except that it commits nothing."""
+class HandReader(TaskLogReader, Protocol):
+    """A reader of the group's whose partitions are assigned by hand, committing nothing
+    (:class:`~celery_scheduler.tasklog.reader.HandAssignedReader` for Kafka)."""
 
-    def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = True) -> None:
-        pass
+    def assign(self, offsets: Mapping[int, int | None]) -> None: ...
+
+    def unassign(self, partitions: Collection[int]) -> None: ...
+
+    def close_aside(self, what: str) -> None: ...
 
 
 class KeptReader:
-    """Follows the set of kept partitions with a hand-assigned consumer (made on demand).
+    """Follows the set of kept partitions with a hand-assigned reader (made on demand).
 
-    *make_consumer* makes a consumer of the dispatchers' group that never subscribes;
+    *make_reader* makes a reader of the dispatchers' group that never joins it;
     *make_ingest* the ingest loop that writes what a reader reads (the dispatcher's own,
     but with that reader). Every call comes from the dispatcher's main thread.
     """
 
-    def __init__(self, topic: str, make_consumer: Callable[[], Consumer],
+    def __init__(self, make_reader: Callable[[], HandReader],
                  make_ingest: Callable[[TaskLogReader], Ingest]) -> None:
-        self.topic = topic
-        self._make_consumer = make_consumer
+        self._make_reader = make_reader
         self._make_ingest = make_ingest
-        self._reader: _Uncommitted | None = None
+        self._reader: HandReader | None = None
         self._ingest: Ingest | None = None
         self._partitions: set[int] = set()
 
@@ -73,24 +73,21 @@ class KeptReader:
             self.close()
             return
         if self._reader is None or self._ingest is None:
-            self._reader = _Uncommitted(self._make_consumer())
+            self._reader = self._make_reader()
             self._ingest = self._make_ingest(self._reader)
-        consumer: Any = self._reader.consumer
-        ingest = self._ingest
-        gone = [TopicPartition(self.topic, n) for n in sorted(self._partitions - wanted)]
-        new = [TopicPartition(self.topic, n, written_to.get(n, OFFSET_INVALID))
-               for n in sorted(wanted - self._partitions)]
-        with kafka_errors("assign kept partitions"):
-            if gone:
-                consumer.incremental_unassign(gone)
-                ingest.revoked(gone)
-            if new:
-                # Where the group's ingest stopped, when known, rather than the committed
-                # offset: asking for that needs the group's coordinator, which a broker just
-                # back may not have loaded yet (in a chaos run the answer was NOT_COORDINATOR,
-                # and the partitions were not read until the group formed again).
-                consumer.incremental_assign(new)
-                ingest.assigned(new)
+        reader, ingest = self._reader, self._ingest
+        gone = sorted(self._partitions - wanted)
+        new = {n: written_to.get(n) for n in sorted(wanted - self._partitions)}
+        if gone:
+            reader.unassign(gone)
+            ingest.revoked(gone)
+        if new:
+            # Where the group's ingest stopped, when known, rather than the committed
+            # offset: asking for that needs the group's coordinator, which a broker just
+            # back may not have loaded yet (in a chaos run the answer was NOT_COORDINATOR,
+            # and the partitions were not read until the group formed again).
+            reader.assign(new)
+            ingest.assigned(new)
         logger.info("reading kept partitions %s until the group assigns them again", sorted(wanted))
         self._partitions = wanted
 
@@ -104,5 +101,5 @@ class KeptReader:
         reader, self._reader, self._ingest = self._reader, None, None
         self._partitions = set()
         if reader is not None:
-            close_aside(reader.consumer, "the consumer of kept partitions")
+            reader.close_aside("the consumer of kept partitions")
 

@@ -77,10 +77,19 @@ class Leases:
         """Whether this process's lease of partition *number* is certainly valid (any thread)."""
         return self._monotonic() < self._fences.get(number, 0.0)
 
-    def let_go(self, number: int) -> None:
-        """Partition *number* is given up (revoked): not written, its writes fenced from now."""
-        self._writable.discard(number)
-        self.forget_fence(number)
+    def give_up(self, numbers: list[int]) -> None:
+        """Partitions *numbers* are revoked: not written, their writes fenced from now, their
+        state dropped and their leases given back (one that cannot be ends on its own)."""
+        for number in numbers:
+            self._writable.discard(number)
+            self.forget_fence(number)
+            partition = self.partitions.pop(number, None)
+            if partition is not None and partition.lease is not None:
+                try:
+                    self.store.release_lease(partition.lease)
+                except Exception as exc:  # it ends on its own; the others are given up still
+                    logger.warning("could not give up the lease of partition %d: %s", number, exc,
+                                   exc_info=not isinstance(exc, SchedulerError))
 
     def _lease_end(self, lease_mono: float) -> float:
         """When a lease requested at *lease_mono* ends by our own clock, with a margin."""

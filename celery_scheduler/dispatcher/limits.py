@@ -79,3 +79,4 @@ class Limiter:
                  for name, rate in sorted(self._task_rates.items())]
         parts += [f"ordering id {name!r} {rate:g}/s" for name, rate in sorted(self._id_rates.items())]
         return ", ".join(parts) or "none"
+

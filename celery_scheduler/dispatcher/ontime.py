@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery_scheduler.clock import Clock, now_ms
-from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.state import PrepareMany, PublishMany, PublishPrepared, Sending, Sent
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
+from celery_scheduler.release.confirms import Unconfirmed
 
 __all__ = ["OnTimeSender"]
 

@@ -143,7 +143,7 @@ class Releaser:
                 self.timetable.look_again(task.key, now + GATE_RETRY_MS)
                 del open_[task.key]
             return
-        ready = self.settler.unsettled(ready, open_)
+        ready = self.settler.expiry.unsettled(ready, open_)
         if not ready:
             return
         # Keys the ingest loop is putting or cancelling right now are decided once it is done.

@@ -17,27 +17,20 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, Producer
-
-from celery_scheduler import registry, wire
+from celery_scheduler import registry
 from celery_scheduler import release as releasing
-from celery_scheduler.clock import now_ms
 from celery_scheduler.config import Settings, get_settings
-from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.caught_up import CaughtUp
-from celery_scheduler.dispatcher.delivery import KafkaDelivery
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.firer import firer_of
 from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
-from celery_scheduler.dispatcher.outcomes import OutcomeReader
 from celery_scheduler.dispatcher.pace import ON_TIME_SWITCH_INTERVAL
-from celery_scheduler.dispatcher.timetable import Loaded
-from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.dispatcher.routing import Router, held_by_worker
 from celery_scheduler.errors import (
     ConfigurationError,
     SchedulerError,
@@ -45,20 +38,12 @@ from celery_scheduler.errors import (
     TaskLogError,
     TaskLogUnavailableError,
 )
-from celery_scheduler.messages import MESSAGE_TASK
 from celery_scheduler.metrics import Metrics
 from celery_scheduler.store import open_store
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.tasklog.base import TaskLogReader
-from celery_scheduler.tasklog.dead_letters import DeadLetters
-from celery_scheduler.tasklog.kafka import client_config, topic_partitions
-from celery_scheduler.tasklog.reader import KafkaTaskLogReader, close_aside
-from celery_scheduler.tasklog.topics import (
-    dead_letter_topic,
-    dispatcher_group,
-    outcome_group,
-    outcome_topic,
-)
+from celery_scheduler.tasklog.clients import DispatcherClients, topic_problems
+from celery_scheduler.tasklog.topics import dead_letter_topic, dispatcher_group, outcome_topic
 from celery_scheduler.tracing import DispatcherSpans
 
 __all__ = ["Dispatcher", "check", "engine_settings", "open_checked_store", "when_available"]
@@ -67,8 +52,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Longest the broker holds a fetch of schedule records back to fill it (milliseconds).
-INGEST_FETCH_WAIT_MS = 100
 # While partitions are kept after a lost group session, the ingest loop reads them and the
 # group's consumer in turn, each poll waiting at most this long (seconds).
 KEPT_POLL_SECONDS = 0.05
@@ -100,14 +83,6 @@ def engine_settings(settings: Settings) -> EngineSettings:
                           max_in_flight=settings.max_in_flight,
                           release_ahead_seconds=settings.release_ahead_seconds,
                           finish_linger_seconds=FINISH_LINGER_SECONDS)
-
-
-def _log_commit_failure(error: KafkaError | None, partitions: list[Any]) -> None:
-    # Offsets are committed asynchronously; a failed commit means those records are read
-    # and written again by whoever reads the partition next, which is harmless.
-    if error is not None and error.code() != KafkaError._NO_OFFSET:
-        logger.info("Kafka did not take an offset commit (%s); those records will be read again",
-                    error)
 
 
 def when_available(name: str, connect: Callable[[], T], deadline: float,
@@ -149,12 +124,6 @@ def open_checked_store(settings: Settings) -> ScheduleStore:
     return store
 
 
-def _held_by_worker(task: Loaded) -> bool:
-    """Whether *task*'s release may go to the broker before it is due: a Celery task's
-    worker holds it until its ``eta``; a delayed message's reader of the topic would not."""
-    return task.envelope.task != MESSAGE_TASK
-
-
 class Dispatcher:
     """Runs until :meth:`stop` is called (from a signal handler or another thread)."""
 
@@ -177,31 +146,26 @@ class Dispatcher:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stopping = threading.Event()
         deadline = time.monotonic() + s.startup_timeout
-        base = client_config(s.kafka_bootstrap_servers, s.kafka_options)
-        metadata = Producer(base)
-        self._partitions = when_available(
-            "Kafka", lambda: topic_partitions(metadata, s.kafka_topic, s.kafka_produce_timeout),
-            deadline, self.stopping)
+        kafka = DispatcherClients(s, self.owner, self.group_id)
+        self._partitions = when_available("Kafka", kafka.partitions(s.kafka_topic), deadline,
+                                          self.stopping)
         self.store = when_available("Cassandra", lambda: open_checked_store(s), deadline,
                                     self.stopping)
         self.metrics = metrics or Metrics()
         self.publisher = releasing.Publisher(app)  # used by one thread only
         self.spans = DispatcherSpans(s.opentelemetry)  # traced tasks' persist and release spans
-        self.engine = Engine(self.store, self._publish, self.owner, engine_settings(s),
-                             metrics=self.metrics, publish_many=self._publish_many,
-                             sends_early=_held_by_worker if s.release_eta else None,
-                             prepare_many=self._prepare_many, publish_prepared=self._send_prepared,
+        router = Router(self.publisher, self.spans)
+        self.engine = Engine(self.store, router.publish, self.owner, engine_settings(s),
+                             metrics=self.metrics, publish_many=router.publish_many,
+                             sends_early=held_by_worker if s.release_eta else None,
+                             prepare_many=router.prepare_many, publish_prepared=router.send_prepared,
                              confirm=self.publisher.collect_confirms,
                              switch_interval=sys.setswitchinterval)
         self.engine.partition_count = self._partitions  # its share of a rate limit
         self.store.fence_writes(self.engine.write_fence)
         # delayed Kafka messages (schedule_message) go here instead of to Celery
-        self.delivery = KafkaDelivery(base, self.engine.outcomes)
-        producer = Producer({**base, "acks": "all", "enable.idempotence": True})
-        def partitions_of(topic: str) -> Callable[[], int]:
-            return lambda: topic_partitions(producer, topic, s.kafka_produce_timeout)
-
-        counts = [when_available("Kafka", partitions_of(topic), deadline, self.stopping)
+        self.delivery = router.delivery = kafka.delivery(self.engine.outcomes)
+        counts = [when_available("Kafka", kafka.partitions(topic), deadline, self.stopping)
                   for topic in (dead_letter_topic(s.kafka_topic), outcome_topic(s.kafka_topic))]
         if counts[1] != self._partitions:
             raise ConfigurationError(
@@ -209,32 +173,14 @@ class Dispatcher:
                 f"{s.kafka_topic!r} has {self._partitions}: workers report a task's outcome to the "
                 "partition of the same number; run `celery -A <your app> scheduler init` to see "
                 "how to make them match")
-        self.outcomes = OutcomeReader(base, outcome_topic(s.kafka_topic), outcome_group(self.group_id),
-                                      self.engine.outcomes, self.engine.durable_outcome_offsets)
-        self.engine.outcomes_read_until = self.outcomes.read_until
-        self._consumer_config = {
-            # A schedule record is rarely due the moment it is read: gather up to 100 ms of
-            # records per fetch instead of one fetch per record, which cost the broker more
-            # CPU than the record (fetch.* in scheduler_kafka_options override this).
-            "fetch.wait.max.ms": INGEST_FETCH_WAIT_MS, "fetch.min.bytes": 64 * 1024,
-            **base,
-            "group.id": self.group_id,
-            "client.id": self.owner,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1500,
-            "on_commit": _log_commit_failure,
-            # a partition read to its end says so: its ingest has caught up (caught_up.py)
-            "enable.partition.eof": True,
-        }
-        self.reader = KafkaTaskLogReader(Consumer(self._consumer_config))
+        self.outcomes = kafka.outcome_reader(self.engine.outcomes, self.engine.durable_outcome_offsets)
+        self.engine.hears(outcomes_read_until=self.outcomes.read_until)
+        self.reader = kafka.group_reader()
         # the engine releases a partition's tasks once its ingest has caught up (caught_up.py)
         caught_up = CaughtUp()
-        self.engine.caught_up = caught_up
+        self.engine.hears(caught_up=caught_up)
         self.membership = Membership(self._partitions, time.monotonic())
-        dead_letters = DeadLetters(producer, dead_letter_topic(s.kafka_topic), self.metrics)
+        dead_letters = kafka.dead_letters(self.metrics)
 
         def ingest(reader: TaskLogReader, linger_seconds: float) -> Ingest:
             return Ingest(reader, self.store, self.engine, dead_letters, lambda: self._partitions,
@@ -245,124 +191,41 @@ class Dispatcher:
         self.ingest = ingest(self.reader, s.ingest_linger_seconds)
         # periodic entries (beat_schedule), fired between two polls (firer.py)
         self.firer = firer_of(app, s, self.store, self.ingest.apply, self.engine.may_persist,
-                              self._partitions)
+                              self._partitions, certain=self.engine.leases.certain)
         # kept partitions are read while the group forms again: each record is written at
         # once, the group is waited for only as long as a short poll
-        self.kept = KeptReader(s.kafka_topic, lambda: Consumer(self._kept_consumer_config()),
-                               lambda reader: ingest(reader, 0.0))
-
-    def _kept_consumer_config(self) -> dict[str, Any]:
-        """The group's consumer settings for one that never joins it (see dispatcher/kept.py)."""
-        config = {key: value for key, value in self._consumer_config.items()
-                  if key not in ("partition.assignment.strategy", "session.timeout.ms",
-                                 "heartbeat.interval.ms", "on_commit")}
-        config["client.id"] = f"{self.owner}-kept"
-        return config
+        self.kept = KeptReader(kafka.kept_reader, lambda reader: ingest(reader, 0.0))
 
     @property
     def partition_count(self) -> int:
         """How many partitions the scheduler topic has."""
         return self._partitions
 
-    def _publish(self, task: Loaded, release: wire.Release) -> None:
-        [error] = self._publish_many([(task, release)])
-        if error is not None:
-            raise error
-
-    def _prepare_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Any]:
-        """Each Celery release's message built ahead (see ``Publisher.prepare_many``)."""
-        tasks = [i for i, (task, _) in enumerate(items) if task.envelope.task != MESSAGE_TASK]
-        prepared: list[Any] = [None] * len(items)
-        built = self.publisher.prepare_many([(items[i][0].envelope, items[i][1]) for i in tasks])
-        for i, message in zip(tasks, built, strict=True):
-            prepared[i] = message
-        return prepared
-
-    def _send_prepared(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any]
-                       ) -> list[Exception | Unconfirmed | None]:
-        """The on-time sender's publish: RabbitMQ's confirms are collected while it waits."""
-        return self._publish_mixed(items, prepared, confirm_later=True)
-
-    def _publish_many(self, items: list[tuple[Loaded, wire.Release]]) -> list[Exception | None]:
-        # without confirm_later every result is final
-        return cast(list[Exception | None], self._publish_mixed(items, None, confirm_later=False))
-
-    def _publish_mixed(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any] | None,
-                       confirm_later: bool) -> list[Exception | Unconfirmed | None]:
-        """Each release to Celery, or for a delayed message to Kafka; results in *items*' order.
-
-        *prepared* holds what :meth:`_prepare_many` built for each (or None); with
-        *confirm_later*, see ``Publisher.publish_many``."""
-        if not self.spans.enabled:
-            return self._publish_routed(items, prepared, confirm_later)
-        started = now_ms()
-        results = self._publish_routed(items, prepared, confirm_later)
-        self.spans.released([(task.envelope, release, result if isinstance(result, Exception) else None)
-                             for (task, release), result in zip(items, results, strict=True)],
-                            started, now_ms())
-        return results
-
-    def _publish_routed(self, items: list[tuple[Loaded, wire.Release]], prepared: list[Any] | None,
-                        confirm_later: bool) -> list[Exception | Unconfirmed | None]:
-        messages = [i for i, (task, _) in enumerate(items) if task.envelope.task == MESSAGE_TASK]
-        if not messages:
-            return self.publisher.publish_many([(task.envelope, release) for task, release in items],
-                                               prepared, confirm_later=confirm_later)
-        results: list[Exception | Unconfirmed | None] = [None] * len(items)
-        tasks = [i for i in range(len(items)) if i not in set(messages)]
-
-        def chosen(indexes: list[int]) -> list[tuple[ScheduleEnvelope, wire.Release]]:
-            return [(items[i][0].envelope, items[i][1]) for i in indexes]
-
-        sent: list[tuple[list[int], Sequence[Exception | Unconfirmed | None]]] = [
-            (messages, self.delivery.deliver(chosen(messages)))]
-        if tasks:
-            sent.append((tasks, self.publisher.publish_many(
-                chosen(tasks), None if prepared is None else [prepared[i] for i in tasks],
-                confirm_later=confirm_later)))
-        for indexes, outcomes in sent:
-            for i, result in zip(indexes, outcomes, strict=True):
-                results[i] = result
-        return results
-
-    @property
-    def consumer(self) -> Consumer:
-        """The Kafka consumer of the dispatchers' group (replaced by :meth:`_rejoin`)."""
-        return self.reader.consumer
-
-    def _on_assign(self, consumer: Consumer, partitions: list[Any]) -> None:
-        if consumer is not self.consumer:  # one replaced, closing aside
-            return
+    def _on_assign(self, partitions: list[int]) -> None:
         kept = self.membership.kept
-        self._hand_over(self.membership.assigned((p.partition for p in partitions), time.monotonic()))
+        self._hand_over(self.membership.assigned(partitions, time.monotonic()))
         if kept:
             logger.info("the group assigned partitions %s again; kept %s",
-                        sorted(p.partition for p in partitions),
-                        sorted(set(kept) & {p.partition for p in partitions}))
+                        sorted(partitions), sorted(set(kept) & set(partitions)))
         self.ingest.assigned(partitions)
-        self.engine.assign(p.partition for p in partitions)
-        self.outcomes.assign(p.partition for p in partitions)
+        self.engine.assign(partitions)
+        self.outcomes.assign(partitions)
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
-        if consumer is not self.consumer:
-            return
-        self.membership.revoked((p.partition for p in partitions), time.monotonic())
+    def _on_revoke(self, partitions: list[int]) -> None:
+        self.membership.revoked(partitions, time.monotonic())
         self.ingest.revoked(partitions)
-        self._hand_over([p.partition for p in partitions])
+        self._hand_over(partitions)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[Any]) -> None:
+    def _on_lost(self, partitions: list[int]) -> None:
         """Kafka ended the group session (a broker away for longer than it): keep releasing
         from the partitions while their leases are held, until the group forms again
         (see :mod:`celery_scheduler.dispatcher.membership`)."""
-        if consumer is not self.consumer:
-            return
         now = time.monotonic()
-        numbers = [p.partition for p in partitions]
-        self.membership.lost(numbers, now)
+        self.membership.lost(partitions, now)
         self.ingest.revoked(partitions)
         logger.warning("Kafka ended this dispatcher's group session and took partitions %s; it "
                        "goes on releasing those it holds the lease of until the group assigns "
-                       "them again (for up to %.0fs)", sorted(numbers),
+                       "them again (for up to %.0fs)", sorted(partitions),
                        self.membership.lost_hold_seconds)
         self._hand_over(self.membership.lost_to_give_up(now, self.engine.may_persist))
 
@@ -404,8 +267,7 @@ class Dispatcher:
             self._shutdown()
 
     def _subscribe(self) -> None:
-        self.consumer.subscribe([self.settings.kafka_topic], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self.reader.subscribe(self._on_assign, self._on_revoke, self._on_lost)
 
     def _keep_membership(self) -> None:
         """Join the group again with a new consumer if this one seems to be out of it
@@ -445,11 +307,9 @@ class Dispatcher:
             "this dispatcher has held no partition for %.0fs while partitions %s have no owner "
             "(their leases ran out): its Kafka consumer seems to be out of the group; joining "
             "it again with a new consumer", self.membership.unassigned_for(now), orphaned)
-        old = self.reader.replace(Consumer(self._consumer_config))
+        # the consumer it replaces holds no partition, and its callbacks reach nobody
         self._hand_over(self.membership.rejoined(now))
-        self._subscribe()
-        # it holds no partition, and its callbacks no longer reach the engine
-        close_aside(old, "a consumer out of the group")
+        self.reader.rejoin()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -475,18 +335,7 @@ class Dispatcher:
 def check(app: Any) -> list[str]:
     """Return the problems that would stop a dispatcher from working (empty: healthy)."""
     settings = get_settings(app)
-    problems: list[str] = []
-    base = client_config(settings.kafka_bootstrap_servers, settings.kafka_options)
-    producer = Producer(base)
-    for topic in (settings.kafka_topic, dead_letter_topic(settings.kafka_topic),
-                  outcome_topic(settings.kafka_topic)):
-        try:
-            topic_partitions(producer, topic, min(settings.kafka_produce_timeout, 5.0))
-        except TaskLogUnavailableError as exc:  # no broker answers: the other topics alike
-            problems.append(f"kafka: {exc}")
-            break
-        except SchedulerError as exc:
-            problems.append(f"kafka: {exc}")
+    problems = topic_problems(settings)
     try:
         with open_store(settings) as store:
             from celery_scheduler.keys import TaskKey

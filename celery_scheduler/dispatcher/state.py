@@ -8,13 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.loader import PartitionLoader
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.release.confirms import Unconfirmed
 from celery_scheduler.store.base import Lease, StoredTask
-from celery_scheduler.wire import Release
+from celery_scheduler.wire import OutcomeBatch, Release
 
 __all__ = ["Assigned", "Cancelled", "EngineSettings", "Event", "Partition", "Persisted", "PrepareMany",
            "PublishMany", "PublishPrepared", "Revocation", "Sending", "Sent"]

@@ -1,17 +1,21 @@
-"""The task log interface."""
+"""The task log's ports: what the producer side publishes with, and what a dispatcher reads.
+
+Both speak the package's own types (:class:`Record`, :class:`PartitionEnd`, partition
+numbers and offsets): the Kafka client's stay in :mod:`celery_scheduler.tasklog.kafka` and
+:mod:`celery_scheduler.tasklog.reader`, so the dispatcher imports no driver.
+"""
 
 from __future__ import annotations
 
 import abc
 import threading
 import time
-from collections.abc import Callable, Collection
-from typing import Literal, NamedTuple, Protocol
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
-from confluent_kafka import Message, TopicPartition
-
-__all__ = ["UNACKNOWLEDGED", "Ack", "BatchAck", "Headers", "Position", "TaskLog",
-           "TaskLogReader"]
+__all__ = ["UNACKNOWLEDGED", "Ack", "BatchAck", "Headers", "PartitionEnd", "Position", "Read",
+           "Record", "TaskLog", "TaskLogReader"]
 
 # The headers of a batch's record, made from its key and value (such as its signature).
 Headers = Callable[[str, bytes], dict[str, bytes]]
@@ -247,28 +251,62 @@ class TaskLog(abc.ABC):
         self.close()
 
 
-class TaskLogReader(Protocol):
-    """What a dispatcher's ingest loop reads the task log with: Kafka's consumer calls.
+@dataclass(frozen=True)
+class Record:
+    """A record read from the scheduler topic: the parts of it the dispatcher uses."""
 
-    The Kafka consumer of a consumer group is one; :class:`MemoryTaskLogReader` reads a
-    :class:`MemoryTaskLog` the same way. Messages and positions are Kafka's own types.
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    signature: bytes | None = None
+
+    @property
+    def source(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+class PartitionEnd(NamedTuple):
+    """A partition was read to its end: the next record will take *offset*."""
+
+    partition: int
+    offset: int
+
+
+# What a read returns: records, and the ends of the partitions it read to their end.
+Read = Record | PartitionEnd
+
+
+class TaskLogReader(Protocol):
+    """What a dispatcher's ingest loop reads the task log with: one topic's partitions, by
+    number, as a member of the dispatchers' group (or, for kept partitions, beside it).
+
+    :class:`~celery_scheduler.tasklog.reader.KafkaTaskLogReader` reads Kafka;
+    :class:`~celery_scheduler.tasklog.memory.MemoryTaskLogReader` a
+    :class:`MemoryTaskLog`. Every failure is a
+    :class:`~celery_scheduler.errors.TaskLogError`.
     """
 
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
-        """Up to *num_messages* records after each partition's position, in order."""
+    topic: str
 
-    def seek(self, partition: TopicPartition) -> None:
-        """Read *partition.partition* from *partition.offset* on."""
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Read]:
+        """Up to *num_messages* records after each partition's position, in order, with a
+        :class:`PartitionEnd` where a partition was read to its end."""
 
-    def pause(self, partitions: list[TopicPartition]) -> None:
+    def seek(self, partition: int, offset: int) -> None:
+        """Read *partition* from *offset* on."""
+
+    def pause(self, partitions: Collection[int]) -> None:
         """Return nothing of *partitions* until they are resumed."""
 
-    def resume(self, partitions: list[TopicPartition]) -> None:
+    def resume(self, partitions: Collection[int]) -> None:
         """Undo :meth:`pause`."""
 
-    def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...) -> None:
-        """Record that everything before each offset is done (the group resumes there)."""
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        """Record, without waiting, that everything before each partition's offset is done
+        (the group resumes there)."""
 
-    def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
+    def end_offsets(self, partitions: Collection[int]) -> dict[int, int]:
         """Per partition, the offset after the last record the broker holds, asked of it now
         (one request); a partition it did not answer for is left out."""

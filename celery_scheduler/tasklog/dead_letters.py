@@ -1,55 +1,27 @@
-"""Records read from the scheduler topic, and where those that cannot be scheduled go.
+"""Where records read from the scheduler topic that cannot be scheduled go.
 
-A :class:`Record` is the parts of a consumed Kafka message the dispatcher uses. A record
-that cannot be decoded, or breaks the rules a dispatcher relies on, is copied to the
-dead-letter topic with the reason (:class:`DeadLetters`; :class:`MemoryDeadLetters` keeps
-them in memory for the testing helper and unit tests), and the partition moves on.
+A :class:`~celery_scheduler.tasklog.base.Record` that cannot be decoded, or breaks the rules
+a dispatcher relies on, is copied to the dead-letter topic with the reason
+(:class:`DeadLetters`; :class:`MemoryDeadLetters` keeps them in memory for the testing
+helper and unit tests), and the partition moves on.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Producer
 
 from celery_scheduler.errors import TaskLogError
 from celery_scheduler.metrics import Metrics
-from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
+from celery_scheduler.tasklog.base import Record
 from celery_scheduler.tasklog.reader import kafka_errors
 
 __all__ = ["DeadLetterSink", "DeadLetters", "MemoryDeadLetters", "Record"]
 
 # its lines are the ingest loop's, as they were before this module was split from it
 logger = logging.getLogger("celery_scheduler.dispatcher.ingest")
-
-
-@dataclass(frozen=True)
-class Record:
-    """The parts of a consumed Kafka message the dispatcher uses."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    signature: bytes | None = None
-
-    @classmethod
-    def of(cls, message: Message) -> Record:
-        key, value = message.key(), message.value()
-        signature = None
-        for header in message.headers() or ():
-            if isinstance(header, tuple) and header[0] == SIGNATURE_HEADER:
-                signature = header[1]
-        return cls(message.topic() or "", message.partition() or 0, message.offset() or 0,
-                   key if isinstance(key, bytes) else None, value if isinstance(value, bytes) else None,
-                   signature if isinstance(signature, bytes) else None)
-
-    @property
-    def source(self) -> str:
-        return f"{self.topic}/{self.partition}/{self.offset}"
 
 
 class DeadLetterSink(Protocol):

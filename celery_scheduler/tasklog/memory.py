@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from typing import Literal
-
-from confluent_kafka import KafkaError, Message, TopicPartition
+from collections.abc import Collection, Iterable, Mapping
 
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.tasklog.base import Ack, Position, TaskLog
+from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
+from celery_scheduler.tasklog.base import Ack, PartitionEnd, Position, Read, Record, TaskLog
 
 __all__ = ["MemoryTaskLog", "MemoryTaskLogReader"]
 
@@ -79,8 +77,8 @@ class MemoryTaskLogReader:
             self._positions.pop(partition, None)
             self._paused.discard(partition)
 
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
-        messages: list[Message] = []
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Read]:
+        read: list[Read] = []
         for partition, position in sorted(self._positions.items()):
             if partition in self._paused:
                 continue
@@ -89,38 +87,35 @@ class MemoryTaskLogReader:
                 headers = self.log.headers[partition][position:]
             for offset, ((key, value), header) in enumerate(zip(records, headers, strict=True),
                                                             start=position):
-                if len(messages) >= num_messages:
-                    return messages
-                messages.append(Message(topic=self.topic, partition=partition, offset=offset,
-                                        key=key.encode("utf-8"), value=value,
-                                        headers=list(header.items()) or None))
+                if len(read) >= num_messages:
+                    return read
+                read.append(Record(self.topic, partition, offset, key.encode("utf-8"), value,
+                                   header.get(SIGNATURE_HEADER)))
                 self._positions[partition] = offset + 1
                 self._at_end.discard(partition)
-            if self.partition_eof and partition not in self._at_end and len(messages) < num_messages:
+            if self.partition_eof and partition not in self._at_end and len(read) < num_messages:
                 self._at_end.add(partition)
-                messages.append(Message(topic=self.topic, partition=partition,
-                                        offset=self._positions[partition],
-                                        error=KafkaError(KafkaError._PARTITION_EOF)))
-        return messages
+                read.append(PartitionEnd(partition, self._positions[partition]))
+        return read
 
-    def seek(self, partition: TopicPartition) -> None:
-        if partition.partition in self._positions:  # Kafka refuses it for another's partition
-            self._positions[partition.partition] = partition.offset
-            self._at_end.discard(partition.partition)
+    def seek(self, partition: int, offset: int) -> None:
+        if partition in self._positions:  # Kafka refuses it for another's partition
+            self._positions[partition] = offset
+            self._at_end.discard(partition)
 
-    def pause(self, partitions: list[TopicPartition]) -> None:
-        self._paused.update(tp.partition for tp in partitions if tp.partition in self._positions)
+    def pause(self, partitions: Collection[int]) -> None:
+        self._paused.update(p for p in partitions if p in self._positions)
 
-    def resume(self, partitions: list[TopicPartition]) -> None:
-        self._paused.difference_update(tp.partition for tp in partitions)
+    def resume(self, partitions: Collection[int]) -> None:
+        self._paused.difference_update(partitions)
 
-    def commit(self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = True) -> None:
-        for tp in offsets:
-            self.committed[tp.partition] = max(self.committed[tp.partition], tp.offset)
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        for partition, offset in offsets.items():
+            self.committed[partition] = max(self.committed[partition], offset)
 
-    def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
+    def end_offsets(self, partitions: Collection[int]) -> dict[int, int]:
         with self.log._lock:
-            return {tp.partition: len(self.log._records[tp.partition]) for tp in partitions}
+            return {partition: len(self.log._records[partition]) for partition in partitions}
 
     def lag(self) -> int:
         """Records of the assigned partitions not read yet (paused ones included)."""

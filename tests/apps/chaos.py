@@ -34,6 +34,7 @@ from celery import Celery
 from confluent_kafka import KafkaException, TopicPartition
 
 from celery_scheduler import periodic_tasks, scheduled_task
+from celery_scheduler.tasklog.base import Record
 from celery_scheduler.wire import HEADER, parse_header
 from tests.apps.dispatching import log, unique_seq
 
@@ -158,22 +159,22 @@ if PERIODIC:
 
 
 class _CommitFirst:
-    """A Kafka consumer that commits each batch as soon as it has read it (the mutant)."""
+    """A task log reader that commits each batch as soon as it has read it (the mutant)."""
 
-    def __init__(self, consumer: Any) -> None:
-        self._consumer = consumer
+    def __init__(self, reader: Any) -> None:
+        self._consumer = reader
 
     def consume(self, *args: Any, **kwargs: Any) -> Any:
-        messages = self._consumer.consume(*args, **kwargs)
-        if messages:
-            past = {(m.topic(), m.partition()): m.offset() + 1 for m in messages if not m.error()}
-            offsets = [TopicPartition(topic, partition, offset)
-                       for (topic, partition), offset in past.items()]
+        read = self._consumer.consume(*args, **kwargs)
+        past = {r.partition: r.offset + 1 for r in read if isinstance(r, Record)}
+        if past:
+            offsets = [TopicPartition(self._consumer.topic, partition, offset)
+                       for partition, offset in past.items()]
             # on the Kafka consumer behind the reader port, so the commit is done when it returns
             with contextlib.suppress(KafkaException):  # revoked meanwhile
                 self._consumer.consumer.commit(offsets=offsets, asynchronous=False)
             time.sleep(1.0)  # a slow Cassandra write after the commit: a kill lands here
-        return messages
+        return read
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)

@@ -150,7 +150,7 @@ if TICK_SECONDS:
 if os.environ.get("CELERY_SCHEDULER_TEST_DIE_ON_DELIVERY"):
     # The dispatcher dies the moment Kafka acknowledged a delayed message, before it could
     # record it: the message must be produced again (at least once), never lost.
-    from celery_scheduler.dispatcher import delivery as _delivery
+    from celery_scheduler.tasklog import delivery as _delivery
 
     _acknowledged = _delivery.KafkaDelivery._acknowledged
 

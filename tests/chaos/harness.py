@@ -64,6 +64,11 @@ CLUSTER_PORTS = {"KAFKA_CLUSTER_PORT": "24092", "KAFKA_CLUSTER_CONTROLLER_PORT":
                  "CASSANDRA_CLUSTER_PORT": "24042", "CASSANDRA_CLUSTER_STORAGE_PORT": "24000",
                  "CASSANDRA_CLUSTER_JMX_PORT": "24199"}
 CLUSTER_NODES = 3
+# How long a broker waits for the active controller to answer (ms; Kafka's default 30,000).
+# A stalled controller held the brokers' requests to it, for producer ids and to add a
+# replica back in sync, the whole 30 s of its stall, long after another was elected:
+# no new producer could produce meanwhile. docs/production.md recommends the same.
+CLUSTER_CONTROLLER_SOCKET_TIMEOUT_MS = 5000
 CLUSTER_KAFKA = ",".join(f"127.0.0.1:{int(CLUSTER_PORTS['KAFKA_CLUSTER_PORT']) + n}"
                          for n in range(CLUSTER_NODES))
 CLUSTER_CASSANDRA = tuple(f"127.0.0.{n + 2}" for n in range(CLUSTER_NODES))
@@ -76,6 +81,12 @@ CLUSTER_FAULTS = ("kafka-kill", "cassandra-kill", "node-stall")
 NODE_STALL_SECONDS = 30.0
 # A node that does not start is killed and started again, up to this many times in all.
 NODE_START_ATTEMPTS = 3
+# After a fault on a Kafka broker, the next fault on Kafka waits until every partition's
+# in-sync replicas are all its replicas again, as an operator's rolling restart waits for no
+# under-replicated partitions: a broker that answers again may not be in sync yet, and a
+# second broker down before it is leaves partitions below min.insync.replicas (a two-broker
+# fault, which replication factor 3 is not meant to survive). At most this long (seconds).
+IN_SYNC_WAIT_SECONDS = 180.0
 # A fault that could not be injected is tried again at the end of its lane, up to this many
 # times, so that a run injects the faults its plan counts on.
 FAULT_RETRIES = 2
@@ -162,6 +173,8 @@ class ClusterServices(Services):
     def __init__(self, state: Path, log: Path, broker: str = "redis") -> None:
         super().__init__(state, log, broker)
         self.env.update(CLUSTER_PORTS, KAFKA_CLUSTER_STATE=str(state / "kafka-cluster"),
+                        KAFKA_CLUSTER_CONFIG="controller.socket.timeout.ms="
+                                             f"{CLUSTER_CONTROLLER_SOCKET_TIMEOUT_MS}",
                         CASSANDRA_CLUSTER_STATE=str(state / "cassandra-cluster"))
         self.set = (broker,)
         self.clusters = {"kafka": "kafka-cluster", "cassandra": "cassandra-cluster"}
@@ -179,6 +192,28 @@ class ClusterServices(Services):
 
     def node(self, service: str, command: str, node: int) -> None:
         self._script(self.clusters[service], command, str(node))
+
+    def out_of_sync(self) -> int:
+        """Kafka's partitions whose in-sync replicas are not all their replicas (or that
+        have no leader); -1 when the cluster's metadata cannot be read."""
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            topics = AdminClient({"bootstrap.servers": CLUSTER_KAFKA}).list_topics(timeout=5).topics
+        except Exception:  # no broker answered in time
+            return -1
+        return sum(1 for topic in topics.values() for partition in topic.partitions.values()
+                   if partition.leader < 0 or set(partition.isrs) != set(partition.replicas))
+
+    def wait_in_sync(self, deadline: float) -> float | None:
+        """Wait until no Kafka partition is out of sync; the seconds it took, or None if it
+        still was at *deadline* (monotonic)."""
+        began = time.monotonic()
+        while self.out_of_sync() != 0:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+        return round(time.monotonic() - began, 1)
 
     def node_log(self, service: str, node: int) -> Path:
         root = Path(self.env[f"{service.upper()}_CLUSTER_STATE"]) / f"node{node}" / service
@@ -616,6 +651,7 @@ class Run:
                 time.sleep(NODE_STALL_SECONDS)
                 services.node(service, "cont", node)
                 fault.restore = time.time()
+                self._until_in_sync(service, fault)
                 return fault
             failures = services.start_node(service, node)
             if failures:
@@ -623,7 +659,19 @@ class Run:
                 self.say(f"!! {service} node {node} started on attempt {len(failures) + 1}: "
                          f"{failures}")
             fault.restore = time.time()
+            self._until_in_sync(service, fault)
             return fault
+
+    def _until_in_sync(self, service: str, fault: Fault) -> None:
+        """Hold the service's lock (the caller's) until a Kafka fault is healed in full: see
+        IN_SYNC_WAIT_SECONDS. The fault's window ends when the node is back, not after this."""
+        if service != "kafka" or not isinstance(self.services, ClusterServices):
+            return
+        took = self.services.wait_in_sync(time.monotonic() + IN_SYNC_WAIT_SECONDS)
+        fault.detail["in_sync_after"] = took if took is not None else "never"
+        if took is None:
+            self.say(f"!! Kafka not in sync {IN_SYNC_WAIT_SECONDS:.0f}s after {fault.kind} "
+                     f"on {fault.target}")
 
     def _pause(self, rng: random.Random) -> Fault:
         """SIGSTOP a dispatcher past the session timeout and its partition lease, then SIGCONT."""
@@ -920,7 +968,8 @@ class Run:
             conditions.update({
                 "Kafka": "3 brokers (KRaft, each a controller), topics at replication factor 3 "
                          "and min.insync.replicas 2, producers acks=all with idempotence, log "
-                         "flushed by the OS (Kafka's default)",
+                         "flushed by the OS (Kafka's default), controller.socket.timeout.ms "
+                         f"{CLUSTER_CONTROLLER_SOCKET_TIMEOUT_MS}",
                 "Cassandra": "3 nodes (127.0.0.2-4), NetworkTopologyStrategy datacenter1: 3, "
                              "writes at LOCAL_QUORUM, lightweight transactions at LOCAL_SERIAL, "
                              "commitlog_sync batch (a write is acknowledged once its replica "

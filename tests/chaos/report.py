@@ -65,7 +65,8 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
          "broker) on ports of their own; besides the faults below, node faults: SIGKILL of one "
          "broker or node (no flush, started again 5-15 s later) and SIGSTOP of one broker or "
          "node for 30 s then SIGCONT; restarts are of one broker or node, and one node of a "
-         "service is down at a time; "
+         "service is down at a time (after a broker's fault, the next Kafka fault waits until "
+         "every partition's replicas are in sync again, as a rolling restart does); "
          if o.cluster else
          f"- own Kafka, Cassandra and {broker} (the Celery broker) on the chaos ports; ")
         + f"{o.faults_per_kind} fault(s) of each "
@@ -186,6 +187,15 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
         median = sorted(rejoin)[len(rejoin) // 2]
         lines += ["", f"A restarted dispatcher leased its first partition {min(rejoin):.1f}-"
                       f"{max(rejoin):.1f} s after the SIGKILL (median {median:.1f} s)."]
+    in_sync = [f.detail["in_sync_after"] for f in facts.faults if "in_sync_after" in f.detail]
+    if in_sync:
+        took = sorted(t for t in in_sync if t != "never")
+        lines += ["", f"After a fault on a Kafka broker, every partition's replicas were in sync "
+                      f"again {took[0]:.1f}-{took[-1]:.1f} s after the broker was back (median "
+                      f"{took[len(took) // 2]:.1f} s); the next Kafka fault waited for it."
+                  if took else "", *([f"{len(in_sync) - len(took)} Kafka fault(s) never saw "
+                                      "the replicas in sync again."]
+                                    if len(took) < len(in_sync) else [])]
     restarted = [f for f in facts.faults if f.detail.get("start_failures")]
     if restarted:
         lines += ["", f"Nodes that did not start after a fault and were killed and started "

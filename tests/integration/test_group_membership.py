@@ -54,8 +54,8 @@ def losing(scheduler: Scheduler) -> Iterator[tuple[Dispatcher, threading.Event]]
     lose = threading.Event()
     revoke = running._on_revoke
 
-    def revoke_or_lose(consumer: Any, partitions: list[Any]) -> None:
-        (running._on_lost if lose.is_set() else revoke)(consumer, partitions)
+    def revoke_or_lose(partitions: list[int]) -> None:
+        (running._on_lost if lose.is_set() else revoke)(partitions)
 
     running._on_revoke = revoke_or_lose  # type: ignore[method-assign]
     for _ in _running(running):
@@ -82,7 +82,7 @@ def test_a_dispatcher_out_of_its_group_joins_it_again(
     caplog.set_level(logging.WARNING, logger="celery_scheduler.dispatcher.service")
     every = list(range(dispatcher.partition_count))
     wait_until(lambda: _held(dispatcher) == every, 60, "leases of every partition")
-    first = dispatcher.consumer
+    first = dispatcher.reader.consumer
 
     # Out of the group, as a consumer that lost its session and never got back is: it holds
     # nothing, and the group has no other member to take the topic. (Left on the thread
@@ -90,7 +90,7 @@ def test_a_dispatcher_out_of_its_group_joins_it_again(
     poll_once = dispatcher.ingest.poll_once
 
     def leave_then_poll(timeout: float = 0.2) -> int:
-        if dispatcher.consumer is first and first.assignment():
+        if dispatcher.reader.consumer is first and first.assignment():
             first.unsubscribe()
         return poll_once(timeout)
 
@@ -98,7 +98,7 @@ def test_a_dispatcher_out_of_its_group_joins_it_again(
     wait_until(lambda: not _held(dispatcher), 30, "the partitions handed over")
 
     wait_until(lambda: dispatcher.membership.rejoins == 1, 30, "a new consumer")
-    assert dispatcher.consumer is not first
+    assert dispatcher.reader.consumer is not first
     assert any("seems to be out of the group" in r.getMessage() for r in caplog.records)
     wait_until(lambda: _held(dispatcher) == every, 60, "leases of every partition again")
 
@@ -130,7 +130,7 @@ def test_a_dispatcher_goes_on_releasing_from_partitions_its_group_session_lost(
     # Kafka ends the session: the consumer's partitions are lost, and it is out of the group
     # (left on the thread that reads it, which serves the callback)
     lose.set()
-    consumer, poll_once = dispatcher.consumer, dispatcher.ingest.poll_once
+    consumer, poll_once = dispatcher.reader.consumer, dispatcher.ingest.poll_once
     rejoin = threading.Event()
 
     def leave_then_poll(timeout: float = 0.2) -> int:

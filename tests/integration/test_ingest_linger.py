@@ -64,7 +64,7 @@ def _ingest(kafka_bootstrap: str, topic: str, store: CountingStore) -> tuple[Ing
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": topic,
                          "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    return Ingest(KafkaTaskLogReader(consumer), store, engine, MemoryDeadLetters(),
+    return Ingest(KafkaTaskLogReader(topic, lambda: consumer), store, engine, MemoryDeadLetters(),
                   lambda: PARTITIONS, linger_seconds=LINGER), consumer
 
 

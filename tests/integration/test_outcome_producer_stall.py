@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from celery_scheduler import worker
 from celery_scheduler.config import Settings
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.tasklog import outcome_producer
 from celery_scheduler.tasklog.kafka import create_topic
 from celery_scheduler.wire import Outcome, outcome_topic
 from tests.integration.kafka_cluster import KafkaCluster, kafka_broker  # noqa: F401
@@ -26,16 +26,16 @@ from tests.integration.kafka_cluster import KafkaCluster, kafka_broker  # noqa: 
 pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("own-kafka-broker")]
 
 PARTITIONS = 2
-STALL_SECONDS = worker.STUCK_AFTER_SECONDS + 3  # long enough to be found stuck once
+STALL_SECONDS = outcome_producer.STUCK_AFTER_SECONDS + 3  # long enough to be found stuck once
 
 
 @pytest.fixture
 def producer(kafka_broker: KafkaCluster, unique_name: str  # noqa: F811
-             ) -> Iterator[worker.OutcomeProducer]:
+             ) -> Iterator[outcome_producer.OutcomeProducer]:
     settings = Settings.from_mapping({"scheduler_kafka_bootstrap_servers": kafka_broker.bootstrap,
                                       "scheduler_kafka_topic": unique_name})
     create_topic(kafka_broker.bootstrap, {}, outcome_topic(unique_name), PARTITIONS, 1)
-    producer = worker.OutcomeProducer(settings)
+    producer = outcome_producer.OutcomeProducer(settings)
     yield producer
     producer.flush(5)
 
@@ -63,7 +63,7 @@ def read_back(bootstrap: str, topic: str, wanted: int, timeout: float) -> set[Ta
 
 
 def test_a_producer_stalled_by_its_broker_is_replaced_and_every_outcome_arrives(
-        kafka_broker: KafkaCluster, producer: worker.OutcomeProducer) -> None:  # noqa: F811
+        kafka_broker: KafkaCluster, producer: outcome_producer.OutcomeProducer) -> None:  # noqa: F811
     before = [outcome(n) for n in range(10)]
     during = [outcome(n) for n in range(10, 30)]
     for sent in before:

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
-from celery_scheduler.dispatcher import outcomes as outcomes_module
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch, OutcomeReader
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.tasklog import outcomes as outcomes_module
 from celery_scheduler.tasklog.kafka import client_config, create_topic
-from celery_scheduler.wire import Outcome
+from celery_scheduler.tasklog.outcomes import OutcomeReader
+from celery_scheduler.wire import Outcome, OutcomeBatch
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)

@@ -19,12 +19,12 @@ import pytest
 from celery import Celery
 from kombu import Connection, Queue
 
-from celery_scheduler import release as releasing
-from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.release import Publisher
+from celery_scheduler.release import publisher as releasing
+from celery_scheduler.release.confirms import Unconfirmed
 from celery_scheduler.wire import Release
 
 pytestmark = [pytest.mark.rabbitmq]

@@ -23,10 +23,12 @@ from celery import Celery, signals
 from celery.app import amqp as celery_amqp
 from celery.contrib.testing.worker import start_worker
 
-from celery_scheduler import release, release_redis
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.release import Publisher
+from celery_scheduler.release import message as release_message
+from celery_scheduler.release import publisher as release_publisher
+from celery_scheduler.release import redis_push as release_redis
 from celery_scheduler.wire import Release
 from tests.integration.private_redis import PrivateRedis
 
@@ -344,13 +346,14 @@ def test_pushes_go_on_after_redis_closed_their_connection(private_redis: Private
 def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The task names whose message was built the full way (Celery's options and router)."""
     built: list[str] = []
-    real = release.task_message
+    real = release_publisher.task_message
 
     def counting(app: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         built.append(name)
         return real(app, name, *args, **kwargs)
 
-    monkeypatch.setattr(release, "task_message", counting)
+    for module in (release_message, release_publisher):  # both build the full way
+        monkeypatch.setattr(module, "task_message", counting)
     return built
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, NamedTuple
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from celery_scheduler.dispatcher.engine import Engine
 from celery_scheduler.errors import StoreUnavailableError
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import ScheduleStore
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.reader import KafkaTaskLogReader
 
 PARTITIONS = 6  # of the scheduler topic the fakes stand for
 NOW = 1_893_456_000_000  # 2030-01-01T00:00:00Z, the fake clocks' start
@@ -64,6 +65,7 @@ class Consumer:
         self.committed: list[Any] = []
         self.sought: list[Any] = []
         self.paused: set[int] = set()
+        self.ends: dict[int, int] = {}
 
     def consume(self, count: int, timeout: float) -> list[Message]:
         messages, self.messages = self.messages, []
@@ -80,6 +82,15 @@ class Consumer:
 
     def resume(self, partitions: list[Any]) -> None:
         self.paused -= {tp.partition for tp in partitions}
+
+    def offsets_for_times(self, asked: list[Any], timeout: float) -> list[Any]:
+        """Where each partition ends: ``ends`` (0 for one it does not name)."""
+        return [TopicPartition(tp.topic, tp.partition, self.ends.get(tp.partition, 0)) for tp in asked]
+
+
+def reader(consumer: Consumer) -> KafkaTaskLogReader:
+    """*consumer* seen through the task log's reader port, as the dispatcher sees Kafka's."""
+    return KafkaTaskLogReader("t", lambda: consumer)
 
 
 class Record(NamedTuple):

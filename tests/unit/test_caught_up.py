@@ -8,10 +8,10 @@ reading the partition's records from the committed offset.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from celery_scheduler.dispatcher.caught_up import (
     ASK_AGAIN_AFTER_FAILURE_MS,
@@ -83,11 +83,12 @@ class Dispatcher:
         self.released: list[TaskKey] = []
         self.engine = Engine(store, lambda task, release: self.released.append(task.key), name,
                              settings, clock=clock)
-        self.engine.caught_up = CaughtUp()
+        caught_up = CaughtUp()
+        self.engine.hears(caught_up=caught_up)
         self.reader = MemoryTaskLogReader(log, TOPIC, partition_eof=True)
         self.ingest = Ingest(self.reader, store, self.engine, MemoryDeadLetters(), lambda: PARTITIONS,
-                             clock=clock, caught_up=self.engine.caught_up)
-        self.ingest.assigned([TopicPartition(TOPIC, n) for n in range(PARTITIONS)])
+                             clock=clock, caught_up=caught_up)
+        self.ingest.assigned(range(PARTITIONS))
         self.engine.assign(range(PARTITIONS))
         self.engine.step()  # takes the leases
 
@@ -114,7 +115,7 @@ def _taken_over(*, gated: bool) -> tuple[Dispatcher, MemoryScheduleStore, TaskKe
     clock.ms = NOW + 2_000
     taker = Dispatcher(log, store, clock, "d2")  # loads the task from the store
     if not gated:
-        taker.engine.caught_up = None
+        taker.engine.releaser.caught_up = None  # nothing waits
     for _ in range(3):
         clock.ms += 100
         taker.engine.step()
@@ -168,9 +169,9 @@ def test_a_partition_whose_leader_is_away_does_not_hold_the_others_back() -> Non
     answer = dispatcher.reader.end_offsets
     asked: list[list[int]] = []
 
-    def end_offsets(partitions: list[TopicPartition]) -> dict[int, int]:
-        asked.append(sorted(tp.partition for tp in partitions))
-        if any(tp.partition == 1 for tp in partitions):
+    def end_offsets(partitions: Collection[int]) -> dict[int, int]:
+        asked.append(sorted(partitions))
+        if 1 in partitions:
             raise TaskLogUnavailableError("the leader of partition 1 did not answer")
         return answer(partitions)
 
@@ -211,7 +212,7 @@ def test_a_take_waits_for_its_later_tasks_while_its_first_can(answers_at: int | 
     dispatcher = Dispatcher(log, store, clock, settings=EngineSettings(release_ahead_seconds=0.5))
     answer = dispatcher.reader.end_offsets
 
-    def end_offsets(partitions: list[TopicPartition]) -> dict[int, int]:
+    def end_offsets(partitions: Collection[int]) -> dict[int, int]:
         ends = answer(partitions)
         if 1 in ends and not late:  # a record acknowledged, on its way to the ingest
             ends[1] += 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from celery_scheduler.confirms import Confirms
 from celery_scheduler.errors import ReleaseNotSentError
+from celery_scheduler.release.confirms import Confirms
 
 
 class Channel:

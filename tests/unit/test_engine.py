@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry
 from celery_scheduler.clock import FakeClock as Clock
 from celery_scheduler.dispatcher import pace as pace_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import RetryPolicy, ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
@@ -22,7 +21,7 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.metrics import PrometheusMetrics
 from celery_scheduler.store.base import Cancel, Cursor, State, StoredTask, bucket_of
 from celery_scheduler.store.memory import MemoryScheduleStore
-from celery_scheduler.wire import Beat, Outcome, Release
+from celery_scheduler.wire import Beat, Outcome, OutcomeBatch, Release
 from tests.unit.fakes import NOW, OutageStore, leased_engine
 
 
@@ -1056,7 +1055,7 @@ def test_a_lease_end_while_the_outcome_reader_is_behind_does_not_release_again(
     h.step()
     released_at = h.clock()
     read_until = [0]
-    h.engine.outcomes_read_until = lambda partition: read_until[0]
+    h.engine.hears(outcomes_read_until=lambda partition: read_until[0])
     for _ in range(20):
         h.step(1000)
     # its start lease (8 s) and the 3 s a first beat may take end 11 s after it

@@ -26,14 +26,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pytest
-from confluent_kafka import TopicPartition
 
+from celery_scheduler import heartbeat
 from celery_scheduler.dispatcher import beats as beats_module
 from celery_scheduler.dispatcher import engine as engine_module
 from celery_scheduler.dispatcher import ingest as ingest_module
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ingest import Ingest
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.dispatcher.timetable import Loaded
 from celery_scheduler.envelope import CancelEnvelope, RetryPolicy, ScheduleEnvelope, encode
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError, StoreUnavailableError
@@ -43,7 +42,7 @@ from celery_scheduler.store.base import Cursor, RunTimes, State, StoredTask, Tas
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.dead_letters import MemoryDeadLetters
 from celery_scheduler.tasklog.memory import MemoryTaskLog, MemoryTaskLogReader
-from celery_scheduler.wire import Beat, Outcome, Release
+from celery_scheduler.wire import Beat, Outcome, OutcomeBatch, Release
 from celery_scheduler.worker import STALE_MARGIN_MS
 
 START_MS = 1_893_456_000_000
@@ -217,7 +216,7 @@ class Simulation:
                         monotonic=self.world.monotonic, rng=random.Random(self.rng.random()))
         dispatcher = Dispatcher(name, engine)
         # what its outcome reader has read up to: everything appended before its last read
-        engine.outcomes_read_until = lambda partition: dispatcher.read_until.get(partition, 0)
+        engine.hears(outcomes_read_until=lambda partition: dispatcher.read_until.get(partition, 0))
         if self.through_ingest:
             dispatcher.reader = MemoryTaskLogReader(self.log, "sim", self.group_committed, ())
             dispatcher.ingest = Ingest(dispatcher.reader, self.store, engine, self.dead_letters,
@@ -337,7 +336,7 @@ class Simulation:
         dispatcher.engine.assign([partition])
         if dispatcher.reader is not None and dispatcher.ingest is not None:
             dispatcher.reader.assign([partition])
-            dispatcher.ingest.assigned([TopicPartition("sim", partition)])
+            dispatcher.ingest.assigned([partition])
 
     def _revoke(self, dispatcher: Dispatcher, partition: int) -> None:
         dispatcher.owned.discard(partition)
@@ -352,7 +351,7 @@ class Simulation:
     def _revoke_reading(dispatcher: Dispatcher, partitions: list[int]) -> None:
         if dispatcher.reader is not None and dispatcher.ingest is not None:
             dispatcher.reader.revoke(partitions)
-            dispatcher.ingest.revoked([TopicPartition("sim", p) for p in partitions])
+            dispatcher.ingest.revoked(partitions)
 
     def _faults(self) -> None:
         now = self.world.ms
@@ -514,6 +513,9 @@ BROKEN_RULES = {
                                                         lambda self: {}),
     "a worker runs on when its beats do not reach Kafka": (RunLease, "expired",
                                                            lambda self, now: False),
+    "a worker waits for its first beat to count without end": (
+        RunLease, "begin", classmethod(lambda cls, release, now, started_ms: cls(
+            release, started_ms, 2.0**60, now + heartbeat.start_after_ms(release.run_lease_ms)))),
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -42,14 +43,15 @@ class Clock:
 
 def firer(store: MemoryScheduleStore, clock: Clock, owner: str = "d1", ahead_ms: int = 5_000,
           code: Sequence[Entry] = (), entry: Entry = ENTRY,
-          may_write: Callable[[int], bool] = lambda partition: True) -> tuple[Firer, Engine]:
+          may_write: Callable[[int], bool] = lambda partition: True,
+          certain: Callable[[int], bool] | None = None) -> tuple[Firer, Engine]:
     engine = Engine(store, lambda task, release: None, owner, clock=clock)
     ingest = Ingest(consumer=None, store=store, engine=engine,  # type: ignore[arg-type]
                     dead_letters=None, partitions=lambda: PARTITIONS,  # type: ignore[arg-type]
                     clock=clock)
     plan = Firing([entry], lambda o: partition_for(o, PARTITIONS), UTC, ahead_ms=ahead_ms)
     return Firer(plan, store, ingest.apply, may_write, lambda task: RetryPolicy(),
-                 clock=clock, code=code), engine
+                 clock=clock, code=code, certain=certain), engine
 
 
 def pending_times(store: MemoryScheduleStore) -> list[int]:
@@ -128,6 +130,47 @@ def test_the_overlap_policy_looks_at_the_run_before(overlap: str, state: str, wr
     clock.ms = NINE + 3 * MINUTE
     assert fire.step() == int(written)
     assert store.last_fired(HOME) == {"report": NINE + 3 * MINUTE}  # skipped or not, done with
+
+
+class LeaseLostWhileReading(MemoryScheduleStore):
+    """Once *losing*, the firer's process loses its lease while it reads statuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losing = False
+        self.held = True
+
+    def statuses(self, keys: Any) -> Any:
+        found = super().statuses(keys)
+        if self.losing:
+            self.held = False
+        return found
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_decision_is_not_written_once_the_lease_is_lost_while_reading(
+        checked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The long chaos run: a dispatcher stopped (SIGSTOP) while it read the run before of a
+    buffer_one entry's occurrence; the next owner skipped it, as the run before had not
+    started; the first one woke, found that run started since, and fired it, after the
+    owner had decided. The broken variant (*checked* False) asks for the lease only before."""
+    if not checked:
+        monkeypatch.setattr(Firer, "_still_held", lambda self, due, written: (due, written))
+    entry = entry_of("report", {"task": "proj.report", "schedule": 60, "overlap": "buffer_one"})
+    store, clock = LeaseLostWhileReading(), Clock(NINE + MINUTE)
+    # the second chaos run: paused past its lease, the process is not yet told it lost it
+    # (may_write still says yes); only its own clock says the lease is over
+    fire, _ = firer(store, clock, entry=entry, certain=lambda partition: store.held)
+    assert fire.step() == 0
+    clock.ms = NINE + 2 * MINUTE
+    assert fire.step() == 1  # nothing before it
+    previous = store.task(periodic_key(entry, NINE + 2 * MINUTE, lambda o: partition_for(o, PARTITIONS)))
+    assert previous is not None
+    store.mark_released_many([(previous, 1, NINE + 10 * MINUTE)], clock.ms)  # started meanwhile
+    clock.ms = NINE + 3 * MINUTE
+    store.losing = True
+    assert fire.step() == (0 if checked else 1)
+    assert (store.last_fired(HOME) == {"report": NINE + 2 * MINUTE}) is checked  # nor noted
 
 
 def test_allow_all_occurrences_have_ordering_ids_of_their_own_in_the_entrys_partition() -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from celery_scheduler.heartbeat import (
+    CLOCK_MARGIN_MS,
     MAX_CREDIT_MS,
     Beats,
     RunLease,
@@ -50,8 +52,13 @@ def test_a_short_task_sends_no_beat_and_a_long_one_beats_every_tenth_of_its_leas
     assert lease.next_beat == 2_500
 
 
+# A start at the end of the start lease (a copy is stale 2 s before it ends), and at the due time.
+LAST_START = RELEASE.lease_until_ms - 2_000
+DUE = RELEASE.not_before_ms
+
+
 def test_a_task_runs_on_while_its_beats_are_taken_in_time() -> None:
-    lease = RunLease.begin(RELEASE, now=0.0, started_ms=0)
+    lease = RunLease.begin(RELEASE, now=0.0, started_ms=LAST_START)
     assert lease.alive_until == 500 + 2_500  # the first beat's time to count
     lease.acknowledged(sent=500, acked=600)
     assert lease.alive_until == 20_500
@@ -61,16 +68,35 @@ def test_a_task_runs_on_while_its_beats_are_taken_in_time() -> None:
 
 
 def test_a_beat_taken_late_does_not_count() -> None:
-    lease = RunLease.begin(RELEASE, now=0.0, started_ms=0)
+    lease = RunLease.begin(RELEASE, now=0.0, started_ms=LAST_START)
     lease.acknowledged(sent=500, acked=500 + 2_501)  # a dispatcher may not have read it in time
     assert lease.alive_until == 3_000 and lease.expired(3_001)
 
 
 def test_a_beat_taken_after_the_task_had_to_stop_does_not_bring_it_back() -> None:
-    lease = RunLease.begin(RELEASE, now=0.0, started_ms=0)
+    lease = RunLease.begin(RELEASE, now=0.0, started_ms=LAST_START)
     lease.acknowledged(sent=500, acked=700)
     lease.acknowledged(sent=20_400, acked=20_600)  # in time, but after 20_500
     assert lease.alive_until == 20_500
+
+
+def test_a_task_started_when_due_runs_until_a_dispatcher_could_take_it_for_never_started() -> None:
+    """Before its first beat counts, a task that started at its due time runs until the end
+    of its start lease plus a dispatcher's wait for a first beat (3 s), less the clocks'
+    margin (2 s): a Kafka leader's failover of several seconds does not stop it."""
+    lease = RunLease.begin(RELEASE, now=0.0, started_ms=DUE)
+    unheard = not_started_by_ms(RELEASE.lease_until_ms) - CLOCK_MARGIN_MS
+    assert lease.alive_until == unheard - DUE == 9_000
+    lease.acknowledged(sent=8_500, acked=8_900)  # late in the wait, but in time: it counts
+    assert lease.alive_until == 8_500 + 20_000
+    late = RunLease.begin(RELEASE, now=0.0, started_ms=DUE)
+    late.acknowledged(sent=8_500, acked=9_100)  # taken after the task had to stop
+    assert late.alive_until == 9_000 and late.expired(9_001)
+
+
+def test_a_release_without_a_start_lease_has_its_first_beats_wait_and_credit() -> None:
+    lease = RunLease.begin(replace(RELEASE, lease_until_ms=0), now=0.0, started_ms=DUE)
+    assert lease.alive_until == 500 + 2_500
 
 
 class FakeKafka:
@@ -92,6 +118,10 @@ class FakeKafka:
             answer(self.take)
 
 
+# The release of a task that starts when due on the fake clocks below, which start at 0.
+FROM_ZERO = replace(RELEASE, lease_until_ms=8_000, not_before_ms=0)
+
+
 def beats_on(kafka: FakeKafka, clock: list[float], stopped: list[RunLease]) -> Beats:
     return Beats(kafka.send, kafka.poll, fence=stopped.append, clock=lambda: clock[0],
                  wall=lambda: int(clock[0]))
@@ -100,7 +130,7 @@ def beats_on(kafka: FakeKafka, clock: list[float], stopped: list[RunLease]) -> B
 def test_the_beats_of_a_process_while_kafka_takes_them() -> None:
     kafka, clock, stopped = FakeKafka(), [0.0], []
     beats = beats_on(kafka, clock, stopped)
-    token = beats.running(RELEASE, 0)
+    token = beats.running(FROM_ZERO, 0)
     for ms in range(0, 60_001, 100):  # a minute: three run leases
         clock[0] = float(ms)
         beats.tick()
@@ -114,7 +144,7 @@ def test_the_beats_of_a_process_while_kafka_takes_them() -> None:
 def test_a_task_whose_beats_do_not_reach_kafka_is_stopped_when_its_lease_is_gone() -> None:
     kafka, clock, stopped = FakeKafka(), [0.0], []
     beats = beats_on(kafka, clock, stopped)
-    beats.running(RELEASE, 0)
+    beats.running(FROM_ZERO, 0)
     for ms in range(0, 10_001, 100):
         clock[0] = float(ms)
         beats.tick()
@@ -125,16 +155,29 @@ def test_a_task_whose_beats_do_not_reach_kafka_is_stopped_when_its_lease_is_gone
         if stopped:
             break
     # the last beat that counted was sent at 8.5 s: the task may run until 28.5 s, not later
-    assert [lease.release for lease in stopped] == [RELEASE]
+    assert [lease.release for lease in stopped] == [FROM_ZERO]
     assert 28_500 < clock[0] <= 28_600
     assert beats.leases() == []
+
+
+def test_a_task_cut_off_from_kafka_from_its_start_stops_a_second_after_its_start_lease() -> None:
+    kafka, clock, stopped = FakeKafka(), [0.0], []
+    kafka.take = False
+    beats = beats_on(kafka, clock, stopped)
+    beats.running(FROM_ZERO, 0)
+    for ms in range(0, 20_001, 100):
+        clock[0] = float(ms)
+        beats.tick()
+        if stopped:
+            break
+    assert stopped and 9_000 < clock[0] <= 9_100  # 8 s start lease + 3 s - 2 s of clocks
 
 
 def test_the_wait_until_the_next_beat_is_what_tick_says() -> None:
     kafka, clock, stopped = FakeKafka(), [0.0], []
     beats = beats_on(kafka, clock, stopped)
     assert beats.tick() == float("inf")
-    beats.running(RELEASE, 0)
+    beats.running(FROM_ZERO, 0)
     assert beats.tick() == 500  # until the first beat
     kafka.hold = True
     clock[0] = 500

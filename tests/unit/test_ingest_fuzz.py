@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -15,7 +16,8 @@ from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put
 from celery_scheduler.store.memory import MemoryScheduleStore
-from celery_scheduler.tasklog.dead_letters import DeadLetters, Record
+from celery_scheduler.tasklog.base import Record
+from celery_scheduler.tasklog.dead_letters import DeadLetters
 from tests.unit.budget import examples
 from tests.unit.fakes import NOW, PARTITIONS, FakeProducer
 
@@ -96,7 +98,7 @@ def test_the_fuzzed_path_accepts_good_records_and_stores_them() -> None:
 
 def test_records_over_the_size_limit_are_dead_lettered() -> None:
     runner, producer, _ = ingest()
-    runner.max_bytes = 200
+    runner.admission = dataclasses.replace(runner.admission, max_bytes=200)
     value = encode(ScheduleEnvelope(TaskKey("acct", 5, "u"), "proj.remind", ["x" * 300]))
     record = Record("t", partition_for(b"acct", PARTITIONS), 0, b"acct", value)
     assert runner._check(record) is None

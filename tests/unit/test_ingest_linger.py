@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.ingest import URGENT_SECONDS, Ingest, cannot_hold_back
@@ -24,7 +23,7 @@ from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Operation, StoredTask
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.dead_letters import DeadLetters
-from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
+from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine, reader
 
 LINGER = 0.3
 FAILS: list[Message] = []  # a chunk that makes the consume call raise
@@ -68,7 +67,7 @@ def _task(n: int, due_in_seconds: float) -> ScheduleEnvelope:
 
 
 def _ingest(consumer: Consumer, store: MemoryScheduleStore, batch_size: int = 1000) -> Ingest:
-    return Ingest(consumer, store, leased_engine(store, range(PARTITIONS)),  # type: ignore[arg-type]
+    return Ingest(reader(consumer), store, leased_engine(store, range(PARTITIONS)),  # type: ignore[arg-type]
                   DeadLetters(FakeProducer(), "t.deadletter"), lambda: PARTITIONS,
                   batch_size=batch_size, linger_seconds=LINGER, clock=lambda: NOW)
 
@@ -151,9 +150,6 @@ class Ends(Trickle):
         self.ends, self.caught_up, self.watched = ends, caught_up, watched
         self.answered: list[bool] = []
 
-    def end_offsets(self, partitions: list[TopicPartition]) -> dict[int, int]:
-        return {tp.partition: self.ends.get(tp.partition, 0) for tp in partitions}
-
     def consume(self, count: int, timeout: float) -> list[Message]:
         self.answered.append(self.caught_up.covers(self.watched, NOW, NOW))
         return super().consume(count, timeout)
@@ -170,7 +166,7 @@ def _waiting_ingest(chunks: list[list[Message]], ends: dict[int, int], store: Co
     consumer = Ends(chunks, ends, caught_up, watched)
     ingest = _ingest(consumer, store)
     ingest.caught_up = caught_up
-    ingest.assigned([TopicPartition("t", p) for p in range(PARTITIONS)])
+    ingest.assigned(range(PARTITIONS))
     assert not caught_up.covers(watched, NOW, NOW)  # the engine waits for the partition
     return ingest, consumer
 

@@ -18,7 +18,7 @@ from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put, StoredTask
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.dead_letters import DeadLetters
-from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
+from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine, reader
 
 
 class HalfDownStore(MemoryScheduleStore):
@@ -42,7 +42,7 @@ def test_a_failed_round_stops_the_later_tasks_of_its_ordering_ids() -> None:
     store = HalfDownStore(failing={tasks[0].key})
     consumer = Consumer([Message(t.key.ordering_id, offset, encode(t)) for offset, t in enumerate(tasks)])
     engine = leased_engine(store, range(PARTITIONS))
-    ingest = Ingest(consumer, store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
+    ingest = Ingest(reader(consumer), store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
                     lambda: PARTITIONS, clock=lambda: NOW)
 
     assert ingest.poll_once() == 0  # failed: nothing committed, read again from the start
@@ -71,7 +71,7 @@ def test_records_of_a_partition_without_its_lease_wait_until_the_lease_is_held()
     engine = leased_engine(store, range(PARTITIONS))
     messages = [Message(t.key.ordering_id, offset, encode(t)) for offset, t in enumerate(tasks)]
     consumer = Consumer(list(messages))
-    ingest = Ingest(consumer, store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
+    ingest = Ingest(reader(consumer), store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
                     lambda: PARTITIONS, clock=lambda: NOW)
 
     assert not engine.may_persist(a) and engine.may_persist(b)
@@ -156,7 +156,7 @@ def test_cancels_of_an_ordering_id_in_a_row_share_a_round_after_what_came_before
     store = RoundsStore()
     consumer = Consumer([Message("a", offset, data) for offset, data in enumerate(records)])
     engine = leased_engine(store, range(PARTITIONS))
-    ingest = Ingest(consumer, store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
+    ingest = Ingest(reader(consumer), store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
                     lambda: PARTITIONS, clock=lambda: NOW)
     assert ingest.poll_once() == len(records)
     assert store.rounds == [["Put 10"], ["Put 20"], ["Cancel 20", "Cancel 30", "Cancel 40", "Cancel 50"],

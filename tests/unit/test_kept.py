@@ -5,8 +5,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from confluent_kafka import TopicPartition
-
 from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.envelope import ScheduleEnvelope, encode
@@ -15,8 +13,8 @@ from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.base import TaskLogReader
 from celery_scheduler.tasklog.dead_letters import DeadLetters
-from celery_scheduler.tasklog.reader import KafkaTaskLogReader
-from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
+from celery_scheduler.tasklog.reader import HandAssignedReader
+from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine, reader
 
 
 class HandAssigned(Consumer):
@@ -51,7 +49,7 @@ def _kept(leased: range) -> tuple[KeptReader, list[HandAssigned], MemorySchedule
         return Ingest(reader, store, engine, DeadLetters(FakeProducer(), "t.deadletter"),  # type: ignore[arg-type]
                       lambda: PARTITIONS, clock=lambda: NOW)
 
-    return KeptReader("t", consumer, ingest), made, store
+    return KeptReader(lambda: HandAssignedReader("t", consumer), ingest), made, store
 
 
 def test_kept_partitions_are_assigned_by_hand_from_where_the_groups_ingest_stopped() -> None:
@@ -108,7 +106,7 @@ def test_nothing_kept_closes_the_consumer_and_a_new_loss_makes_another() -> None
 def test_the_groups_ingest_records_where_it_wrote_up_to_until_assigned_again() -> None:
     store = MemoryScheduleStore()
     written, held_back = ("a", NOW + 5_000), ("b", NOW + 6_000)
-    ingest = Ingest(KafkaTaskLogReader(Consumer([])), store,
+    ingest = Ingest(reader(Consumer([])), store,
                     leased_engine(store, [partition_for(b"a", PARTITIONS)]),
                     DeadLetters(FakeProducer(), "t.deadletter"), lambda: PARTITIONS,  # type: ignore[arg-type]
                     clock=lambda: NOW)
@@ -120,5 +118,5 @@ def test_the_groups_ingest_records_where_it_wrote_up_to_until_assigned_again() -
     assert ingest.poll_once(0.01) == 2
     # the partition not leased was not written: no offset is known for it
     assert ingest.written_to == {partition_for(b"a", PARTITIONS): 4}
-    ingest.assigned([TopicPartition("t", partition_for(b"a", PARTITIONS))])
+    ingest.assigned([partition_for(b"a", PARTITIONS)])
     assert ingest.written_to == {}  # assigned again: it goes on from the committed offset

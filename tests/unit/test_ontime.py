@@ -10,7 +10,6 @@ import time
 import pytest
 
 from celery_scheduler.clock import now_ms
-from celery_scheduler.confirms import Unconfirmed
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.ontime import OnTimeSender
 from celery_scheduler.dispatcher.state import Sending, Sent
@@ -18,6 +17,7 @@ from celery_scheduler.dispatcher.timetable import Loaded, Timetable
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import ReleaseNotSentError, ReleaseUncertainError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.release.confirms import Unconfirmed
 from celery_scheduler.store.base import State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.wire import Release

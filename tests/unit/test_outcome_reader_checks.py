@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from celery_scheduler.dispatcher import outcomes
-from celery_scheduler.dispatcher.outcomes import OutcomeReader
+from celery_scheduler.tasklog import outcomes
+from celery_scheduler.tasklog.outcomes import OutcomeReader
 
 
 class Ends:
@@ -38,7 +38,7 @@ def test_an_unanswered_ask_is_said_once_per_outage(caplog: pytest.LogCaptureFixt
     reader._consumer.close()
     reader._consumer = ends = Ends()  # type: ignore[assignment]
     reader._assigned = {0, 1}
-    caplog.set_level(logging.DEBUG, logger="celery_scheduler.dispatcher.outcomes")
+    caplog.set_level(logging.DEBUG, logger="celery_scheduler.tasklog.outcomes")
     assert [reader._ends() for _ in range(20)] == [None] * 20
     levels = [record.levelno for record in caplog.records]
     assert levels == [logging.INFO] + [logging.DEBUG] * 19

@@ -6,8 +6,9 @@ from typing import Any
 
 from celery_scheduler.envelope import ScheduleEnvelope, encode_arguments
 from celery_scheduler.keys import TaskKey
-from celery_scheduler.release import CELERY_RETRIES_EXHAUSTED, _tagged, publish
-from celery_scheduler.release_redis import _plain
+from celery_scheduler.release import CELERY_RETRIES_EXHAUSTED, publish
+from celery_scheduler.release.message import _tagged
+from celery_scheduler.release.redis_push import _plain
 from celery_scheduler.wire import HEADER, Release, parse_header
 
 KEY = TaskKey("customer-42", 1_893_456_000_000, "welcome")

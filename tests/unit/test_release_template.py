@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_scheduler.release_redis import Document
-from celery_scheduler.release_template import MAX_TEMPLATES, Templates
+from celery_scheduler.release.redis_push import Document
+from celery_scheduler.release.template import MAX_TEMPLATES, Templates
 from celery_scheduler.wire import HEADER
 
 

@@ -1,17 +1,21 @@
-"""The Kafka consumer's failures reach the dispatcher as the package's TaskLogErrors."""
+"""The Kafka consumer reaches the dispatcher through the reader port: its records and events
+in the package's types, and its failures as the package's TaskLogErrors."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from celery_scheduler.dispatcher.ingest import Ingest
 from celery_scheduler.envelope import ScheduleEnvelope, encode
 from celery_scheduler.errors import TaskLogError, TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
+from celery_scheduler.signing import HEADER as SIGNATURE_HEADER
 from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.base import PartitionEnd, Record
 from celery_scheduler.tasklog.dead_letters import DeadLetters
 from celery_scheduler.tasklog.reader import KafkaTaskLogReader, kafka_errors
 from tests.unit.fakes import NOW, PARTITIONS, Consumer, FakeProducer, Message, leased_engine
@@ -64,7 +68,7 @@ def test_ingest_reads_a_batch_again_when_its_commit_fails() -> None:
     records = [Message("a", offset, encode(t)) for offset, t in enumerate(tasks)]
     consumer = FailingConsumer(list(records))
     store = MemoryScheduleStore()
-    ingest = Ingest(KafkaTaskLogReader(consumer), store, leased_engine(store, range(PARTITIONS)),  # type: ignore[arg-type]
+    ingest = Ingest(KafkaTaskLogReader("t", lambda: consumer), store, leased_engine(store, range(PARTITIONS)),  # type: ignore[arg-type]
                     DeadLetters(FakeProducer(), "t.deadletter"), lambda: PARTITIONS,  # type: ignore[arg-type]
                     clock=lambda: NOW)
 
@@ -76,3 +80,88 @@ def test_ingest_reads_a_batch_again_when_its_commit_fails() -> None:
     assert ingest.poll_once() == 2
     assert [tp.offset for tp in consumer.committed[0]] == [2]
     assert all(store.status(t.key) is not None for t in tasks)
+
+
+class Read(Consumer):
+    """The fakes' consumer, handing out driver messages and events as given."""
+
+    def consume(self, count: int, timeout: float) -> list[Any]:
+        return list(self.messages)
+
+
+class Event:
+    """A driver message that carries an error (an end of partition, say)."""
+
+    def __init__(self, partition: int, offset: int, code: int) -> None:
+        self._partition, self._offset, self._code = partition, offset, code
+
+    def error(self) -> KafkaError:
+        return KafkaError(self._code)
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class Signed(Message):
+    def headers(self) -> list[tuple[str, bytes]]:  # type: ignore[override]
+        return [("other", b"x"), (SIGNATURE_HEADER, b"sig")]
+
+
+def test_the_reader_gives_records_and_partition_ends_in_the_packages_types(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_scheduler.tasklog.reader")
+    message = Signed("a", 7, b"{}")
+    reader = KafkaTaskLogReader("t", lambda: Read([message, Event(2, 9, KafkaError._PARTITION_EOF),
+                                                  Event(1, 0, KafkaError._STATE)]))
+    read = reader.consume(10, 0)
+    assert read == [Record("t", message.partition(), 7, b"a", b"{}", b"sig"), PartitionEnd(2, 9)]
+    assert "Kafka reported" in caplog.text  # another error is said, not handed on
+
+
+def test_the_reader_speaks_partition_numbers_to_the_driver_in_its_topic() -> None:
+    consumer = Consumer([])
+    reader = KafkaTaskLogReader("sched", lambda: consumer)
+    reader.seek(3, 40)
+    reader.pause([1, 2])
+    reader.commit({4: 11})
+    assert [(tp.topic, tp.partition, tp.offset) for tp in consumer.sought] == [("sched", 3, 40)]
+    assert consumer.paused == {1, 2}
+    assert [(tp.topic, tp.partition, tp.offset) for tp in consumer.committed[0]] == [("sched", 4, 11)]
+    consumer.ends = {5: 8}
+    assert reader.end_offsets([5, 6]) == {5: 8, 6: 0}
+
+
+class Subscribing(Consumer):
+    def __init__(self) -> None:
+        super().__init__([])
+        self.callbacks: dict[str, Any] = {}
+        self.closed = False
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        self.callbacks = callbacks
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_rejoined_reader_hears_only_its_new_consumers_assignments() -> None:
+    made: list[Subscribing] = []
+
+    def make() -> Subscribing:
+        made.append(Subscribing())
+        return made[-1]
+
+    heard: list[tuple[str, list[int]]] = []
+    reader = KafkaTaskLogReader("t", make)
+    reader.subscribe(lambda ps: heard.append(("assigned", ps)), lambda ps: heard.append(("revoked", ps)),
+                     lambda ps: heard.append(("lost", ps)))
+    first = made[0]
+    first.callbacks["on_assign"](first, [TopicPartition("t", 1), TopicPartition("t", 4)])
+    reader.rejoin()
+    assert len(made) == 2 and reader.consumer is made[1]
+    first.callbacks["on_revoke"](first, [TopicPartition("t", 1)])  # closing aside: nobody hears
+    made[1].callbacks["on_lost"](made[1], [TopicPartition("t", 2)])
+    assert heard == [("assigned", [1, 4]), ("lost", [2])]

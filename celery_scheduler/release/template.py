@@ -27,7 +27,7 @@ from typing import Any
 
 from celery.app.routes import MapRoute
 
-from celery_scheduler.release_redis import Document, encoded_body
+from celery_scheduler.release.redis_push import Document, encoded_body
 from celery_scheduler.wire import HEADER
 
 __all__ = ["MAX_TEMPLATES", "Template", "Templates", "static_routes"]

@@ -38,9 +38,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from celery_scheduler.errors import TaskLogError
 from celery_scheduler.tasklog.reader import close_aside, end_offsets, kafka_errors
-from celery_scheduler.wire import Beat, Outcome, decode_report
+from celery_scheduler.wire import Beat, Outcome, OutcomeBatch, decode_report
 
-__all__ = ["OutcomeBatch", "OutcomeReader"]
+__all__ = ["OutcomeReader"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,20 +61,6 @@ CHECK_SECONDS = 1.0
 STALL_SECONDS = 5.0
 # Longest a request for the partitions' ends may take (seconds).
 ENDS_TIMEOUT = 2.0
-
-
-class OutcomeBatch:
-    """Outcomes and beats read together, and the offsets to commit once their effect is
-    stored; *retried*: outcomes whose effect an earlier write did not store, applied again."""
-
-    __slots__ = ("beats", "offsets", "outcomes", "retried")
-
-    def __init__(self, outcomes: list[Outcome], offsets: dict[int, int], *,
-                 retried: bool = False, beats: list[Beat] | None = None) -> None:
-        self.outcomes = outcomes
-        self.offsets = offsets  # partition -> offset of the next record to read
-        self.retried = retried
-        self.beats = beats or []
 
 
 class OutcomeReader:

@@ -19,11 +19,10 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from celery_scheduler.clock import now_ms
-from celery_scheduler.dispatcher.outcomes import OutcomeBatch
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError, ReleaseNotSentError
 from celery_scheduler.messages import KEY_HEADER, DelayedMessage
-from celery_scheduler.wire import Outcome, Release
+from celery_scheduler.wire import Outcome, OutcomeBatch, Release
 
 __all__ = ["DELIVERY_TIMEOUT_MS", "KafkaDelivery"]
 

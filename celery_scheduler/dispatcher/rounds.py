@@ -1,0 +1,55 @@
+"""The order in which a batch's records are written: rounds, one write request each.
+
+Each round holds at most one operation per ordering id (or a run of cancels of it, each of
+its own key: they do not depend on each other, and a bulk cancel sends thousands), and a
+later record of the same ordering id (the next task, or a cancel after its schedule) goes
+to a later round. Records of one ordering id so take effect in the order Kafka delivered
+them, and a batch that fails half-way never leaves a later task stored without an earlier
+one (which the engine could then run first).
+"""
+
+from __future__ import annotations
+
+from celery_scheduler.envelope import CancelEnvelope, Envelope, RescheduleEnvelope, RetryEnvelope
+from celery_scheduler.store.records import Cancel, Operation, Put, Reschedule, Retry
+
+__all__ = ["Rounds", "operation_of"]
+
+
+def operation_of(envelope: Envelope, partition: int, data: bytes | None = None) -> Operation:
+    """What writing *envelope*, read from *partition* as *data*, does to the store."""
+    if isinstance(envelope, CancelEnvelope):
+        return Cancel(partition, envelope.key)
+    if isinstance(envelope, RetryEnvelope):
+        return Retry(partition, envelope.key)
+    if isinstance(envelope, RescheduleEnvelope):
+        return Reschedule(partition, envelope.key, envelope.to)
+    return Put(partition, envelope, data)
+
+
+class Rounds:
+    """A batch's operations, in rounds (see the module)."""
+
+    def __init__(self) -> None:
+        self._rounds: list[dict[str, list[Operation]]] = []
+
+    def add(self, operation: Operation) -> None:
+        """Put *operation* in the first round after those holding its ordering id."""
+        ordering_id = operation.key.ordering_id
+        rounds = self._rounds
+        held = 0  # the rounds holding this ordering id: always the first ones
+        while held < len(rounds) and ordering_id in rounds[held]:
+            held += 1
+        before = rounds[held - 1][ordering_id] if held else []
+        if (isinstance(operation, Cancel) and before
+                and all(isinstance(op, Cancel) and op.key != operation.key for op in before)):
+            before.append(operation)
+        elif held < len(rounds):
+            rounds[held][ordering_id] = [operation]
+        else:
+            rounds.append({ordering_id: [operation]})
+
+    @property
+    def rounds(self) -> list[list[Operation]]:
+        """The operations of each round, in order."""
+        return [[op for ops in round_.values() for op in ops] for round_ in self._rounds]
