@@ -5,7 +5,7 @@ One task's way through it, by module (the Kafka clients are the task log's:
 :mod:`celery_scheduler.tasklog`; nothing here imports the driver)::
 
     Kafka topic ──▶ ingest ──────────────▶ store (Cassandra)            persist, then commit
-                    naming, claims, caught_up
+                    rounds, carrying, naming, claims, caught_up
                           │ persisted / cancelled / moved
                           ▼
     leases ──fence──▶ engine ◀── loader (the schedule, read forward)   one thread owns
@@ -24,7 +24,9 @@ One task's way through it, by module (the Kafka clients are the task log's:
   engine, outcomes, on-time sends) and their shutdown.
 - :mod:`~celery_scheduler.dispatcher.ingest` writes each batch it reads through the task
   log's reader port (:class:`~celery_scheduler.tasklog.base.TaskLogReader`) to the store
-  before it commits its offsets; :mod:`~celery_scheduler.dispatcher.naming` resolves task ids to keys,
+  before it commits its offsets, in rounds (:mod:`~celery_scheduler.dispatcher.rounds`), a
+  hot ordering id's records a few rounds a batch (:mod:`~celery_scheduler.dispatcher.carrying`);
+  :mod:`~celery_scheduler.dispatcher.naming` resolves task ids to keys,
   :mod:`~celery_scheduler.dispatcher.claims` keeps it and the engine off the same key, and
   :mod:`~celery_scheduler.dispatcher.caught_up` says how far in time it has read.
 - :mod:`~celery_scheduler.dispatcher.engine` is the release loop; what it holds is in

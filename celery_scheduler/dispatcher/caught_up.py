@@ -15,6 +15,8 @@ waiting for, and keeps asking for a while after, so that a busy partition's next
 it caught up already. While an answer waits, a lingering batch counts as applied the plain
 schedule calls it holds that are due after anything the engine may release meanwhile: they
 cannot hold a release back (see ingest.py); any other record it holds is written at once.
+A batch may carry a hot ordering id's records to the next one (carrying.py): the partition
+counts as applied past them, but that ordering id stays unreleased until they are written.
 
 The engine thread calls :meth:`CaughtUp.covers`; the ingest loops (the group's, and the
 one reading kept partitions) call the rest.
@@ -50,15 +52,34 @@ class CaughtUp:
         # time once applied up to that offset
         self._pending: dict[int, collections.deque[tuple[int, int]]] = {}
         self._asked: dict[int, int] = {}  # partition -> when its end was last asked for
+        # partition -> ordering ids with a record carried to a later batch (carrying.py)
+        self._carrying: dict[int, frozenset[str]] = {}
 
-    def covers(self, partition: int, since_ms: int, now_ms: int) -> bool:
-        """Whether every record of *partition* acknowledged before *since_ms* is applied;
-        if not, the ingest loop is asked to find out (engine thread)."""
+    def covers(self, partition: int, since_ms: int, now_ms: int, ordering_id: str | None = None
+               ) -> bool:
+        """Whether every record of *partition* acknowledged before *since_ms* is applied,
+        and none of *ordering_id*'s is carried to a later batch; if not applied, the ingest
+        loop is asked to find out (engine thread)."""
         with self._lock:
             if self._until.get(partition, -1) >= since_ms:
-                return True
+                return ordering_id not in self._carrying.get(partition, ())
             self._wanted[partition] = now_ms
             return False
+
+    def carried(self, partition: int, ordering_id: str) -> bool:
+        """Whether a record of *ordering_id* is carried to a later batch (for logs)."""
+        with self._lock:
+            return ordering_id in self._carrying.get(partition, ())
+
+    def carrying(self, partition: int, ordering_ids: frozenset[str]) -> None:
+        """The records of *partition* shown applied from now on hold records of
+        *ordering_ids* that a later batch writes (carrying.py): those stay unreleased
+        until they are written. Called before the partition is shown applied past them."""
+        with self._lock:
+            if ordering_ids:
+                self._carrying[partition] = ordering_ids
+            else:
+                self._carrying.pop(partition, None)
 
     def to_ask(self, owned: Iterable[int], now_ms: int) -> list[int]:
         """Those of *owned* whose end offset the ingest loop should ask for now."""
@@ -102,6 +123,7 @@ class CaughtUp:
                 self._until.pop(partition, None)
                 self._pending.pop(partition, None)
                 self._asked.pop(partition, None)
+                self._carrying.pop(partition, None)
 
     def until(self, partition: int) -> int | None:
         """The time *partition* is caught up to, if any (for logs and tests)."""

@@ -3,11 +3,12 @@ are their offsets committed.
 
 A batch is applied in rounds (:mod:`~celery_scheduler.dispatcher.rounds`), so that records
 of one ordering id take effect in the order Kafka delivered them, even when a round fails
-half-way. If any write fails, nothing of the batch is committed: the consumer seeks back and the
-batch is applied again (writes are idempotent), so an acknowledged schedule call is never
-lost. A record that cannot be decoded, or breaks the rules a dispatcher relies on
-(:mod:`~celery_scheduler.dispatcher.admission`), is copied to the dead-letter topic with
-the reason, and the partition moves on.
+half-way; a hot ordering id's records past the last round wait for the next batch
+(:mod:`~celery_scheduler.dispatcher.carrying`). If any write fails, nothing of the batch is
+committed: the consumer seeks back and the batch is applied again (writes are idempotent),
+so an acknowledged schedule call is never lost. A record that cannot be decoded, or breaks
+the rules a dispatcher relies on (:mod:`~celery_scheduler.dispatcher.admission`), is copied
+to the dead-letter topic with the reason, and the partition moves on.
 
 Records of a partition whose lease this process has not taken (another dispatcher holds
 it, or it was just assigned) are not written: the partition is paused at the first of them
@@ -44,9 +45,10 @@ from collections.abc import Callable, Iterable, Sequence
 from celery_scheduler.clock import Clock, now_ms
 from celery_scheduler.decoding import decode
 from celery_scheduler.dispatcher.admission import Admission, Refused
+from celery_scheduler.dispatcher.carrying import MOST_CARRIED_BATCHES, Batch, Carrier
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.rounds import Rounds, operation_of
+from celery_scheduler.dispatcher.rounds import operation_of
 from celery_scheduler.dispatcher.writing import Writer
 from celery_scheduler.envelope import (
     Envelope,
@@ -101,14 +103,16 @@ class Ingest:
         self._failing_since: float | None = None  # batches fail to persist: said once
         self.paused: set[int] = set()  # partitions paused until their lease is held
         self._assigned: list[int] = []  # partitions newly assigned: not paused by us
-        # partition -> offset after the last record written (or dead-lettered) since the
-        # partition was assigned: where a reader of its own may go on (see kept.py)
+        # partition -> offset below which every record is written (or dead-lettered), since
+        # it was assigned: where a reader of its own may go on (see kept.py)
         self.written_to: dict[int, int] = {}
         # What the engine's releases wait for (None: nothing waits, as in memory): the
         # partitions read, and the offset below which all is applied, per partition
         self.caught_up = caught_up
         self.owned: set[int] = set()
         self.applied_to: dict[int, int] = {}
+        self.carrier = Carrier(caught_up)  # records a batch left to the next (carrying.py)
+        self._read_past: dict[int, int] = {}  # partition -> offset after the last record read
 
     def assigned(self, partitions: Iterable[int]) -> None:
         """Kafka assigned *partitions* (called from the consumer's callback, on this thread)."""
@@ -118,6 +122,7 @@ class Ingest:
             self.written_to.pop(partition, None)  # it goes on from the committed offset
             self.applied_to.pop(partition, None)
             self.owned.add(partition)
+        self._let_go(partitions)
         if self.caught_up is not None:
             self.caught_up.forget(partitions)
 
@@ -127,8 +132,14 @@ class Ingest:
             self.paused.discard(partition)
             self.owned.discard(partition)
             self.applied_to.pop(partition, None)
+        self._let_go(partitions)
         if self.caught_up is not None:
             self.caught_up.forget(partitions)
+
+    def _let_go(self, partitions: list[int]) -> None:
+        self.carrier.let_go(partitions)
+        for partition in partitions:
+            self._read_past.pop(partition, None)
 
     def _resume_leased(self) -> None:
         if self._assigned:
@@ -199,22 +210,26 @@ class Ingest:
         self.engine.ingest_alive()
         self._resume_leased()
         decoded: dict[tuple[int, int], Envelope] = {}
+        carrying = bool(self.carrier.records)  # then a batch is due now, whatever else comes
         try:
-            messages = self.consumer.consume(self.batch_size, timeout)
-            if messages and self.linger_seconds > 0:
+            messages = self.consumer.consume(self.batch_size, 0.0 if carrying else timeout)
+            if messages and self.linger_seconds > 0 and not carrying:
                 messages = self._linger(messages, timeout, decoded)
         except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
             return 0
-        if not messages:
+        # taken once polled: a partition revoked meanwhile has had its records let go
+        carried = self.carrier.take()
+        if not messages and not carried:
             return 0
         ends: dict[int, int] = {}  # partitions read to their end, at that offset
-        first: dict[int, Record] = {}
+        first: dict[int, Record] = {}  # of the records read by this poll (not carried)
         last: dict[int, Record] = {}
         unleased: dict[int, Record] = {}
         writable: dict[int, bool] = {}
-        rounds = Rounds()
-        for record in messages:
+        batch = Batch()
+        # the records carried from the batch before come first: they were read before these
+        for record, operation in [*carried, *((message, None) for message in messages)]:
             if isinstance(record, PartitionEnd):
                 ends[record.partition] = record.offset
                 continue
@@ -223,26 +238,35 @@ class Ingest:
             if not writable[record.partition]:
                 unleased.setdefault(record.partition, record)
                 continue
-            first.setdefault(record.partition, record)
+            if operation is None:
+                first.setdefault(record.partition, record)
+                self._read_past[record.partition] = record.offset + 1
             last[record.partition] = record
-            envelope = self._check(record, decoded.get((record.partition, record.offset)))
-            if envelope is not None:
-                rounds.add(operation_of(envelope, record.partition, record.value))
+            if operation is None:
+                envelope = self._check(record, decoded.get((record.partition, record.offset)))
+                if envelope is None:
+                    continue
+                operation = operation_of(envelope, record.partition, record.value)
+            batch.add(record, operation)
         self._hold_back(unleased)
+        self._dropped([record for record, _ in carried if record.partition in unleased])
         try:
-            for round_ in rounds.rounds:
+            for round_ in batch.rounds.rounds:
                 self.apply(round_)
             self.dead_letters.flush()
-            for record in last.values():
-                self.written_to[record.partition] = record.offset + 1
-                self.applied_to[record.partition] = record.offset + 1
+            done = {p: batch.written_to(p, self._read_past[p]) for p in last}
+            for partition in last:
+                self.written_to[partition] = done[partition]
+                self.applied_to[partition] = self._read_past[partition]
             for partition, offset in ends.items():
                 if partition not in unleased and partition in self.owned:
                     self.applied_to[partition] = offset
-            if last:
-                self.consumer.commit({r.partition: r.offset + 1 for r in last.values()})
+            self._carry(batch)
+            if done:
+                self.consumer.commit(done)
         except SchedulerError as exc:  # TaskLogError included
-            # Nothing of this batch counts as done: read it again (the writes are idempotent).
+            # Nothing of this batch counts as done: read it again (the writes are idempotent),
+            # but what it carried, kept as it was (and still held from the engine).
             # Tried again every second while an outage lasts: said once, and its end.
             logger.log(logging.DEBUG if self._failing_since is not None else logging.WARNING,
                        "could not persist a batch (%s); it will be applied again, every 1s "
@@ -253,13 +277,38 @@ class Ingest:
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
                 with contextlib.suppress(TaskLogError):
                     self.consumer.seek(record.partition, record.offset)
+                self._read_past[record.partition] = record.offset
+            self.carrier.put_back([c for c in carried if c[0].partition not in unleased])
             time.sleep(1.0)
             return 0
         if self._failing_since is not None:
             logger.warning("batches persist again, after %.1fs of failures",
                            time.monotonic() - self._failing_since)
             self._failing_since = None
-        return len(messages) - len(ends)
+        return len(messages) - len(ends) + len(carried)
+
+    def _carry(self, batch: Batch) -> None:
+        """Carry what *batch* carries to the next one (carrying.py); pause the partitions
+        that carry too much, and resume them once half as much is carried."""
+        pause, resume = self.carrier.keep(batch, MOST_CARRIED_BATCHES * self.batch_size)
+        if pause:
+            logger.warning("%d records of a few ordering ids wait to be written, one of each "
+                           "ordering id a round; not reading partition(s) %s until half of them "
+                           "are", len(self.carrier.records), pause)
+        for change, partitions in ((self.consumer.resume, resume), (self.consumer.pause, pause)):
+            if partitions:
+                with contextlib.suppress(TaskLogError):  # revoked meanwhile: its owner reads it
+                    change(partitions)
+
+    def _dropped(self, records: list[Record]) -> None:
+        """Carried *records* are let go unwritten, read again once their partition's lease
+        is held: what was shown of their partitions no longer holds."""
+        for record in records:
+            if self.applied_to.get(record.partition, 0) > record.offset:
+                self.applied_to[record.partition] = record.offset
+        self._let_go(partitions := list({record.partition for record in records}))
+        if partitions and self.caught_up is not None:
+            self.caught_up.forget(partitions)
 
     def _linger(self, messages: list[Read], timeout: float,
                 decoded: dict[tuple[int, int], Envelope]) -> list[Read]:

@@ -6,6 +6,15 @@ the bucket index, until the partition has ``max_loaded`` tasks in memory or the 
 reaches the look-ahead horizon. Memory therefore stays bounded whatever lies further ahead,
 and a backlog after downtime drains oldest first, a page at a time.
 
+Of one ordering id, at most ``MOST_LOADED_PER_ID`` tasks are loaded: it runs one at a time,
+so more of it in memory only takes the room of other ordering ids (ten thousand tasks of one
+id due at once would fill the partition's memory and leave the others of the partition
+unread until most of them had run). A fill passes the rest of such a hot ordering id over,
+and remembers where the first one passed over lies; once fewer than half as many are
+loaded, a top-up reads on from there, up to the cursor, for that ordering id alone. The
+tasks of a hot ordering id in memory therefore always come before any of it left in the
+store behind the cursor, and it runs in order.
+
 A fill reads only when something may have changed: every row of an owned partition is
 written by this process's ingest loop, which tells the engine about it. A row it writes
 behind the cursor, or ahead of it but within what the last fill read up to, goes straight
@@ -33,6 +42,10 @@ SAFETY_REFRESH_MS = 10_000
 # the last fill: a read per page rather than per finished task, and yet an ordering id that
 # only a few freed places would let in waits no longer than this.
 PARTIAL_REFILL_MS = 1_000
+# Tasks of one ordering id loaded at most; a hot one is topped up once it has half as many,
+# looked at most every TOP_UP_EVERY_MS.
+MOST_LOADED_PER_ID = 256
+TOP_UP_EVERY_MS = 1_000
 
 
 def loaded_from(row: StoredTask) -> Loaded:
@@ -61,14 +74,44 @@ class PartitionLoader:
         self.last_fill_ms = 0
         self.horizon: int | None = None  # the bucket the last fill read up to
         self.refresh_ms = SAFETY_REFRESH_MS
+        self.most_per_id = MOST_LOADED_PER_ID
+        # hot ordering ids: where the first of their rows passed over lies (see the module)
+        self.hot: dict[str, Cursor] = {}
+        self.last_top_up_ms = 0
 
     def _horizon(self, now_ms: int) -> int:
         return bucket_of(now_ms + self.lookahead_ms, self.store.bucket_seconds)
 
     def due_for_fill(self, now_ms: int) -> bool:
+        return self._due_for_read(now_ms) or self._due_for_top_up(now_ms)
+
+    def _due_for_read(self, now_ms: int) -> bool:
         return (self.dirty or self.horizon != self._horizon(now_ms)
                 or now_ms - self.last_fill_ms >= self.refresh_ms
                 or (self.room_waiting and now_ms - self.last_fill_ms >= PARTIAL_REFILL_MS))
+
+    def _due_for_top_up(self, now_ms: int) -> bool:
+        return bool(self.hot) and now_ms - self.last_top_up_ms >= TOP_UP_EVERY_MS
+
+    def _passes_over(self, row: StoredTask, timetable: Timetable) -> bool:
+        """Whether *row*, not loaded, is left in the store as one of a hot ordering id (see
+        the module): it lies after the first row of it passed over, or would load one of it
+        too many and comes after every one loaded. One that comes before a loaded one takes
+        the place of the last (left in the store in its turn)."""
+        ordering_id = row.envelope.key.ordering_id
+        first = self.hot.get(ordering_id)
+        if first is not None and row.position >= first:
+            return True
+        if timetable.loaded_of(ordering_id) < self.most_per_id:
+            return False
+        last = timetable.last_of(ordering_id)
+        if last is not None and row.position < last.stored.position:
+            timetable.remove(last.key)
+            passed = last.stored.position
+        else:
+            passed = row.position
+        self.hot[ordering_id] = passed if first is None else min(first, passed)
+        return passed == row.position
 
     def written_ahead(self, row: StoredTask, room: bool) -> bool:
         """*row* was just written ahead of the cursor: whether to put it straight into memory.
@@ -91,6 +134,8 @@ class PartitionLoader:
         if it falls within what is loaded, else read when the cursor gets there."""
         if timetable.get(row.key) is not None:
             timetable.add(loaded_from(row))  # a new version of a loaded key
+        elif self._passes_over(row, timetable):
+            return  # a top-up, or the fill that reaches it, reads it in its turn
         elif self.passed(row.position):
             if timetable.count(self.partition) < self.max_loaded:
                 timetable.add(loaded_from(row))
@@ -104,6 +149,9 @@ class PartitionLoader:
                     timetable.remove(evicted.key)
                 for position in [row.position] + [t.stored.position for t in later]:
                     self.rewind(position)
+                    first = self.hot.get(position.ordering_id)
+                    if first is not None and position < first:  # read again before the rest
+                        self.hot[position.ordering_id] = position
                 self.dirty = True
         elif self.written_ahead(row, room=timetable.count(self.partition) < self.max_loaded):
             timetable.add(loaded_from(row))  # within what is loaded: no need to read it
@@ -135,7 +183,52 @@ class PartitionLoader:
             self.cursor, self.inclusive = position, True
 
     def fill(self, timetable: Timetable, now_ms: int) -> int:
-        """Load rows up to the horizon while there is room; return how many were added."""
+        """Top the hot ordering ids up, and load rows up to the horizon while there is room
+        (each when due); return how many were added."""
+        added = self._top_up(timetable, now_ms) if self._due_for_top_up(now_ms) else 0
+        if self._due_for_read(now_ms):
+            added += self._read_on(timetable, now_ms)
+        return added
+
+    def _top_up(self, timetable: Timetable, now_ms: int) -> int:
+        """Load the rows of each hot ordering id with half its most loaded or fewer, from the
+        first passed over on, up to the cursor (what lies beyond, the fill reads)."""
+        self.last_top_up_ms = now_ms
+        return sum(self._top_up_one(timetable, ordering_id, first)
+                   for ordering_id, first in list(self.hot.items())
+                   if timetable.loaded_of(ordering_id) <= self.most_per_id // 2)
+
+    def _top_up_one(self, timetable: Timetable, ordering_id: str, first: Cursor) -> int:
+        added = 0
+        position, inclusive = first, True
+        del self.hot[ordering_id]  # hot again if it passes a row over again
+        try:
+            while self.cursor is not None and position < self.cursor:
+                rows = self.store.read(self.partition, position, self.page_size, inclusive)
+                for row in rows:
+                    if not self.passed(row.position):
+                        return added  # the fill's own, from here
+                    if row.envelope.key.ordering_id != ordering_id or row.key in timetable:
+                        continue
+                    if self._passes_over(row, timetable):
+                        return added  # hot again, from there
+                    if timetable.add(loaded_from(row)):
+                        added += 1
+                if len(rows) == self.page_size:
+                    position, inclusive = rows[-1].position, False
+                    continue
+                following = self.store.buckets(self.partition, position.bucket + 1,
+                                               self.cursor.bucket, limit=1)
+                if not following:
+                    break
+                position, inclusive = Cursor(following[0]), False
+            return added
+        except BaseException:
+            if ordering_id not in self.hot:  # cut short (a store error): read again from here
+                self.hot[ordering_id] = position
+            raise
+
+    def _read_on(self, timetable: Timetable, now_ms: int) -> int:
         horizon = self._horizon(now_ms)
         added = 0
         if self.cursor is None:
@@ -149,7 +242,8 @@ class PartitionLoader:
             rows = self.store.read(self.partition, self.cursor, min(self.page_size, room),
                                    self.inclusive)
             for row in rows:
-                if row.key not in timetable and timetable.add(loaded_from(row)):
+                if (row.key not in timetable and not self._passes_over(row, timetable)
+                        and timetable.add(loaded_from(row))):
                     added += 1
             if rows:
                 self.cursor, self.inclusive = rows[-1].position, False

@@ -6,6 +6,11 @@ later record of the same ordering id (the next task, or a cancel after its sched
 to a later round. Records of one ordering id so take effect in the order Kafka delivered
 them, and a batch that fails half-way never leaves a later task stored without an earlier
 one (which the engine could then run first).
+
+A batch holds at most ``MOST_ROUNDS`` rounds: each is a request or two that waits for the one
+before, so a batch of a thousand records of one ordering id (a hot one, scheduled in bulk)
+would make a thousand in a row while every other record of the batch waits. The records
+past the last round are carried to the next batch (see carrying.py).
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ from __future__ import annotations
 from celery_scheduler.envelope import CancelEnvelope, Envelope, RescheduleEnvelope, RetryEnvelope
 from celery_scheduler.store.records import Cancel, Operation, Put, Reschedule, Retry
 
-__all__ = ["Rounds", "operation_of"]
+__all__ = ["MOST_ROUNDS", "Rounds", "operation_of"]
+
+# Rounds in one batch; the operations that would need more wait for the next (carrying.py).
+MOST_ROUNDS = 32
 
 
 def operation_of(envelope: Envelope, partition: int, data: bytes | None = None) -> Operation:
@@ -30,11 +38,13 @@ def operation_of(envelope: Envelope, partition: int, data: bytes | None = None) 
 class Rounds:
     """A batch's operations, in rounds (see the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int = MOST_ROUNDS) -> None:
         self._rounds: list[dict[str, list[Operation]]] = []
+        self.most = most
 
-    def add(self, operation: Operation) -> None:
-        """Put *operation* in the first round after those holding its ordering id."""
+    def add(self, operation: Operation) -> bool:
+        """Put *operation* in the first round after those holding its ordering id; False
+        (and nothing added) if that would be a round past the last one allowed."""
         ordering_id = operation.key.ordering_id
         rounds = self._rounds
         held = 0  # the rounds holding this ordering id: always the first ones
@@ -46,8 +56,11 @@ class Rounds:
             before.append(operation)
         elif held < len(rounds):
             rounds[held][ordering_id] = [operation]
-        else:
+        elif held < self.most:
             rounds.append({ordering_id: [operation]})
+        else:
+            return False
+        return True
 
     @property
     def rounds(self) -> list[list[Operation]]:

@@ -139,6 +139,18 @@ class Timetable:
     def get(self, key: TaskKey) -> Loaded | None:
         return self._by_key.get(key)
 
+    def loaded_of(self, ordering_id: str) -> int:
+        """How many tasks of *ordering_id* are loaded (the one in flight included)."""
+        queue = self._queues.get(ordering_id)
+        return len(queue.tasks) if queue is not None else 0
+
+    def last_of(self, ordering_id: str) -> Loaded | None:
+        """The loaded task of *ordering_id* that comes last, if it is not in flight."""
+        queue = self._queues.get(ordering_id)
+        if queue is None or not queue.tasks or queue.tasks[-1][1] is queue.in_flight:
+            return None
+        return queue.tasks[-1][1]
+
     def add(self, task: Loaded) -> bool:
         """Load *task*; a task with the same key is replaced unless it is in flight."""
         key = task.key

@@ -1,0 +1,183 @@
+"""A hot ordering id's records are written a few rounds a batch, the rest carried to the next
+batch, so that the other ordering ids' records are not held back by them (carrying.py).
+
+Nothing is committed past a carried record, the engine releases nothing of an ordering id
+while a record of it is carried (a carried cancel still wins), a batch that fails keeps what
+it carried, and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_scheduler.dispatcher import carrying
+from celery_scheduler.dispatcher.caught_up import CaughtUp
+from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, Rounds
+from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
+from celery_scheduler.keys import TaskKey
+from celery_scheduler.partitioner import partition_for
+from celery_scheduler.store.base import Put, State
+from celery_scheduler.store.memory import MemoryScheduleStore
+from celery_scheduler.tasklog.memory import MemoryTaskLog
+from tests.unit.fakes import OutageStore
+from tests.unit.test_caught_up import NOW, PARTITIONS, Dispatcher
+from tests.unit.test_engine import Clock
+
+HOT = "hot"
+OTHER = next(f"other-{n}" for n in range(100)
+             if partition_for(f"other-{n}", PARTITIONS) == partition_for(HOT, PARTITIONS))
+
+
+def _publish(log: MemoryTaskLog, *envelopes: ScheduleEnvelope | CancelEnvelope) -> None:
+    for envelope in envelopes:
+        log.publish_async(envelope.key.ordering_id, encode(envelope)).result(1)
+
+
+def _hot(count: int, due_ms: int = NOW + 60_000) -> list[ScheduleEnvelope]:
+    return [ScheduleEnvelope(TaskKey(HOT, due_ms, f"u{n:04}"), "t") for n in range(count)]
+
+
+def _stored(store: MemoryScheduleStore, envelopes: list[ScheduleEnvelope]) -> list[int]:
+    return [n for n, e in enumerate(envelopes) if store.status(e.key) is not None]
+
+
+def test_a_round_past_the_last_allowed_is_refused() -> None:
+    rounds = Rounds(most=2)
+    puts = [Put(0, envelope) for envelope in _hot(3)]
+    assert [rounds.add(put) for put in puts] == [True, True, False]
+    assert rounds.add(Put(0, ScheduleEnvelope(TaskKey("b", NOW, "u"), "t")))  # another id: round 1
+    assert [len(round_) for round_ in rounds.rounds] == [2, 1]
+
+
+def test_a_hot_ordering_id_is_written_a_batch_of_rounds_at_a_time_and_others_at_once() -> None:
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    hot = _hot(2 * MOST_ROUNDS + 5)
+    other = ScheduleEnvelope(TaskKey(OTHER, NOW + 60_000, "u"), "t")
+    _publish(log, *hot, other)  # the other id's task is read after every hot one
+    dispatcher = Dispatcher(log, store, clock)
+    partition = partition_for(HOT, PARTITIONS)
+
+    dispatcher.ingest.poll_once(0)
+    assert _stored(store, hot) == list(range(MOST_ROUNDS))
+    assert store.status(other.key) is not None  # not held back by the hot id's records
+    assert dispatcher.reader.committed[partition] == MOST_ROUNDS  # the first one carried
+    assert dispatcher.ingest.written_to[partition] == MOST_ROUNDS
+
+    dispatcher.ingest.poll_once(0)  # nothing new read: the carried ones are written on
+    assert _stored(store, hot) == list(range(2 * MOST_ROUNDS))
+    dispatcher.ingest.poll_once(0)
+    assert _stored(store, hot) == list(range(len(hot)))
+    assert dispatcher.reader.committed[partition] == len(hot) + 1  # past the other's, now
+
+
+@pytest.mark.parametrize("shown", [True, False])
+def test_a_carried_cancel_wins_over_the_release_of_its_task(shown: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hot id's first task is due; its cancel is read in the same batch but carried
+    behind the rest for two batches. The broken variant (*shown* False) does not tell the
+    engine which ordering ids are carried: it releases the task before its cancel is written."""
+    if not shown:
+        monkeypatch.setattr(CaughtUp, "carrying", lambda self, partition, ids: None)
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    hot = _hot(2 * MOST_ROUNDS + 3, due_ms=NOW + 1_000)
+    _publish(log, *hot, CancelEnvelope(hot[0].key))
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.poll_once(0)
+    clock.ms = NOW + 1_000
+    dispatcher.engine.step()  # waits: asks where the partition ends
+    dispatcher.ingest.poll_once(0)  # shown applied to its end, the cancel still carried
+    assert _stored(store, hot) == list(range(2 * MOST_ROUNDS))
+    clock.ms += 100
+    dispatcher.engine.step()
+    assert (hot[0].key not in dispatcher.released) is shown
+    for _ in range(2):
+        dispatcher.ingest.poll_once(0)
+        clock.ms += 100
+        dispatcher.engine.step()
+    status = store.status(hot[0].key)
+    assert status is not None
+    assert (status.state is State.CANCELLED) is shown
+    assert (hot[0].key not in dispatcher.released) is shown
+
+
+def test_other_ordering_ids_of_the_partition_are_released_while_the_hot_ones_are_carried() -> None:
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    hot = _hot(4 * MOST_ROUNDS, due_ms=NOW + 1_000)
+    other = ScheduleEnvelope(TaskKey(OTHER, NOW + 1_000, "u"), "t")
+    _publish(log, *hot, other)
+    dispatcher = Dispatcher(log, store, clock)
+    clock.ms = NOW + 1_000
+    for _ in range(2):
+        dispatcher.ingest.poll_once(0)
+        dispatcher.engine.step()
+        clock.ms += 100
+    assert dispatcher.released == [other.key]  # the hot id waits for its carried records
+    assert len(_stored(store, hot)) < len(hot)
+
+
+def test_a_batch_that_fails_keeps_what_it_carried_and_commits_nothing_past_it() -> None:
+    log, clock = MemoryTaskLog(PARTITIONS), Clock(NOW)
+    store = OutageStore("apply")
+    hot = _hot(2 * MOST_ROUNDS)
+    _publish(log, *hot)
+    dispatcher = Dispatcher(log, store, clock)
+    partition = partition_for(HOT, PARTITIONS)
+    dispatcher.ingest.poll_once(0)
+    store.down = True
+    more = ScheduleEnvelope(TaskKey(HOT, NOW + 90_000, "later"), "t")
+    _publish(log, more)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("time.sleep", lambda seconds: None)
+        assert dispatcher.ingest.poll_once(0) == 0
+    assert dispatcher.reader.committed[partition] == MOST_ROUNDS
+    store.down = False
+    for _ in range(3):
+        dispatcher.ingest.poll_once(0)
+    assert _stored(store, [*hot, more]) == list(range(len(hot) + 1))
+    assert dispatcher.reader.committed[partition] == len(hot) + 1
+
+
+def test_partitions_that_carry_too_much_are_paused_until_half_is_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(carrying, "MOST_CARRIED_BATCHES", 2)
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.batch_size = 50  # at most 100 carried
+    monkeypatch.setattr("celery_scheduler.dispatcher.ingest.MOST_CARRIED_BATCHES", 2)
+    partition = partition_for(HOT, PARTITIONS)
+    _publish(log, *_hot(400))
+    carried = []
+    for _ in range(16):
+        dispatcher.ingest.poll_once(0)
+        carried.append((len(dispatcher.ingest.carrier.records), partition in dispatcher.reader._paused))
+    assert max(count for count, _ in carried) <= 100 + 50
+    assert any(paused for _, paused in carried)
+    assert not carried[-1][1]  # read again once half was written
+    for _ in range(10):
+        dispatcher.ingest.poll_once(0)
+    assert len(_stored(store, _hot(400))) == 400
+
+
+def test_a_partition_whose_lease_is_lost_lets_its_carried_records_go(monkeypatch: pytest.MonkeyPatch
+                                                                     ) -> None:
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    hot = _hot(2 * MOST_ROUNDS)
+    _publish(log, *hot)
+    dispatcher = Dispatcher(log, store, clock)
+    partition = partition_for(HOT, PARTITIONS)
+    dispatcher.ingest.poll_once(0)
+    caught_up: Any = dispatcher.engine.releaser.caught_up
+    assert caught_up.carried(partition, HOT)
+    monkeypatch.setattr(dispatcher.engine, "may_persist", lambda p: p != partition)
+    dispatcher.ingest.poll_once(0)
+    assert dispatcher.ingest.carrier.records == []
+    assert not caught_up.carried(partition, HOT)
+    assert caught_up.until(partition) is None  # shown again only once read again
+    assert dispatcher.ingest.applied_to.get(partition, 0) <= MOST_ROUNDS
+    assert _stored(store, hot) == list(range(MOST_ROUNDS))
+    monkeypatch.undo()
+    for _ in range(3):
+        dispatcher.ingest.poll_once(0)
+    assert _stored(store, hot) == list(range(len(hot)))
