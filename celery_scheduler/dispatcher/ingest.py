@@ -48,7 +48,7 @@ from celery_scheduler.dispatcher.admission import Admission, Refused
 from celery_scheduler.dispatcher.carrying import MOST_CARRIED_BATCHES, Batch, Carrier
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
-from celery_scheduler.dispatcher.rounds import operation_of
+from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, operation_of
 from celery_scheduler.dispatcher.writing import Writer
 from celery_scheduler.envelope import (
     Envelope,
@@ -112,6 +112,7 @@ class Ingest:
         self.owned: set[int] = set()
         self.applied_to: dict[int, int] = {}
         self.carrier = Carrier(caught_up)  # records a batch left to the next (carrying.py)
+        self.most_rounds = MOST_ROUNDS
         self._read_past: dict[int, int] = {}  # partition -> offset after the last record read
 
     def assigned(self, partitions: Iterable[int]) -> None:
@@ -138,8 +139,7 @@ class Ingest:
 
     def _let_go(self, partitions: list[int]) -> None:
         self.carrier.let_go(partitions)
-        for partition in partitions:
-            self._read_past.pop(partition, None)
+        self._read_past = {p: o for p, o in self._read_past.items() if p not in partitions}
 
     def _resume_leased(self) -> None:
         if self._assigned:
@@ -227,7 +227,7 @@ class Ingest:
         last: dict[int, Record] = {}
         unleased: dict[int, Record] = {}
         writable: dict[int, bool] = {}
-        batch = Batch()
+        batch = Batch(self.most_rounds)
         # the records carried from the batch before come first: they were read before these
         for record, operation in [*carried, *((message, None) for message in messages)]:
             if isinstance(record, PartitionEnd):

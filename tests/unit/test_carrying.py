@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from celery_scheduler.dispatcher import carrying
 from celery_scheduler.dispatcher.caught_up import CaughtUp
@@ -21,6 +23,7 @@ from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Put, State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog
+from tests.unit.budget import examples
 from tests.unit.fakes import OutageStore
 from tests.unit.test_caught_up import NOW, PARTITIONS, Dispatcher
 from tests.unit.test_engine import Clock
@@ -181,3 +184,80 @@ def test_a_partition_whose_lease_is_lost_lets_its_carried_records_go(monkeypatch
     for _ in range(3):
         dispatcher.ingest.poll_once(0)
     assert _stored(store, hot) == list(range(len(hot)))
+
+
+class Recording(OutageStore):
+    """Records each operation applied, in order, and fails while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__("apply")
+        self.applied: list[Any] = []
+
+    def apply(self, operations: Any, now_ms: int) -> Any:
+        results = super().apply(operations, now_ms)
+        self.applied.extend(operations)
+        return results
+
+
+steps = st.lists(st.tuples(st.sampled_from(["poll", "poll", "poll", "down", "up", "lease"]),
+                           st.integers(0, 3)), max_size=40)
+records = st.lists(st.tuples(st.sampled_from(["a", "b", "c", HOT]), st.integers(0, 5),
+                             st.booleans()), min_size=1, max_size=60)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(records, steps)
+def test_carried_records_take_effect_in_order_and_nothing_is_committed_past_one_unwritten(
+        published: list[tuple[str, int, bool]], plan: list[tuple[str, int]]) -> None:
+    log, store, clock = MemoryTaskLog(PARTITIONS), Recording(), Clock(NOW)
+    envelopes: list[ScheduleEnvelope | CancelEnvelope] = []
+    for ordering_id, n, cancel in published:
+        key = TaskKey(ordering_id, NOW + 60_000 + n, f"u{n}")
+        envelopes.append(CancelEnvelope(key) if cancel else ScheduleEnvelope(key, "t"))
+    _publish(log, *envelopes)
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.most_rounds = 2
+    dispatcher.ingest.batch_size = 7
+    unleased: set[int] = set()
+    may_persist = dispatcher.engine.may_persist
+
+    def persisting(partition: int) -> bool:
+        return partition not in unleased and may_persist(partition)
+
+    dispatcher.engine.may_persist = persisting  # type: ignore[method-assign]
+    offsets = {id(e): n for n, e in enumerate(envelopes)}
+    of_partition = [[e for e in envelopes if partition_for(e.key.ordering_id, PARTITIONS) == p]
+                    for p in range(PARTITIONS)]
+
+    def check_committed() -> None:
+        written = {(type(op).__name__, op.key) for op in store.applied}
+        for partition, committed in enumerate(dispatcher.reader.committed):
+            for envelope in of_partition[partition][:committed]:
+                kind = "Cancel" if isinstance(envelope, CancelEnvelope) else "Put"
+                assert (kind, envelope.key) in written, (partition, committed, offsets[id(envelope)])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("time.sleep", lambda seconds: None)
+        for action, which in plan:
+            if action == "down":
+                store.down = True
+            elif action == "up":
+                store.down = False
+            elif action == "lease":
+                unleased ^= {which % PARTITIONS}
+            dispatcher.ingest.poll_once(0)
+            check_committed()
+        store.down, unleased = False, set()
+        for _ in range(200):
+            dispatcher.ingest.poll_once(0)
+            if not dispatcher.ingest.carrier.records and all(
+                    committed == len(of) for committed, of in zip(dispatcher.reader.committed,
+                                                                   of_partition, strict=True)):
+                break
+        check_committed()
+    # each ordering id's records took effect first in the order they were read
+    for ordering_id in {e.key.ordering_id for e in envelopes}:
+        expected = [("Cancel" if isinstance(e, CancelEnvelope) else "Put", e.key) for e in envelopes
+                    if e.key.ordering_id == ordering_id]
+        seen = [(type(op).__name__, op.key) for op in store.applied if op.key.ordering_id == ordering_id]
+        assert list(dict.fromkeys(seen)) == list(dict.fromkeys(expected))
