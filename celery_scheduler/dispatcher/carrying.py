@@ -9,10 +9,11 @@ in the order read, to the next batch, which writes them before anything read aft
 
 Nothing is committed past a carried record: a partition's committed offset stays at its first
 carried record until that record is written, and a restart or a new owner reads from there
-again (every write is idempotent). The engine must not release an ordering id with a record
-carried, as a carried cancel must still win: a partition is shown caught up past its carried
-records only together with the ordering ids they hold, which stay held until written
-(see caught_up.py).
+again (every write is idempotent). A partition is shown caught up past its carried records
+only together with what they hold back (see caught_up.py), until they are written: of an
+ordering id with a carried cancel (or retry, move, or task named by its task id), nothing
+is released, as the cancel must still win; of one with only plain schedule calls carried,
+nothing that comes after the earliest of them.
 
 Carried records stay in memory: at most ``MOST_CARRIED_BATCHES`` batches of them. Past that,
 the partitions that carry most are paused until half as many are carried, so memory stays
@@ -25,15 +26,29 @@ from collections.abc import Iterable
 
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, Rounds
-from celery_scheduler.store.records import Operation
+from celery_scheduler.store.records import Operation, Put
 from celery_scheduler.tasklog.base import Record
 
-__all__ = ["MOST_CARRIED_BATCHES", "Batch", "Carried", "Carrier", "most_carrying"]
+__all__ = ["MOST_CARRIED_BATCHES", "Batch", "Carried", "Carrier", "Order", "held_from", "most_carrying"]
 
 # Records carried at most, in batches (scheduler_ingest_batch_size each).
 MOST_CARRIED_BATCHES = 20
 
 Carried = tuple[Record, Operation]
+# A task's place among its ordering id's: (scheduled time, uniqueness key).
+Order = tuple[int, str]
+NOT_HELD: Order = (2**63 - 1, "")
+
+
+def held_from(operation: Operation, before: Order | None) -> Order | None:
+    """From where a carried *operation* holds its ordering id back, given where the ones
+    carried before it do: a plain schedule call, only the tasks that come after its own
+    (it adds one before them); anything else, all of them (None): a cancel, a retry, a move,
+    or a task named by its own task id, which may move another key."""
+    if before is None or not isinstance(operation, Put) or "task_id" in operation.envelope.options:
+        return None
+    key = operation.envelope.key
+    return min(before, (key.scheduled_ms, key.uniqueness_key))
 
 
 class Batch:
@@ -42,18 +57,20 @@ class Batch:
     def __init__(self, most_rounds: int = MOST_ROUNDS) -> None:
         self.rounds = Rounds(most_rounds)
         self.carried: list[Carried] = []
-        # per partition: the ordering ids with a record carried, and the first one's offset
-        self.carried_ids: dict[int, set[str]] = {}
+        # per partition: what the records carried hold back (see held_from), and the first
+        # one's offset
+        self.holds: dict[int, dict[str, Order | None]] = {}
         self.first_carried: dict[int, int] = {}
 
     def add(self, record: Record, operation: Operation) -> None:
         """Write *operation* (read as *record*) in this batch if a round has room for it,
         after every earlier one of its ordering id; else carry it."""
         partition, ordering_id = record.partition, operation.key.ordering_id
-        ids = self.carried_ids.get(partition)
-        if (ids is not None and ordering_id in ids) or not self.rounds.add(operation):
+        holds = self.holds.get(partition)
+        if (holds is not None and ordering_id in holds) or not self.rounds.add(operation):
             self.carried.append((record, operation))
-            self.carried_ids.setdefault(partition, set()).add(ordering_id)
+            holds = self.holds.setdefault(partition, {})
+            holds[ordering_id] = held_from(operation, holds.get(ordering_id, NOT_HELD))
             self.first_carried.setdefault(partition, record.offset)
 
     def written_to(self, partition: int, read_past: int) -> int:
@@ -89,7 +106,7 @@ class Carrier:
         self.caught_up = caught_up
         self.records: list[Carried] = []
         self.paused: set[int] = set()
-        self._holding: dict[int, frozenset[str]] = {}  # the ordering ids shown held, by partition
+        self._holding: dict[int, dict[str, Order | None]] = {}  # what was shown held, by partition
 
     def take(self, partitions: Iterable[int] = ()) -> list[Carried]:
         """The records carried, no longer kept here (put back with :meth:`keep` or
@@ -108,11 +125,11 @@ class Carrier:
         pause, as they carry too much, and to resume, as half as much is carried."""
         self.records = batch.carried
         if self.caught_up is not None:
-            for partition in set(self._holding) | set(batch.carried_ids):
-                ids = frozenset(batch.carried_ids.get(partition, ()))
-                if ids != self._holding.get(partition, frozenset()):
-                    self.caught_up.carrying(partition, ids)
-            self._holding = {p: frozenset(ids) for p, ids in batch.carried_ids.items()}
+            for partition in set(self._holding) | set(batch.holds):
+                holds = batch.holds.get(partition, {})
+                if holds != self._holding.get(partition, {}):
+                    self.caught_up.carrying(partition, holds)
+            self._holding = batch.holds
         resume: list[int] = []
         if self.paused and len(self.records) <= most // 2:
             resume, self.paused = sorted(self.paused), set()

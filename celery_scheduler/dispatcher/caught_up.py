@@ -16,7 +16,8 @@ it caught up already. While an answer waits, a lingering batch counts as applied
 schedule calls it holds that are due after anything the engine may release meanwhile: they
 cannot hold a release back (see ingest.py); any other record it holds is written at once.
 A batch may carry a hot ordering id's records to the next one (carrying.py): the partition
-counts as applied past them, but that ordering id stays unreleased until they are written.
+counts as applied past them, but the tasks of that ordering id they may hold back stay
+unreleased until they are written.
 
 The engine thread calls :meth:`CaughtUp.covers`; the ingest loops (the group's, and the
 one reading kept partitions) call the rest.
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+from celery_scheduler.keys import TaskKey
 
 __all__ = ["CaughtUp"]
 
@@ -52,32 +55,41 @@ class CaughtUp:
         # time once applied up to that offset
         self._pending: dict[int, collections.deque[tuple[int, int]]] = {}
         self._asked: dict[int, int] = {}  # partition -> when its end was last asked for
-        # partition -> ordering ids with a record carried to a later batch (carrying.py)
-        self._carrying: dict[int, frozenset[str]] = {}
+        # partition -> ordering id -> from where records carried to a later batch hold its
+        # tasks back (None: all of them; carrying.py)
+        self._carrying: dict[int, dict[str, tuple[int, str] | None]] = {}
 
-    def covers(self, partition: int, since_ms: int, now_ms: int, ordering_id: str | None = None
+    def covers(self, partition: int, since_ms: int, now_ms: int, key: TaskKey | None = None
                ) -> bool:
         """Whether every record of *partition* acknowledged before *since_ms* is applied,
-        and none of *ordering_id*'s is carried to a later batch; if not applied, the ingest
+        and no record carried to a later batch holds *key* back; if not applied, the ingest
         loop is asked to find out (engine thread)."""
         with self._lock:
             if self._until.get(partition, -1) >= since_ms:
-                return ordering_id not in self._carrying.get(partition, ())
+                return key is None or not self._holds(partition, key)
             self._wanted[partition] = now_ms
             return False
 
-    def carried(self, partition: int, ordering_id: str) -> bool:
-        """Whether a record of *ordering_id* is carried to a later batch (for logs)."""
+    def carried(self, partition: int, key: TaskKey) -> bool:
+        """Whether a record carried to a later batch holds *key* back (for logs)."""
         with self._lock:
-            return ordering_id in self._carrying.get(partition, ())
+            return self._holds(partition, key)
 
-    def carrying(self, partition: int, ordering_ids: frozenset[str]) -> None:
-        """The records of *partition* shown applied from now on hold records of
-        *ordering_ids* that a later batch writes (carrying.py): those stay unreleased
-        until they are written. Called before the partition is shown applied past them."""
+    def _holds(self, partition: int, key: TaskKey) -> bool:
+        holds = self._carrying.get(partition)
+        if not holds or key.ordering_id not in holds:
+            return False
+        held_from = holds[key.ordering_id]
+        return held_from is None or (key.scheduled_ms, key.uniqueness_key) >= held_from
+
+    def carrying(self, partition: int, holds: Mapping[str, tuple[int, str] | None]) -> None:
+        """The records of *partition* shown applied from now on hold records that a later
+        batch writes (carrying.py): of each ordering id in *holds*, the tasks from that place
+        on (None: all of them) stay unreleased until they are written. Called before the
+        partition is shown applied past them."""
         with self._lock:
-            if ordering_ids:
-                self._carrying[partition] = ordering_ids
+            if holds:
+                self._carrying[partition] = dict(holds)
             else:
                 self._carrying.pop(partition, None)
 

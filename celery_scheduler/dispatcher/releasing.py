@@ -201,14 +201,15 @@ class Releaser:
         if self.caught_up is None:
             return True
         since = task.key.scheduled_ms - self.ahead_ms
-        if self.caught_up.covers(task.partition, since, now, task.key.ordering_id):
+        if self.caught_up.covers(task.partition, since, now, task.key):
             return True
         if now - since > GATE_WARN_MS and now - self._gate_logged_ms > GATE_WARN_EVERY_MS:
             self._gate_logged_ms = now
-            if self.caught_up.carried(task.partition, task.key.ordering_id):
+            if self.caught_up.carried(task.partition, task.key):
                 logger.warning("holding %s (due %.1fs ago) until the ingest loop has written the "
                                "records of its ordering id it has read (one a round): a cancel of "
-                               "it may be among them", task.key, (now - task.due_ms) / 1000)
+                               "it, or an earlier task, may be among them", task.key,
+                               (now - task.due_ms) / 1000)
             else:
                 logger.warning("holding %s (due %.1fs ago) until the ingest loop has read partition "
                                "%d as far as Kafka holds: a cancel of it may still be unread",
