@@ -124,3 +124,13 @@ def test_a_task_that_raises_ignore_counts_as_a_failed_attempt_like_on_a_worker(
     assert calls == []  # the next task of c1 still waits
     status = scheduler.store.status(first.key)
     assert status is not None and status.last_error == "the task raised Ignore"
+
+
+def test_a_hundred_tasks_of_one_ordering_id_scheduled_at_once_all_run_in_order(
+        scheduler: SchedulerTesting) -> None:
+    """More than a batch writes of one ordering id at a time (its rounds): the rest is
+    carried to the next batches, and the helper writes those too before it releases."""
+    handles = [remind.schedule_in(60 + n, "c1", kind=f"k{n:03}") for n in range(100)]
+    runs = scheduler.advance(3600)
+    assert [run.key for run in runs] == [handle.key for handle in handles]
+    assert scheduler.pending() == []
