@@ -48,7 +48,7 @@ from tests.services import REPO
 # short of the span EXPECTED_SECONDS plans for a loaded machine.
 QUICK = Options(tasks=1200, ordering_ids=60, faults_per_kind=1, gap=(2.0, 4.0), drain_seconds=90.0,
                 produce_seconds=45.0, periodic=PERIODIC_ENTRIES, pause_gap=10.0, pause_ids=3,
-                reschedule_gap=3.0, reschedule_ids=5)
+                reschedule_gap=3.0, reschedule_ids=5, hot_bursts=2, hot_size=100)
 # What the long run must reach to count as one: accepted tasks and faults of each kind.
 TARGET_TASKS, TARGET_FAULTS = 100_000, 30
 TARGET_CLUSTER_FAULTS = 20  # a cluster run's, of each of its nine kinds
@@ -59,7 +59,7 @@ TARGET_CLUSTER_FAULTS = 20  # a cluster run's, of each of its nine kinds
 # restarts' CPU alone left too little to run the backlog down, whatever the code.
 LONG = Options(tasks=130_000, ordering_ids=2000, faults_per_kind=30, window=4200.0,
                drain_seconds=1200.0, workers=4, periodic=PERIODIC_ENTRIES, pause_gap=30.0,
-               pause_ids=20, reschedule_gap=5.0, reschedule_ids=10)
+               pause_ids=20, reschedule_gap=5.0, reschedule_ids=10, hot_bursts=20, hot_size=300)
 # The cluster's: six JVMs share the two cores with everything else, so fewer tasks; 5,000 of
 # them due 30-60 minutes after they were scheduled, read from far buckets across faults.
 QUICK_CLUSTER = replace(QUICK, cluster=True, far_tasks=60, far_delay=(60.0, 120.0),

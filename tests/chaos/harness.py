@@ -288,6 +288,11 @@ class Options:
     # far_delay seconds after (so that buckets far ahead are read while faults go on)
     far_tasks: int = 0
     far_delay: tuple[float, float] = (1800.0, 3600.0)
+    # bursts of hot_size tasks of one new ordering id each, scheduled back to back and due
+    # HOT_GAP apart: a dispatcher's batch reads far more of one ordering id than it writes
+    # at once, and carries the rest to later batches
+    hot_bursts: int = 0
+    hot_size: int = 100
     retries: int = 5  # a schedule call that raised is made again, with the same key, this often
     dispatchers: int = 2
     workers: int = 2
@@ -350,6 +355,7 @@ class Task:
     first_call_ms: int = 0
     cancel_accepted: bool | None = None
     far: bool = False  # scheduled far ahead (Options.far_tasks)
+    burst: bool = False  # one of a hot burst (Options.hot_bursts): scheduled without pacing
     cancel_sent_ms: int = 0  # when the cancel call was made ...
     cancel_ms: int = 0  # ... and when it returned
     status: str | None = None  # final store status, read for cancelled and moved keys (their
@@ -436,7 +442,19 @@ def plan_tasks(options: Options, rng: random.Random) -> list[Task]:
             task = Task(ordering_id, seq, 0.0, rng.uniform(*options.far_delay), 0.0,
                         rng.random() < options.cancel_share, far=True)
             tasks.insert(index * span // options.far_tasks + index, task)
+    for burst in range(options.hot_bursts):
+        # spread over the run, each on an ordering id of its own
+        cancel = [rng.random() < options.cancel_share for _ in range(options.hot_size)]
+        delay = rng.uniform(4.0, 8.0)
+        planned = len(tasks) - burst * options.hot_size  # before any burst was put in
+        at = (burst + 1) * planned // (options.hot_bursts + 1) + burst * options.hot_size
+        tasks[at:at] = [Task(f"h{burst:03d}", seq, 0.0, delay, HOT_GAP, cancel[seq], burst=True)
+                        for seq in range(options.hot_size)]
     return tasks
+
+
+# How far apart the tasks of a hot burst are due (seconds): they run one at a time.
+HOT_GAP = 0.05
 
 
 # Faults of one lane follow each other; lanes run side by side. Cassandra restarts take the
@@ -854,7 +872,7 @@ class Run:
             if self._stop.is_set():
                 break
             pause = start + index / rate - time.monotonic()
-            if pause > 0:
+            if pause > 0 and not task.burst:
                 time.sleep(pause)
             # scheduled times rise with seq: schedule order is time order per ordering id
             at_ms = max(int((time.time() + task.delay) * 1000),
@@ -979,6 +997,10 @@ class Run:
             ahead = (s.periodic_ahead_seconds if self.options.periodic_ahead is None
                      else self.options.periodic_ahead)
             conditions["periodic occurrences written ahead"] = f"{ahead:g} s"
+        if self.options.hot_bursts:
+            conditions["hot bursts"] = (f"{self.options.hot_bursts} of {self.options.hot_size} tasks "
+                                        "of one new ordering id each, scheduled back to back, due "
+                                        f"{HOT_GAP * 1000:g} ms apart")
         if self.options.far_tasks:
             low, high = self.options.far_delay
             conditions["far-ahead tasks"] = (f"{self.options.far_tasks} scheduled in the first third of "

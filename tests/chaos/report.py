@@ -85,6 +85,9 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
            f"{o.reschedule_ids} pending key(s) due 4 s or more ahead moved, earlier or later, "
            "between the keys before and after them in their ordering id;"]
           if o.reschedule_gap else []),
+        *([f"- hot bursts: {o.hot_bursts} times, {o.hot_size} tasks of one new ordering id "
+           "scheduled back to back (a dispatcher's batch reads more of it than it writes at "
+           "once, and carries the rest to later batches);"] if o.hot_bursts else []),
         *([f"- periodic entries fired by the dispatchers (`scheduler_periodic`), each an "
            f"interval: {', '.join(_entry(PeriodicEntry(*e)) for e in o.periodic)};"]
           if o.periodic else []),
