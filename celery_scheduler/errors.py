@@ -30,7 +30,9 @@
     │   └── TopicMissingError        the scheduler topic does not exist (run ``init``)
     └── ScheduleStoreError           the Cassandra side failed
         ├── StoreUnavailableError    Cassandra could not be reached or timed out
-        └── SchemaMissingError       the keyspace or tables do not exist (run ``init``)
+        ├── SchemaMissingError       the keyspace or tables do not exist (run ``init``)
+        └── LeaseEndedError          a write was not sent: the lease of its partition ended
+                                     before it could be (another dispatcher may own it now)
 
 Driver exceptions (confluent-kafka, cassandra-driver) never escape: the adapters raise one
 of these ``from`` the driver's exception.
@@ -44,6 +46,7 @@ __all__ = [
     "EnvelopeDecodeError",
     "EnvelopeTooLargeError",
     "InvalidKeyError",
+    "LeaseEndedError",
     "NotAScheduledTaskError",
     "NotReschedulableError",
     "NotRetryableError",
@@ -191,3 +194,18 @@ class StoreUnavailableError(ScheduleStoreError):
 
 class SchemaMissingError(ScheduleStoreError):
     """The scheduler's keyspace or tables do not exist."""
+
+
+class LeaseEndedError(ScheduleStoreError):
+    """A write was not sent: by this process's clock, the lease of the partition it belongs
+    to ended before it could be (a pause between deciding it and sending it). The partition's
+    next owner decides the same thing from what it reads; nothing needs to be done."""
+
+    def __init__(self, partition: int, fence_seconds: float, stamp_seconds: float) -> None:
+        super().__init__(
+            f"a write of partition {partition} was not sent: it would be stamped "
+            f"{stamp_seconds - fence_seconds:.3f}s after the lease of the partition ended "
+            f"(at {fence_seconds:.3f}); its next owner decides it again")
+        self.partition = partition
+        self.fence_seconds = fence_seconds
+        self.stamp_seconds = stamp_seconds

@@ -19,7 +19,9 @@ records these return are in :mod:`celery_scheduler.store.records` (and importabl
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from celery_scheduler.envelope import ScheduleEnvelope
 from celery_scheduler.keys import TaskKey
@@ -273,6 +275,18 @@ class LeaseTable(abc.ABC):
         late (after a pause) loses to the writes of the partition's next owner. A store
         whose writes apply in the order they are made (the memory store) has nothing to do.
         """
+
+    def refusing_late_writes(self) -> AbstractContextManager[None]:
+        """Within the block, a write of this thread that would be stamped past its
+        partition's fence is not sent: it raises
+        :class:`~celery_scheduler.errors.LeaseEndedError`.
+
+        For writes decided from what was read (a periodic occurrence fired because the run
+        before had started): held at the fence, such a write would stay where the next owner,
+        deciding otherwise, wrote nothing. A store whose writes apply in the order they are
+        made (the memory store) refuses nothing.
+        """
+        return contextlib.nullcontext()
 
 
 class OperatorReads(StatusReads):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from cassandra.cluster import Cluster, Session
@@ -105,6 +106,9 @@ class CassandraScheduleStore(LedgerWrites, OperatorViews, PartitionLeases, Perio
 
     def fence_writes(self, fence: Callable[[int], float | None]) -> None:
         self._cql.fence_writes(fence)
+
+    def refusing_late_writes(self) -> AbstractContextManager[None]:
+        return self._cql.refusing_late_writes()
 
     def create_schema(self, status_shards: int | None = None) -> int:
         return self._cql.create_schema(status_shards or self.status_shards)

@@ -10,6 +10,7 @@ import collections
 import re
 import ssl
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from cassandra import DriverException
@@ -161,6 +162,10 @@ class CqlSession:
 
     def fence_writes(self, fence: Callable[[int], float | None]) -> None:
         self._timestamps.fence = fence
+
+    def refusing_late_writes(self) -> AbstractContextManager[None]:
+        """See :meth:`FencedTimestamps.refusing_late`."""
+        return self._timestamps.refusing_late()
 
     def prepare(self, cql: str) -> Any:
         statement = self._prepared.get(cql)

@@ -19,6 +19,12 @@ than the owner in between, and its completions would lose to that owner's older 
 A request may still carry the writes of several partitions (:meth:`FencedTimestamps.shared`):
 one timestamp serves them all when it is within every one's fence, which is the case
 whenever the process holds their leases; otherwise each partition's writes go on their own.
+
+Held at the fence, a late write still lands if nothing of the next owner's writes the same
+cells: a decision made from reads (a periodic occurrence fired because the run before had
+started) then stays, though the next owner decided otherwise and wrote nothing. Within
+:meth:`FencedTimestamps.refusing_late`, such a write is not sent: it raises
+:class:`~celery_scheduler.errors.LeaseEndedError` instead.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+
+from celery_scheduler.errors import LeaseEndedError
 
 __all__ = ["FencedTimestamps"]
 
@@ -59,6 +67,18 @@ class FencedTimestamps:
         finally:
             self._local.partition = self._local.stamp = None
 
+    @contextmanager
+    def refusing_late(self) -> Iterator[None]:
+        """Within the block, a write this thread sends past its partition's fence raises
+        :class:`LeaseEndedError` instead of being stamped at the fence: for writes decided
+        from what was read, which are only right while the lease holds."""
+        before = getattr(self._local, "refusing", False)
+        self._local.refusing = True
+        try:
+            yield
+        finally:
+            self._local.refusing = before
+
     def shared(self, partitions: Collection[int]) -> int | None:
         """One timestamp for a request writing all of *partitions*: now, above each one's last
         write; None if it would pass any partition's fence (send each partition's on its own,
@@ -80,8 +100,10 @@ class FencedTimestamps:
         partition: int | None = getattr(self._local, "partition", None)
         stamp = int(self.wall() * 1_000_000)
         limit = None if partition is None else self.fence(partition)
-        if limit is not None:
-            stamp = min(stamp, int(limit * 1_000_000))
+        if partition is not None and limit is not None and stamp > int(limit * 1_000_000):
+            if getattr(self._local, "refusing", False):
+                raise LeaseEndedError(partition, limit, stamp / 1_000_000)
+            stamp = int(limit * 1_000_000)
         with self._lock:
             stamp = self._last[partition] = max(stamp, self._last.get(partition, 0) + 1)
         return stamp

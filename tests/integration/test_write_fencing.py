@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_scheduler.envelope import ScheduleEnvelope
+from celery_scheduler.errors import LeaseEndedError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.store.base import Cursor, State, bucket_of
 from celery_scheduler.store.cassandra import CassandraScheduleStore
@@ -106,3 +107,21 @@ def test_writes_of_partitions_held_now_share_requests_and_stand(
         status = other.status(envelope.key)
         assert status is not None and status.state is State.SUCCEEDED
     assert other.read(0, Cursor(bucket_of(now + 60_000, 60)), 10) == []
+
+
+def test_a_decision_sent_after_its_leases_end_is_refused_when_asked_not_stamped_at_the_fence(
+        stores: tuple[CassandraScheduleStore, CassandraScheduleStore]) -> None:
+    """A periodic occurrence fired from what was read: the next owner decided otherwise and
+    wrote nothing, so a write held at the fence would stay. Within refusing_late_writes it is
+    not sent; outside, the same write is sent and stays (what the firer no longer does)."""
+    paused, other = stores
+    now = int(time.time() * 1000)
+    refused, sent = (ScheduleEnvelope(TaskKey(o, now + 60_000, "u"), "proj.report") for o in "ab")
+    paused.fence_writes(lambda partition: time.time() - 20)  # its leases ended 20 s ago
+    with paused.refusing_late_writes(), pytest.raises(LeaseEndedError, match="partition 0 was not sent"):
+        paused.put(0, refused, now)
+    assert other.status(refused.key) is None
+    assert other.read(0, Cursor(bucket_of(now + 60_000, 60)), 10) == []
+    assert paused.put(0, sent, now) is not None  # held at the fence, and nothing wrote after it
+    status = other.status(sent.key)
+    assert status is not None and status.state is State.PENDING

@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
+from celery_scheduler.errors import LeaseEndedError
 from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.memory import MemoryScheduleStore
 
@@ -29,6 +32,27 @@ def test_timestamps_are_now_until_the_fence_then_held_there_in_order() -> None:
     stamps.fence = lambda partition: None
     with stamps.writing(0):
         assert stamps() == int(wall[0] * 1_000_000)  # no lease: now again
+
+
+def test_refusing_late_writes_raises_past_the_fence_on_this_thread_only() -> None:
+    wall = [time.time()]
+    stamps = FencedTimestamps()
+    stamps.wall = lambda: wall[0]
+    fence = wall[0] + 0.05
+    stamps.fence = {3: fence}.get
+    with stamps.refusing_late(), stamps.writing(3):
+        assert stamps() == int(wall[0] * 1_000_000)  # within the lease: sent, stamped now
+        wall[0] += 0.1
+        with pytest.raises(LeaseEndedError, match=r"partition 3 was not sent.*0\.050s after") as raised:
+            stamps()
+        seen: list[int] = []
+        other = threading.Thread(target=lambda: seen.append(stamps()))
+        other.start()
+        other.join()
+        assert seen  # another thread's writes are not refused
+    assert (raised.value.partition, raised.value.fence_seconds) == (3, fence)
+    with stamps.writing(3):
+        assert stamps() == int(fence * 1_000_000)  # outside the block: held at the fence
 
 
 def test_each_partition_is_held_at_its_own_fence() -> None:

@@ -4,6 +4,7 @@ stopped, and a store outage loses nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from celery_scheduler.periodic import key as periodic_key
 from celery_scheduler.periodic_changes import definition_of
 from celery_scheduler.periodic_entries import entry_of
 from celery_scheduler.store.base import EntryChange, State
+from celery_scheduler.store.fencing import FencedTimestamps
 from celery_scheduler.store.memory import MemoryScheduleStore
 from tests.unit.fakes import PARTITIONS, OutageStore
 
@@ -171,6 +173,65 @@ def test_a_decision_is_not_written_once_the_lease_is_lost_while_reading(
     store.losing = True
     assert fire.step() == (0 if checked else 1)
     assert (store.last_fired(HOME) == {"report": NINE + 2 * MINUTE}) is checked  # nor noted
+
+
+class LeaseEndsWhileWriting(MemoryScheduleStore):
+    """Stamps each write as the Cassandra store does (see fencing.py); once *ending*, the
+    lease of every partition ends right after the firer's second ask, before its write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ending = False
+        self.ended = False
+        self.stamps = FencedTimestamps()
+        self.stamps.fence = lambda partition: 0.0 if self.ended else None
+
+    def certain(self, partition: int) -> bool:
+        self.ended = self.ending  # paused right after the answer
+        return True
+
+    def refusing_late_writes(self) -> Any:
+        return self.stamps.refusing_late()
+
+    def _stamp(self, partition: int) -> None:
+        with self.stamps.writing(partition):
+            self.stamps()
+
+    def apply(self, operations: Any, now_ms: int) -> Any:
+        for operation in operations:
+            self._stamp(operation.partition)
+        return super().apply(operations, now_ms)
+
+    def note_fired(self, partition: int, fired: Any) -> None:
+        self._stamp(partition)
+        super().note_fired(partition, fired)
+
+
+@pytest.mark.parametrize("refused", [True, False])
+def test_a_decision_is_not_written_once_the_lease_ends_while_writing(
+        refused: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A pause after the second ask and before the write is sent: the write would be held
+    at the lease's end, and stay where the next owner decided otherwise and wrote nothing.
+    The broken variant (*refused* False) sends it, stamped at the fence."""
+    entry = entry_of("report", {"task": "proj.report", "schedule": 60, "overlap": "buffer_one"})
+    store, clock = LeaseEndsWhileWriting(), Clock(NINE + MINUTE)
+    if not refused:
+        monkeypatch.setattr(store, "refusing_late_writes", contextlib.nullcontext)
+    fire, _ = firer(store, clock, entry=entry, certain=store.certain)
+    assert fire.step() == 0  # 9:02 is a minute away
+    clock.ms = NINE + 2 * MINUTE
+    assert fire.step() == 1
+    previous = store.task(periodic_key(entry, NINE + 2 * MINUTE, lambda o: partition_for(o, PARTITIONS)))
+    assert previous is not None
+    store.mark_released_many([(previous, 1, NINE + 10 * MINUTE)], clock.ms)  # it started
+    clock.ms = NINE + 3 * MINUTE
+    store.ending = True
+    with caplog.at_level(logging.WARNING, logger="celery_scheduler.dispatcher.firer"):
+        assert fire.step() == (0 if refused else 1)
+    assert (pending_times(store) == []) is refused  # 9:02 released; 9:03 not written
+    assert (store.last_fired(HOME) == {"report": NINE + 2 * MINUTE}) is refused  # nor noted
+    said = [r.getMessage() for r in caplog.records]
+    assert any("did not fire" in m and "lease of the partition ended" in m for m in said) is refused
 
 
 def test_allow_all_occurrences_have_ordering_ids_of_their_own_in_the_entrys_partition() -> None:
