@@ -22,6 +22,7 @@ bounded whatever one ordering id holds.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from celery_scheduler.dispatcher.caught_up import CaughtUp
@@ -30,6 +31,9 @@ from celery_scheduler.store.records import Operation, Put
 from celery_scheduler.tasklog.base import Record
 
 __all__ = ["MOST_CARRIED_BATCHES", "Batch", "Carried", "Carrier", "Order", "held_from", "most_carrying"]
+
+# its lines are the ingest loop's
+logger = logging.getLogger("celery_scheduler.dispatcher.ingest")
 
 # Records carried at most, in batches (scheduler_ingest_batch_size each).
 MOST_CARRIED_BATCHES = 20
@@ -106,6 +110,7 @@ class Carrier:
         self.caught_up = caught_up
         self.records: list[Carried] = []
         self.paused: set[int] = set()
+        self.carrying = False  # whether the last batch carried any (said when it changes)
         self._holding: dict[int, dict[str, Order | None]] = {}  # what was shown held, by partition
 
     def take(self, partitions: Iterable[int] = ()) -> list[Carried]:
@@ -123,6 +128,11 @@ class Carrier:
         """Carry what *batch* carries to the next one, and show the engine the ordering ids it
         holds (before it is shown the partitions applied past them). The partitions to
         pause, as they carry too much, and to resume, as half as much is carried."""
+        if self.carrying != bool(batch.carried):
+            self.carrying = bool(batch.carried)
+            logger.info("%s", f"carrying {len(batch.carried)} records of hot ordering ids to later "
+                        f"batches ({batch.rounds.most} rounds a batch)" if batch.carried else
+                        "the records carried to later batches are all written")
         self.records = batch.carried
         if self.caught_up is not None:
             for partition in set(self._holding) | set(batch.holds):

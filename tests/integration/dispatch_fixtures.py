@@ -93,7 +93,10 @@ class Scheduler:
     def executions(self) -> list[dict[str, Any]]:
         if not self.execlog.exists():
             return []
-        return [json.loads(line) for line in self.execlog.read_text().splitlines() if line]
+        text = self.execlog.read_text()
+        # a line being written as it is read is not whole yet: read at the next look
+        lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
+        return [json.loads(line) for line in lines if line]
 
     def starts(self) -> list[dict[str, Any]]:
         return [e for e in self.executions() if e["event"] == "start"]

@@ -111,3 +111,27 @@ def test_a_batch_runs_on_time_in_order_per_ordering_id(scheduler: Scheduler, sch
         return [getattr(store.status(key), "state", None) for key in batch.keys]
 
     wait_until(lambda: all(state is State.SUCCEEDED for state in states()), 20, states)
+
+
+def test_a_hot_ordering_id_runs_in_order_and_does_not_hold_the_others_back(
+        scheduler: Scheduler, schedule: Any) -> None:
+    """150 tasks of one ordering id in one call: a batch reads them all, writes a few rounds
+    of them, and carries the rest to later batches (carrying.py); the other ordering ids'
+    tasks, read after them, run on time."""
+    dispatcher = scheduler.dispatcher()
+    scheduler.worker()
+    start = time.time() + 5
+    hot = [(dt.datetime.fromtimestamp(start + seq * 0.02, UTC), ("hot", seq),
+            {"duration": 0.0, "scheduled_for": start + seq * 0.02}) for seq in range(150)]
+    others = [(dt.datetime.fromtimestamp(start + 1, UTC), (f"other-{n}", 0),
+               {"duration": 0.0, "scheduled_for": start + 1}) for n in range(20)]
+    schedule.record.schedule_many(hot + others)
+
+    scheduler.wait_for_starts(170, timeout=90)
+    order = check_order_and_no_overlap(scheduler)
+    assert order["hot"] == list(range(150))
+    lateness = [s["t"] - s["scheduled_for"] for s in scheduler.starts()
+                if s["o"] != "hot"]
+    assert len(lateness) == 20 and max(lateness) < 1.5, lateness
+    scheduler.wait_for_log(dispatcher, "carrying ")  # the hot id's records were carried
+    scheduler.wait_for_log(dispatcher, "the records carried to later batches are all written")
