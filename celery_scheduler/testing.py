@@ -177,7 +177,7 @@ class SchedulerTesting:
     def _settle(self) -> None:
         """Ingest, release and run until nothing more happens at the current time."""
         for _ in range(MAX_ROUNDS):
-            while (self._reader.lag() or self._ingest.carrier.records) and self._ingest.poll_once(0):
+            while (self._reader.lag() or self._ingest.carrier) and self._ingest.poll_once(0):
                 pass
             if self._firer is not None:
                 self._firer.step()
@@ -187,7 +187,7 @@ class SchedulerTesting:
             for task, release in released:
                 self._run(task, release)
             if (not released and self.engine.events.empty() and not self._reader.lag()
-                    and not self._ingest.carrier.records):
+                    and not self._ingest.carrier):
                 return
         raise SchedulerError(f"tasks kept falling due at {self.now.isoformat()} for "
                              f"{MAX_ROUNDS} rounds: does a task schedule itself for now?")

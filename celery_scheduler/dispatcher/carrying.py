@@ -6,6 +6,8 @@ would make every batch that reads a thousand of them a thousand rounds long, and
 record of the batch, of any ordering id, would wait for them. So a batch stops at
 ``MOST_ROUNDS``: the records of an ordering id past its last round are carried, decoded and
 in the order read, to the next batch, which writes them before anything read after them.
+They wait in a queue per ordering id, so that a batch looks at no more of them than it
+writes: ten thousand carried cost a batch what a few rounds of them do.
 
 Nothing is committed past a carried record: a partition's committed offset stays at its first
 carried record until that record is written, and a restart or a new owner reads from there
@@ -22,15 +24,18 @@ bounded whatever one ordering id holds.
 
 from __future__ import annotations
 
+import collections
+import heapq
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, Rounds
 from celery_scheduler.store.records import Operation, Put
 from celery_scheduler.tasklog.base import Record
 
-__all__ = ["MOST_CARRIED_BATCHES", "Batch", "Carried", "Carrier", "Order", "held_from", "most_carrying"]
+__all__ = ["MOST_CARRIED_BATCHES", "Batch", "Carrier", "Order", "plain_order"]
 
 # its lines are the ingest loop's
 logger = logging.getLogger("celery_scheduler.dispatcher.ingest")
@@ -38,120 +43,201 @@ logger = logging.getLogger("celery_scheduler.dispatcher.ingest")
 # Records carried at most, in batches (scheduler_ingest_batch_size each).
 MOST_CARRIED_BATCHES = 20
 
-Carried = tuple[Record, Operation]
 # A task's place among its ordering id's: (scheduled time, uniqueness key).
 Order = tuple[int, str]
-NOT_HELD: Order = (2**63 - 1, "")
 
 
-def held_from(operation: Operation, before: Order | None) -> Order | None:
-    """From where a carried *operation* holds its ordering id back, given where the ones
-    carried before it do: a plain schedule call, only the tasks that come after its own
-    (it adds one before them); anything else, all of them (None): a cancel, a retry, a move,
-    or a task named by its own task id, which may move another key."""
-    if before is None or not isinstance(operation, Put) or "task_id" in operation.envelope.options:
+def plain_order(operation: Operation) -> Order | None:
+    """Where a carried *operation* starts holding its ordering id back: a plain schedule
+    call, at its own task (it adds one before those after it); anything else, at the start
+    (None): a cancel, a retry, a move, or a task named by its own task id, which may move
+    another key."""
+    if not isinstance(operation, Put) or "task_id" in operation.envelope.options:
         return None
     key = operation.envelope.key
-    return min(before, (key.scheduled_ms, key.uniqueness_key))
+    return (key.scheduled_ms, key.uniqueness_key)
+
+
+@dataclass(eq=False)
+class _Queue:
+    """One ordering id's carried records, in the order read."""
+
+    partition: int
+    items: collections.deque[tuple[int, Record, Operation]] = field(default_factory=collections.deque)
+    # the plain schedule calls' places, by when they were carried: a heap whose entries of
+    # records written since are dropped once they come to the top
+    plain: list[tuple[Order, int]] = field(default_factory=list)
+    blocking: int = 0  # the others carried (see plain_order)
+
+    def append(self, seq: int, record: Record, operation: Operation) -> None:
+        self.items.append((seq, record, operation))
+        order = plain_order(operation)
+        if order is None:
+            self.blocking += 1
+        else:
+            heapq.heappush(self.plain, (order, seq))
+
+    def pop_written(self, count: int) -> None:
+        for _ in range(count):
+            _, _, operation = self.items.popleft()
+            if plain_order(operation) is None:
+                self.blocking -= 1
+
+    def drop_last(self, count: int) -> None:
+        """The last *count* are read again (their batch failed): not carried."""
+        for _ in range(count):
+            self.items.pop()
+        self.blocking = sum(1 for _, _, op in self.items if plain_order(op) is None)
+        kept = {seq for seq, _, _ in self.items}
+        self.plain = [entry for entry in self.plain if entry[1] in kept]
+        heapq.heapify(self.plain)
+
+    def held_from(self) -> Order | None:
+        """From where the records carried hold the ordering id's tasks back (None: all)."""
+        if self.blocking:
+            return None
+        first = self.items[0][0]
+        while self.plain and self.plain[0][1] < first:  # written since
+            heapq.heappop(self.plain)
+        return self.plain[0][0]
+
+
+class Carrier:
+    """The records carried from one batch to the next, by ordering id; what has been shown
+    the engine held for them (through *caught_up*); and the partitions not read as they carry
+    too much. It does no I/O: the ingest loop pauses and resumes what it says."""
+
+    def __init__(self, caught_up: CaughtUp | None) -> None:
+        self.caught_up = caught_up
+        self.queues: dict[str, _Queue] = {}  # by ordering id, the first carried first
+        self.count = 0
+        self.paused: set[int] = set()
+        self.carrying = False  # whether anything is carried (said when it changes)
+        self._seq = 0
+        self._holding: dict[int, dict[str, Order | None]] = {}  # what was shown held, by partition
+
+    def __len__(self) -> int:
+        return self.count
+
+    def partitions(self) -> set[int]:
+        return {queue.partition for queue in self.queues.values()}
+
+    def append(self, ordering_id: str, record: Record, operation: Operation) -> None:
+        queue = self.queues.get(ordering_id)
+        if queue is None:
+            queue = self.queues[ordering_id] = _Queue(record.partition)
+        self._seq += 1
+        queue.append(self._seq, record, operation)
+        self.count += 1
+
+    def let_go(self, keep: Callable[[int], bool]) -> list[Record]:
+        """Let the records carried of partitions not to *keep* go (they are read again from
+        the committed offset, by this process or their new owner): the first of each
+        ordering id's, for the partition to be read again from."""
+        gone = [(oid, queue) for oid, queue in self.queues.items() if not keep(queue.partition)]
+        for ordering_id, queue in gone:
+            del self.queues[ordering_id]
+            self.count -= len(queue.items)
+        for partition in {queue.partition for _, queue in gone}:
+            self._holding.pop(partition, None)
+            self.paused.discard(partition)
+        return [queue.items[0][1] for _, queue in gone]
+
+    def first_offsets(self) -> dict[int, int]:
+        """Per partition carrying any, the offset of its first record carried."""
+        first: dict[int, int] = {}
+        for queue in self.queues.values():
+            offset = queue.items[0][1].offset
+            if offset < first.get(queue.partition, offset + 1):
+                first[queue.partition] = offset
+        return first
+
+    def written(self, batch: Batch, most: int) -> tuple[list[int], list[int]]:
+        """*batch* was written: what it took of the records carried is no longer carried,
+        and what it appended is. Shows the engine what the records carried hold back (before
+        it is shown the partitions applied past them). The partitions to pause, as they carry
+        too much, and to resume, as half as much is carried."""
+        for ordering_id, count in batch.taken.items():
+            queue = self.queues[ordering_id]
+            queue.pop_written(count)
+            self.count -= count
+            if not queue.items:
+                del self.queues[ordering_id]
+        if self.carrying != bool(self.queues):
+            self.carrying = bool(self.queues)
+            logger.info("%s", f"carrying {self.count} records of hot ordering ids to later "
+                        f"batches ({batch.rounds.most} rounds a batch)" if self.carrying else
+                        "the records carried to later batches are all written")
+        self._show_held()
+        resume: list[int] = []
+        if self.paused and self.count <= most // 2:
+            resume, self.paused = sorted(self.paused), set()
+        pause = [p for p in self._most_carrying(most) if p not in self.paused]
+        self.paused.update(pause)
+        return pause, resume
+
+    def failed(self, batch: Batch) -> None:
+        """*batch* failed: what it took stays carried, and what it read is read again."""
+        for ordering_id, count in batch.appended.items():
+            queue = self.queues[ordering_id]
+            queue.drop_last(count)
+            self.count -= count
+            if not queue.items:
+                del self.queues[ordering_id]
+
+    def _show_held(self) -> None:
+        if self.caught_up is None:
+            return
+        holds: dict[int, dict[str, Order | None]] = {}
+        for ordering_id, queue in self.queues.items():
+            holds.setdefault(queue.partition, {})[ordering_id] = queue.held_from()
+        for partition in set(self._holding) | set(holds):
+            held = holds.get(partition, {})
+            if held != self._holding.get(partition, {}):
+                self.caught_up.carrying(partition, held)
+        self._holding = holds
+
+    def _most_carrying(self, most: int) -> list[int]:
+        """The partitions to pause so that no more than *most* records are carried: those
+        that carry most first (one hot ordering id's, usually)."""
+        if self.count <= most:
+            return []
+        counts: dict[int, int] = collections.Counter()
+        for queue in self.queues.values():
+            counts[queue.partition] += len(queue.items)
+        paused, left = [], self.count
+        for partition, count in sorted(counts.items(), key=lambda item: -item[1]):
+            if left <= most:
+                break
+            paused.append(partition)
+            left -= count
+        return paused
 
 
 class Batch:
-    """One batch's operations in rounds, and the records it carries to the next."""
+    """One batch's operations in rounds: first what the records carried allow, each ordering
+    id's a few rounds, then those read; past the last round, carried on (see the module)."""
 
-    def __init__(self, most_rounds: int = MOST_ROUNDS) -> None:
+    def __init__(self, carrier: Carrier, most_rounds: int = MOST_ROUNDS) -> None:
+        self.carrier = carrier
         self.rounds = Rounds(most_rounds)
-        self.carried: list[Carried] = []
-        # per partition: what the records carried hold back (see held_from), and the first
-        # one's offset
-        self.holds: dict[int, dict[str, Order | None]] = {}
-        self.first_carried: dict[int, int] = {}
+        self.taken: dict[str, int] = {}  # per ordering id carried: how many of its first ones
+        self.appended: dict[str, int] = {}  # per ordering id: how many read now were carried
+        for ordering_id, queue in carrier.queues.items():
+            taken = 0
+            for _, _, operation in queue.items:
+                if not self.rounds.add(operation):
+                    break
+                taken += 1
+            self.taken[ordering_id] = taken
 
     def add(self, record: Record, operation: Operation) -> None:
         """Write *operation* (read as *record*) in this batch if a round has room for it,
         after every earlier one of its ordering id; else carry it."""
-        partition, ordering_id = record.partition, operation.key.ordering_id
-        holds = self.holds.get(partition)
-        if (holds is not None and ordering_id in holds) or not self.rounds.add(operation):
-            self.carried.append((record, operation))
-            holds = self.holds.setdefault(partition, {})
-            holds[ordering_id] = held_from(operation, holds.get(ordering_id, NOT_HELD))
-            self.first_carried.setdefault(partition, record.offset)
+        ordering_id = operation.key.ordering_id
+        if ordering_id in self.carrier.queues or not self.rounds.add(operation):
+            self.carrier.append(ordering_id, record, operation)
+            self.appended[ordering_id] = self.appended.get(ordering_id, 0) + 1
 
-    def written_to(self, partition: int, read_past: int) -> int:
-        """The offset below which every record of *partition* is written once this batch is:
-        its first carried record's, or *read_past*, the offset after the last one read."""
-        return self.first_carried.get(partition, read_past)
-
-
-def most_carrying(carried: list[Carried], most: int) -> list[int]:
-    """The partitions to pause so that the records carried are no more than *most*: those
-    that carry most first (one hot ordering id's, usually)."""
-    if len(carried) <= most:
-        return []
-    counts: dict[int, int] = {}
-    for record, _ in carried:
-        counts[record.partition] = counts.get(record.partition, 0) + 1
-    paused, left = [], len(carried)
-    for partition, count in sorted(counts.items(), key=lambda item: -item[1]):
-        if left <= most:
-            break
-        paused.append(partition)
-        left -= count
-    return paused
-
-
-class Carrier:
-    """What the ingest loop carries from one batch to the next, the ordering ids it has shown
-    the engine held for them (through *caught_up*), and the partitions it stopped reading as
-    they carried too much. It does no I/O: the ingest loop pauses and resumes what it says.
-    """
-
-    def __init__(self, caught_up: CaughtUp | None) -> None:
-        self.caught_up = caught_up
-        self.records: list[Carried] = []
-        self.paused: set[int] = set()
-        self.carrying = False  # whether the last batch carried any (said when it changes)
-        self._holding: dict[int, dict[str, Order | None]] = {}  # what was shown held, by partition
-
-    def take(self, partitions: Iterable[int] = ()) -> list[Carried]:
-        """The records carried, no longer kept here (put back with :meth:`keep` or
-        :meth:`put_back`), but those of *partitions*, let go (see :meth:`let_go`)."""
-        records, self.records = self.records, []
-        gone = set(partitions)
-        return [c for c in records if c[0].partition not in gone] if gone else records
-
-    def put_back(self, records: list[Carried]) -> None:
-        """A batch failed: what it was given to carry is carried still (and still held)."""
-        self.records = records
-
-    def keep(self, batch: Batch, most: int) -> tuple[list[int], list[int]]:
-        """Carry what *batch* carries to the next one, and show the engine the ordering ids it
-        holds (before it is shown the partitions applied past them). The partitions to
-        pause, as they carry too much, and to resume, as half as much is carried."""
-        if self.carrying != bool(batch.carried):
-            self.carrying = bool(batch.carried)
-            logger.info("%s", f"carrying {len(batch.carried)} records of hot ordering ids to later "
-                        f"batches ({batch.rounds.most} rounds a batch)" if batch.carried else
-                        "the records carried to later batches are all written")
-        self.records = batch.carried
-        if self.caught_up is not None:
-            for partition in set(self._holding) | set(batch.holds):
-                holds = batch.holds.get(partition, {})
-                if holds != self._holding.get(partition, {}):
-                    self.caught_up.carrying(partition, holds)
-            self._holding = batch.holds
-        resume: list[int] = []
-        if self.paused and len(self.records) <= most // 2:
-            resume, self.paused = sorted(self.paused), set()
-        pause = [p for p in most_carrying(self.records, most) if p not in self.paused]
-        self.paused.update(pause)
-        return pause, resume
-
-    def let_go(self, partitions: Iterable[int]) -> None:
-        """The records carried of *partitions* are read again from the committed offset (by
-        this process or their new owner): not kept, and not shown held any more."""
-        gone = set(partitions)
-        self.records = [c for c in self.records if c[0].partition not in gone]
-        for partition in gone:
-            self._holding.pop(partition, None)
-            self.paused.discard(partition)
+    def operations(self) -> Iterator[list[Operation]]:
+        yield from self.rounds.rounds

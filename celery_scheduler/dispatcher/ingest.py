@@ -138,7 +138,7 @@ class Ingest:
             self.caught_up.forget(partitions)
 
     def _let_go(self, partitions: list[int]) -> None:
-        self.carrier.let_go(partitions)
+        self.carrier.let_go(lambda partition: partition not in partitions)
         self._read_past = {p: o for p, o in self._read_past.items() if p not in partitions}
 
     def _resume_leased(self) -> None:
@@ -210,7 +210,7 @@ class Ingest:
         self.engine.ingest_alive()
         self._resume_leased()
         decoded: dict[tuple[int, int], Envelope] = {}
-        carrying = bool(self.carrier.records)  # then a batch is due now, whatever else comes
+        carrying = bool(self.carrier)  # then a batch is due now, whatever else comes
         try:
             messages = self.consumer.consume(self.batch_size, 0.0 if carrying else timeout)
             if messages and self.linger_seconds > 0 and not carrying:
@@ -218,18 +218,20 @@ class Ingest:
         except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
             return 0
-        # taken once polled: a partition revoked meanwhile has had its records let go
-        carried = self.carrier.take()
-        if not messages and not carried:
+        if not messages and not self.carrier:
             return 0
         ends: dict[int, int] = {}  # partitions read to their end, at that offset
-        first: dict[int, Record] = {}  # of the records read by this poll (not carried)
+        first: dict[int, Record] = {}  # of the records read by this poll
         last: dict[int, Record] = {}
         unleased: dict[int, Record] = {}
-        writable: dict[int, bool] = {}
-        batch = Batch(self.most_rounds)
-        # the records carried from the batch before come first: they were read before these
-        for record, operation in [*carried, *((message, None) for message in messages)]:
+        writable = {p: self.engine.may_persist(p) for p in self.carrier.partitions()}
+        carried = [p for p, ok in writable.items() if ok]  # partitions carrying records
+        # carried records of a partition not leased are read again with it, from the first
+        for head in sorted(dropped := self.carrier.let_go(writable.__getitem__),
+                           key=lambda r: r.offset):
+            unleased.setdefault(head.partition, head)
+        batch = Batch(self.carrier, self.most_rounds)  # what was carried comes first
+        for record in messages:
             if isinstance(record, PartitionEnd):
                 ends[record.partition] = record.offset
                 continue
@@ -238,63 +240,60 @@ class Ingest:
             if not writable[record.partition]:
                 unleased.setdefault(record.partition, record)
                 continue
-            if operation is None:
-                first.setdefault(record.partition, record)
-                self._read_past[record.partition] = record.offset + 1
+            first.setdefault(record.partition, record)
             last[record.partition] = record
-            if operation is None:
-                envelope = self._check(record, decoded.get((record.partition, record.offset)))
-                if envelope is None:
-                    continue
-                operation = operation_of(envelope, record.partition, record.value)
-            batch.add(record, operation)
+            self._read_past[record.partition] = record.offset + 1
+            envelope = self._check(record, decoded.get((record.partition, record.offset)))
+            if envelope is not None:
+                batch.add(record, operation_of(envelope, record.partition, record.value))
         self._hold_back(unleased)
-        self._dropped([record for record, _ in carried if record.partition in unleased])
+        self._dropped(dropped)
         try:
-            for round_ in batch.rounds.rounds:
+            for round_ in batch.operations():
                 self.apply(round_)
             self.dead_letters.flush()
-            done = {p: batch.written_to(p, self._read_past[p]) for p in last}
-            for partition in last:
-                self.written_to[partition] = done[partition]
+            self._carry(batch)
+            firsts = self.carrier.first_offsets()
+            done = {p: firsts.get(p, self._read_past[p]) for p in {*last, *carried}}
+            for partition, offset in done.items():
+                self.written_to[partition] = offset
                 self.applied_to[partition] = self._read_past[partition]
             for partition, offset in ends.items():
                 if partition not in unleased and partition in self.owned:
                     self.applied_to[partition] = offset
-            self._carry(batch)
             if done:
                 self.consumer.commit(done)
         except SchedulerError as exc:  # TaskLogError included
             # Nothing of this batch counts as done: read it again (the writes are idempotent),
-            # but what it carried, kept as it was (and still held from the engine).
+            # but what was carried, carried still (and still held from the engine).
             # Tried again every second while an outage lasts: said once, and its end.
             logger.log(logging.DEBUG if self._failing_since is not None else logging.WARNING,
                        "could not persist a batch (%s); it will be applied again, every 1s "
                        "until it is", exc)
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
+            self.carrier.failed(batch)
             for record in first.values():
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
                 with contextlib.suppress(TaskLogError):
                     self.consumer.seek(record.partition, record.offset)
                 self._read_past[record.partition] = record.offset
-            self.carrier.put_back([c for c in carried if c[0].partition not in unleased])
             time.sleep(1.0)
             return 0
         if self._failing_since is not None:
             logger.warning("batches persist again, after %.1fs of failures",
                            time.monotonic() - self._failing_since)
             self._failing_since = None
-        return len(messages) - len(ends) + len(carried)
+        return len(messages) - len(ends) + sum(batch.taken.values())
 
     def _carry(self, batch: Batch) -> None:
         """Carry what *batch* carries to the next one (carrying.py); pause the partitions
         that carry too much, and resume them once half as much is carried."""
-        pause, resume = self.carrier.keep(batch, MOST_CARRIED_BATCHES * self.batch_size)
+        pause, resume = self.carrier.written(batch, MOST_CARRIED_BATCHES * self.batch_size)
         if pause:
             logger.warning("%d records of a few ordering ids wait to be written, one of each "
                            "ordering id a round; not reading partition(s) %s until half of them "
-                           "are", len(self.carrier.records), pause)
+                           "are", len(self.carrier), pause)
         for change, partitions in ((self.consumer.resume, resume), (self.consumer.pause, pause)):
             if partitions:
                 with contextlib.suppress(TaskLogError):  # revoked meanwhile: its owner reads it

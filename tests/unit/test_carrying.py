@@ -20,7 +20,7 @@ from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, Rounds
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
-from celery_scheduler.store.base import Put, State
+from celery_scheduler.store.base import Cancel, Put, State
 from celery_scheduler.store.memory import MemoryScheduleStore
 from celery_scheduler.tasklog.memory import MemoryTaskLog
 from tests.unit.budget import examples
@@ -128,7 +128,7 @@ def test_a_carried_task_due_before_the_stored_ones_holds_them_back(
     broken variant (*held* False: a carried schedule call holds nothing back) releases a
     later task first."""
     if not held:
-        monkeypatch.setattr(carrying, "held_from", lambda operation, before: (2**63 - 1, ""))
+        monkeypatch.setattr(carrying._Queue, "held_from", lambda self: (2**63 - 1, ""))
     log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
     hot = [ScheduleEnvelope(TaskKey(HOT, NOW + 1_000 + 200 - n, f"u{n:04}"), "t")
            for n in range(3 * MOST_ROUNDS + 5)]  # the later read, the earlier due
@@ -182,7 +182,7 @@ def test_partitions_that_carry_too_much_are_paused_until_half_is_written(
     carried = []
     for _ in range(16):
         dispatcher.ingest.poll_once(0)
-        carried.append((len(dispatcher.ingest.carrier.records), partition in dispatcher.reader._paused))
+        carried.append((len(dispatcher.ingest.carrier), partition in dispatcher.reader._paused))
     assert max(count for count, _ in carried) <= 100 + 50
     assert any(paused for _, paused in carried)
     assert not carried[-1][1]  # read again once half was written
@@ -203,7 +203,7 @@ def test_a_partition_whose_lease_is_lost_lets_its_carried_records_go(monkeypatch
     assert caught_up.carried(partition, hot[-1].key)
     monkeypatch.setattr(dispatcher.engine, "may_persist", lambda p: p != partition)
     dispatcher.ingest.poll_once(0)
-    assert dispatcher.ingest.carrier.records == []
+    assert len(dispatcher.ingest.carrier) == 0
     assert not caught_up.carried(partition, hot[-1].key)
     assert caught_up.until(partition) is None  # shown again only once read again
     assert dispatcher.ingest.applied_to.get(partition, 0) <= MOST_ROUNDS
@@ -278,7 +278,7 @@ def test_carried_records_take_effect_in_order_and_nothing_is_committed_past_one_
         store.down, unleased = False, set()
         for _ in range(200):
             dispatcher.ingest.poll_once(0)
-            if not dispatcher.ingest.carrier.records and all(
+            if not dispatcher.ingest.carrier and all(
                     committed == len(of) for committed, of in zip(dispatcher.reader.committed,
                                                                    of_partition, strict=True)):
                 break
@@ -289,3 +289,17 @@ def test_carried_records_take_effect_in_order_and_nothing_is_committed_past_one_
                     if e.key.ordering_id == ordering_id]
         seen = [(type(op).__name__, op.key) for op in store.applied if op.key.ordering_id == ordering_id]
         assert list(dict.fromkeys(seen)) == list(dict.fromkeys(expected))
+
+
+def test_what_a_queue_holds_back_moves_on_as_its_first_records_are_written() -> None:
+    queue = carrying._Queue(0)
+    puts = [Put(0, envelope) for envelope in _hot(5)]
+    for seq, put in enumerate(puts):
+        queue.append(seq, None, put)  # type: ignore[arg-type]  # the record is not looked at
+    assert queue.held_from() == (NOW + 60_000, "u0000")
+    queue.pop_written(2)
+    assert queue.held_from() == (NOW + 60_000, "u0002")  # the written ones hold nothing back
+    queue.append(5, None, Cancel(0, puts[4].envelope.key))  # type: ignore[arg-type]
+    assert queue.held_from() is None  # a cancel carried holds the whole ordering id
+    queue.drop_last(1)  # read again: not carried
+    assert queue.held_from() == (NOW + 60_000, "u0002")
