@@ -158,11 +158,7 @@ class Carrier:
         it is shown the partitions applied past them). The partitions to pause, as they carry
         too much, and to resume, as half as much is carried."""
         for ordering_id, count in batch.taken.items():
-            queue = self.queues[ordering_id]
-            queue.pop_written(count)
-            self.count -= count
-            if not queue.items:
-                del self.queues[ordering_id]
+            self._shrink(ordering_id, count, _Queue.pop_written)
         if self.carrying != bool(self.queues):
             self.carrying = bool(self.queues)
             logger.info("%s", f"carrying {self.count} records of hot ordering ids to later "
@@ -179,11 +175,15 @@ class Carrier:
     def failed(self, batch: Batch) -> None:
         """*batch* failed: what it took stays carried, and what it read is read again."""
         for ordering_id, count in batch.appended.items():
-            queue = self.queues[ordering_id]
-            queue.drop_last(count)
-            self.count -= count
-            if not queue.items:
-                del self.queues[ordering_id]
+            self._shrink(ordering_id, count, _Queue.drop_last)
+
+    def _shrink(self, ordering_id: str, count: int, how: Callable[[_Queue, int], None]) -> None:
+        """Take *count* records off *ordering_id*'s queue, *how* says from which end."""
+        queue = self.queues[ordering_id]
+        how(queue, count)
+        self.count -= count
+        if not queue.items:
+            del self.queues[ordering_id]
 
     def _show_held(self) -> None:
         if self.caught_up is None:
