@@ -82,15 +82,20 @@ class _Queue:
             _, _, operation = self.items.popleft()
             if plain_order(operation) is None:
                 self.blocking -= 1
+        if len(self.plain) > 2 * len(self.items) + 16:  # written ones that never came to the top
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        kept = {seq for seq, _, _ in self.items}
+        self.plain = [entry for entry in self.plain if entry[1] in kept]
+        heapq.heapify(self.plain)
 
     def drop_last(self, count: int) -> None:
         """The last *count* are read again (their batch failed): not carried."""
         for _ in range(count):
             self.items.pop()
         self.blocking = sum(1 for _, _, op in self.items if plain_order(op) is None)
-        kept = {seq for seq, _, _ in self.items}
-        self.plain = [entry for entry in self.plain if entry[1] in kept]
-        heapq.heapify(self.plain)
+        self._rebuild()
 
     def held_from(self) -> Order | None:
         """From where the records carried hold the ordering id's tasks back (None: all)."""
@@ -140,7 +145,7 @@ class Carrier:
             self.count -= len(queue.items)
         for partition in {queue.partition for _, queue in gone}:
             self._holding.pop(partition, None)
-            self.paused.discard(partition)
+        self.paused = {partition for partition in self.paused if keep(partition)}
         return [queue.items[0][1] for _, queue in gone]
 
     def first_offsets(self) -> dict[int, int]:
@@ -164,11 +169,13 @@ class Carrier:
             logger.info("%s", f"carrying {self.count} records of hot ordering ids to later "
                         f"batches ({batch.rounds.most} rounds a batch)" if self.carrying else
                         "the records carried to later batches are all written")
-        self._show_held()
-        resume: list[int] = []
-        if self.paused and self.count <= most // 2:
-            resume, self.paused = sorted(self.paused), set()
-        pause = [p for p in self._most_carrying(most) if p not in self.paused]
+        self.show_held()
+        counts = self._counts()
+        # a partition paused is read again once it carries its share of half the most
+        resume = sorted(p for p in self.paused
+                        if counts.get(p, 0) <= most // 2 // len(self.paused))
+        self.paused.difference_update(resume)
+        pause = [p for p in self._most_carrying(counts, most) if p not in self.paused]
         self.paused.update(pause)
         return pause, resume
 
@@ -185,26 +192,31 @@ class Carrier:
         if not queue.items:
             del self.queues[ordering_id]
 
-    def _show_held(self) -> None:
+    def show_held(self) -> None:
+        """Show the engine what the records carried hold back (see the module)."""
         if self.caught_up is None:
             return
         holds: dict[int, dict[str, Order | None]] = {}
         for ordering_id, queue in self.queues.items():
             holds.setdefault(queue.partition, {})[ordering_id] = queue.held_from()
+        # every batch, changed or not: the other ingest loop (kept.py) may have made the
+        # engine forget what was shown of a partition
         for partition in set(self._holding) | set(holds):
-            held = holds.get(partition, {})
-            if held != self._holding.get(partition, {}):
-                self.caught_up.carrying(partition, held)
+            self.caught_up.carrying(partition, holds.get(partition, {}))
         self._holding = holds
 
-    def _most_carrying(self, most: int) -> list[int]:
+    def _counts(self) -> dict[int, int]:
+        """Records carried, by partition."""
+        counts: dict[int, int] = collections.Counter()
+        for queue in self.queues.values():
+            counts[queue.partition] += len(queue.items)
+        return counts
+
+    def _most_carrying(self, counts: dict[int, int], most: int) -> list[int]:
         """The partitions to pause so that no more than *most* records are carried: those
         that carry most first (one hot ordering id's, usually)."""
         if self.count <= most:
             return []
-        counts: dict[int, int] = collections.Counter()
-        for queue in self.queues.values():
-            counts[queue.partition] += len(queue.items)
         paused, left = [], self.count
         for partition, count in sorted(counts.items(), key=lambda item: -item[1]):
             if left <= most:

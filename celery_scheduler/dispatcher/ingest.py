@@ -43,18 +43,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from celery_scheduler.clock import Clock, now_ms
-from celery_scheduler.decoding import decode
 from celery_scheduler.dispatcher.admission import Admission, Refused
 from celery_scheduler.dispatcher.carrying import MOST_CARRIED_BATCHES, Batch, Carrier
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine
+from celery_scheduler.dispatcher.lingering import cannot_hold_back, earliest_due
 from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, operation_of
 from celery_scheduler.dispatcher.writing import Writer
 from celery_scheduler.envelope import (
     Envelope,
-    ScheduleEnvelope,
 )
-from celery_scheduler.errors import EnvelopeDecodeError, SchedulerError, TaskLogError
+from celery_scheduler.errors import SchedulerError, TaskLogError
 from celery_scheduler.signing import Signer
 from celery_scheduler.store.base import (
     Operation,
@@ -72,15 +71,6 @@ logger = logging.getLogger(__name__)
 URGENT_SECONDS = 2.0
 # How long a batch waits for records while the engine waits for its ingest to catch up.
 HURRIED_SECONDS = 0.02
-
-
-def cannot_hold_back(envelope: Envelope | None, after_ms: int) -> bool:
-    """Whether *envelope*, read but not yet applied, can change no release of a task due at
-    or before *after_ms*: a plain schedule call due later (not a cancel, a retry, a move, or
-    a task named by its own task id, which may move another key). It adds a task after those
-    of its ordering id due by then, applied or not."""
-    return (isinstance(envelope, ScheduleEnvelope) and "task_id" not in envelope.options
-            and envelope.key.scheduled_ms > after_ms)
 
 
 class Ingest:
@@ -261,8 +251,7 @@ class Ingest:
             for partition, offset in ends.items():
                 if partition not in unleased and partition in self.owned:
                     self.applied_to[partition] = offset
-            if done:
-                self.consumer.commit(done)
+            self._commit(done)
         except SchedulerError as exc:  # TaskLogError included
             # Nothing of this batch counts as done: read it again (the writes are idempotent),
             # but what was carried, carried still (and still held from the engine).
@@ -273,6 +262,7 @@ class Ingest:
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
             self.carrier.failed(batch)
+            self.carrier.show_held()  # still held, even if the engine forgot it meanwhile
             for record in first.values():
                 # a partition revoked meanwhile cannot be sought; its new owner reads it
                 with contextlib.suppress(TaskLogError):
@@ -285,6 +275,16 @@ class Ingest:
                            time.monotonic() - self._failing_since)
             self._failing_since = None
         return len(messages) - len(ends) + sum(batch.taken.values())
+
+    def _commit(self, offsets: dict[int, int]) -> None:
+        """Commit *offsets*: the batch is written whatever the answer, and a commit lost only
+        means its records are read and written again."""
+        try:
+            if offsets:
+                self.consumer.commit(offsets)
+        except TaskLogError as exc:
+            logger.warning("could not commit offsets %s (%s); a restart reads those records "
+                           "again", offsets, exc)
 
     def _carry(self, batch: Batch) -> None:
         """Carry what *batch* carries to the next one (carrying.py); pause the partitions
@@ -317,7 +317,7 @@ class Ingest:
         offset), for ``_check``: it still checks every record before it is written.
         """
         until = time.monotonic() + self.linger_seconds
-        earliest = self._earliest_due(messages, decoded)
+        earliest = earliest_due(messages, decoded)
         while len(messages) < self.batch_size:
             left = min(until - time.monotonic(), (earliest - self.clock()) / 1000 - URGENT_SECONDS)
             if left <= 0:
@@ -335,7 +335,7 @@ class Ingest:
                 logger.warning("Kafka poll failed: %s", exc)
                 break
             messages += more
-            earliest = min(earliest, self._earliest_due(more, decoded))
+            earliest = min(earliest, earliest_due(more, decoded))
         return messages
 
     def _show_held(self, messages: list[Read], decoded: dict[tuple[int, int], Envelope]) -> bool:
@@ -360,24 +360,6 @@ class Ingest:
                     and self.engine.may_persist(partition)):
                 self.caught_up.applied(partition, offset)
         return not held_back
-
-    @staticmethod
-    def _earliest_due(messages: list[Read], decoded: dict[tuple[int, int], Envelope]) -> int:
-        """The earliest scheduled time (ms) of *messages*; 0 if one has none (a cancel, say)."""
-        earliest = 2**63 - 1
-        for message in messages:
-            if isinstance(message, PartitionEnd) or message.value is None:
-                continue
-            try:
-                envelope = decode(message.value)
-            except EnvelopeDecodeError:
-                return 0  # dead-lettered once checked: no reason to wait
-            decoded[(message.partition, message.offset)] = envelope
-            # a cancel, a retry or a move is written at once: a cancel must beat its task's release
-            if not isinstance(envelope, ScheduleEnvelope):
-                return 0
-            earliest = min(earliest, envelope.key.scheduled_ms)
-        return earliest
 
     def _check(self, record: Record, envelope: Envelope | None = None) -> Envelope | None:
         """*record*'s envelope, or None once it is dead-lettered (see admission.py)."""

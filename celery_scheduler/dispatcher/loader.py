@@ -75,8 +75,10 @@ class PartitionLoader:
         self.horizon: int | None = None  # the bucket the last fill read up to
         self.refresh_ms = SAFETY_REFRESH_MS
         self.most_per_id = MOST_LOADED_PER_ID
-        # hot ordering ids: where the first of their rows passed over lies (see the module)
+        # hot ordering ids: where the first of their rows passed over lies in the store, and
+        # the earliest of them in the order they run (see the module)
         self.hot: dict[str, Cursor] = {}
+        self.hot_from: dict[str, tuple[int, str]] = {}
         self.last_top_up_ms = 0
 
     def _horizon(self, now_ms: int) -> int:
@@ -95,23 +97,30 @@ class PartitionLoader:
 
     def _passes_over(self, row: StoredTask, timetable: Timetable) -> bool:
         """Whether *row*, not loaded, is left in the store as one of a hot ordering id (see
-        the module): it lies after the first row of it passed over, or would load one of it
+        the module): it comes after the earliest of it passed over, or would load one of it
         too many and comes after every one loaded. One that comes before a loaded one takes
-        the place of the last (left in the store in its turn)."""
+        the place of the last (left in the store in its turn). "Comes after" is in the order
+        its tasks run (time, then uniqueness key); where to read them again from is the
+        least position in the store of those passed over."""
         ordering_id = row.envelope.key.ordering_id
+        order = (row.envelope.key.scheduled_ms, row.envelope.key.uniqueness_key)
         first = self.hot.get(ordering_id)
-        if first is not None and row.position >= first:
+        if first is not None and order >= self.hot_from[ordering_id]:
+            self.hot[ordering_id] = min(first, row.position)
             return True
         if timetable.loaded_of(ordering_id) < self.most_per_id:
             return False
         last = timetable.last_of(ordering_id)
-        if last is not None and row.position < last.stored.position:
+        evicted = last is not None and last.order > order
+        if evicted:
+            assert last is not None
             timetable.remove(last.key)
-            passed = last.stored.position
+            passed, position = last.order, last.stored.position
         else:
-            passed = row.position
-        self.hot[ordering_id] = passed if first is None else min(first, passed)
-        return passed == row.position
+            passed, position = order, row.position
+        self.hot[ordering_id] = position if first is None else min(first, position)
+        self.hot_from[ordering_id] = passed if first is None else min(self.hot_from[ordering_id], passed)
+        return not evicted
 
     def written_ahead(self, row: StoredTask, room: bool) -> bool:
         """*row* was just written ahead of the cursor: whether to put it straight into memory.
@@ -202,20 +211,23 @@ class PartitionLoader:
         added = 0
         position, inclusive = first, True
         del self.hot[ordering_id]  # hot again if it passes a row over again
+        del self.hot_from[ordering_id]
         try:
             while self.cursor is not None and position < self.cursor:
                 rows = self.store.read(self.partition, position, self.page_size, inclusive)
                 for row in rows:
                     if not self.passed(row.position):
                         return added  # the fill's own, from here
-                    if row.envelope.key.ordering_id != ordering_id or row.key in timetable:
-                        continue
-                    if self._passes_over(row, timetable):
-                        return added  # hot again, from there
-                    if timetable.add(loaded_from(row)):
-                        added += 1
+                    if row.envelope.key.ordering_id == ordering_id and row.key not in timetable:
+                        if timetable.count(self.partition) >= self.max_loaded:
+                            self._pass_from(ordering_id, row.position, timetable)
+                            return added  # no room: read from here once there is
+                        if self._passes_over(row, timetable):
+                            return added  # hot again, from there
+                        if timetable.add(loaded_from(row)):
+                            added += 1
+                    position, inclusive = row.position, False
                 if len(rows) == self.page_size:
-                    position, inclusive = rows[-1].position, False
                     continue
                 following = self.store.buckets(self.partition, position.bucket + 1,
                                                self.cursor.bucket, limit=1)
@@ -225,8 +237,15 @@ class PartitionLoader:
             return added
         except BaseException:
             if ordering_id not in self.hot:  # cut short (a store error): read again from here
-                self.hot[ordering_id] = position
+                self._pass_from(ordering_id, position, timetable)
             raise
+
+    def _pass_from(self, ordering_id: str, position: Cursor, timetable: Timetable) -> None:
+        """*ordering_id* is hot again: read again from *position*; a row of it written from
+        now on that comes after every one loaded is passed over."""
+        self.hot[ordering_id] = position
+        last = timetable.last_order(ordering_id)
+        self.hot_from[ordering_id] = (last[0], last[1] + "\0") if last is not None else (-1, "")
 
     def _read_on(self, timetable: Timetable, now_ms: int) -> int:
         horizon = self._horizon(now_ms)
@@ -237,20 +256,28 @@ class PartitionLoader:
                 self._filled(now_ms, horizon)
                 return 0
             self.cursor, self.inclusive = Cursor(first[0]), False
+        passing = False  # rows of a hot ordering id passed over: they take no room
         while timetable.count(self.partition) < self.max_loaded:
-            room = self.max_loaded - timetable.count(self.partition)
-            rows = self.store.read(self.partition, self.cursor, min(self.page_size, room),
-                                   self.inclusive)
+            # as many as there is room for, or a page once rows are passed over
+            size = self.page_size if passing else min(self.page_size,
+                                                      self.max_loaded - timetable.count(self.partition))
+            rows = self.store.read(self.partition, self.cursor, size, self.inclusive)
             for row in rows:
-                if (row.key not in timetable and not self._passes_over(row, timetable)
-                        and timetable.add(loaded_from(row))):
-                    added += 1
-            if rows:
-                self.cursor, self.inclusive = rows[-1].position, False
-                if len(rows) == min(self.page_size, room):
+                if row.key not in timetable:
+                    if self._passes_over(row, timetable):
+                        passing = True
+                    elif timetable.count(self.partition) >= self.max_loaded:
+                        break  # no room: read from here once there is
+                    elif timetable.add(loaded_from(row)):
+                        added += 1
+                self.cursor, self.inclusive = row.position, False
+            else:
+                if len(rows) == size:
                     continue  # maybe more in this bucket
-            if not self._next_bucket(horizon, now_ms, emptied=not rows):
-                break
+                if not self._next_bucket(horizon, now_ms, emptied=not rows):
+                    break
+                continue
+            break
         self.full = timetable.count(self.partition) >= self.max_loaded
         self._filled(now_ms, horizon)
         return added

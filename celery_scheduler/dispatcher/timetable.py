@@ -144,6 +144,11 @@ class Timetable:
         queue = self._queues.get(ordering_id)
         return len(queue.tasks) if queue is not None else 0
 
+    def last_order(self, ordering_id: str) -> tuple[int, str] | None:
+        """The place of the loaded task of *ordering_id* that comes last (in flight or not)."""
+        queue = self._queues.get(ordering_id)
+        return queue.tasks[-1][0] if queue is not None and queue.tasks else None
+
     def last_of(self, ordering_id: str) -> Loaded | None:
         """The loaded task of *ordering_id* that comes last, if it is not in flight."""
         queue = self._queues.get(ordering_id)

@@ -18,6 +18,7 @@ from celery_scheduler.dispatcher import carrying
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, Rounds
 from celery_scheduler.envelope import CancelEnvelope, ScheduleEnvelope, encode
+from celery_scheduler.errors import TaskLogUnavailableError
 from celery_scheduler.keys import TaskKey
 from celery_scheduler.partitioner import partition_for
 from celery_scheduler.store.base import Cancel, Put, State
@@ -303,3 +304,75 @@ def test_what_a_queue_holds_back_moves_on_as_its_first_records_are_written() -> 
     assert queue.held_from() is None  # a cancel carried holds the whole ordering id
     queue.drop_last(1)  # read again: not carried
     assert queue.held_from() == (NOW + 60_000, "u0002")
+
+
+def test_a_commit_that_raises_leaves_the_batch_written_and_what_it_carries_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch was written and carried on, then its commit raised: a commit lost only
+    means records read again. Treated as a failed batch, its carried records were let go
+    while the partition stayed shown applied past them, and a task whose cancel was among
+    them was released."""
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    key = TaskKey(HOT, NOW + 1_000, "k")
+    later = [ScheduleEnvelope(TaskKey(HOT, NOW + 60_000, f"u{n:03}"), "t") for n in range(2 * MOST_ROUNDS)]
+    _publish(log, ScheduleEnvelope(key, "t"), *later, CancelEnvelope(key))
+    dispatcher = Dispatcher(log, store, clock)
+    commit = dispatcher.reader.commit
+    failing = [True]
+
+    def commit_once_failing(offsets: Any) -> None:
+        if failing.pop() if failing else False:
+            raise TaskLogUnavailableError("could not commit offsets: the coordinator is away")
+        commit(offsets)
+
+    monkeypatch.setattr(dispatcher.reader, "commit", commit_once_failing)
+    dispatcher.ingest.poll_once(0)  # the task and 31 more written, the rest carried; commit raises
+    assert len(dispatcher.ingest.carrier) == MOST_ROUNDS + 2
+    clock.ms = NOW + 1_000
+    for _ in range(3):
+        dispatcher.engine.step()
+        dispatcher.ingest.poll_once(0)
+        clock.ms += 100
+    dispatcher.engine.step()
+    assert key not in dispatcher.released
+    status = store.status(key)
+    assert status is not None and status.state is State.CANCELLED
+
+
+def test_memory_stays_bounded_when_a_paused_partition_is_taken_away_and_given_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("celery_scheduler.dispatcher.ingest.MOST_CARRIED_BATCHES", 2)
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.batch_size = 50  # at most 100 carried, and a batch more
+    partition = partition_for(HOT, PARTITIONS)
+    _publish(log, *_hot(1000))
+    for _ in range(20):
+        dispatcher.ingest.poll_once(0)
+        if partition in dispatcher.ingest.carrier.paused:
+            break
+    assert partition in dispatcher.ingest.carrier.paused
+    dispatcher.ingest.revoked([partition])  # a rebalance takes it away and gives it back
+    dispatcher.reader.revoke([partition])
+    dispatcher.reader.assign([partition])
+    dispatcher.ingest.assigned([partition])
+    assert partition not in dispatcher.ingest.carrier.paused
+    _publish(log, *[ScheduleEnvelope(TaskKey(HOT, NOW + 90_000, f"v{n:04}"), "t") for n in range(2000)])
+    most = 0
+    for _ in range(60):
+        dispatcher.ingest.poll_once(0)
+        most = max(most, len(dispatcher.ingest.carrier))
+    assert most <= 100 + 50
+
+
+def test_a_queue_keeps_no_more_places_than_it_has_records_and_a_little() -> None:
+    queue = carrying._Queue(0)
+    seq = 0
+    for round_ in range(300):  # one eta, uniqueness keys in no order: nothing comes to the top
+        for _ in range(32 if round_ else 1_000):
+            seq += 1
+            envelope = ScheduleEnvelope(TaskKey(HOT, NOW, f"{(seq * 7919) % 100_003:06}"), "t")
+            queue.append(seq, None, Put(0, envelope))  # type: ignore[arg-type]
+        queue.pop_written(32)
+        queue.held_from()
+    assert len(queue.plain) <= 2 * len(queue.items) + 16

@@ -63,23 +63,29 @@ class FailingConsumer(Consumer):
         super().seek(partition)
 
 
-def test_ingest_reads_a_batch_again_when_its_commit_fails() -> None:
-    tasks = [ScheduleEnvelope(TaskKey("a", at, "u"), "proj.remind", [1]) for at in (10, 20)]
+def test_a_commit_that_fails_leaves_the_batch_written_and_the_next_commit_covers_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A commit lost only means records read again after a restart: the batch was written,
+    and what it carried to the next batch (carrying.py) stays carried and held."""
+    tasks = [ScheduleEnvelope(TaskKey("a", at, "u"), "proj.remind", [1]) for at in (10, 20, 30)]
     records = [Message("a", offset, encode(t)) for offset, t in enumerate(tasks)]
-    consumer = FailingConsumer(list(records))
+    consumer = FailingConsumer(list(records[:2]))
     store = MemoryScheduleStore()
     ingest = Ingest(KafkaTaskLogReader("t", lambda: consumer), store, leased_engine(store, range(PARTITIONS)),  # type: ignore[arg-type]
                     DeadLetters(FakeProducer(), "t.deadletter"), lambda: PARTITIONS,  # type: ignore[arg-type]
                     clock=lambda: NOW)
 
-    assert ingest.poll_once() == 0  # the commit failed: the batch does not count as done
-    assert consumer.committed == [] and consumer.sought == []  # the seek failed as well
+    with caplog.at_level(logging.WARNING, logger="celery_scheduler.dispatcher.ingest"):
+        assert ingest.poll_once() == 2  # written, though the commit failed
+    assert consumer.committed == [] and consumer.sought == []
+    assert any("could not commit offsets" in r.getMessage() for r in caplog.records)
+    assert all(store.status(t.key) is not None for t in tasks[:2])
 
     consumer.failing = False
-    consumer.messages = list(records)  # what the next owner, or this one, reads again
-    assert ingest.poll_once() == 2
-    assert [tp.offset for tp in consumer.committed[0]] == [2]
-    assert all(store.status(t.key) is not None for t in tasks)
+    consumer.messages = [records[2]]
+    assert ingest.poll_once() == 1
+    assert [tp.offset for tp in consumer.committed[0]] == [3]  # past both batches
+    assert store.status(tasks[2].key) is not None
 
 
 class Read(Consumer):
