@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from celery_scheduler.dispatcher.caught_up import CaughtUp
+from celery_scheduler.dispatcher.lingering import plain_call
 from celery_scheduler.dispatcher.rounds import MOST_ROUNDS, Rounds
 from celery_scheduler.store.records import Operation, Put
 from celery_scheduler.tasklog.base import Record
@@ -50,9 +51,8 @@ Order = tuple[int, str]
 def plain_order(operation: Operation) -> Order | None:
     """Where a carried *operation* starts holding its ordering id back: a plain schedule
     call, at its own task (it adds one before those after it); anything else, at the start
-    (None): a cancel, a retry, a move, or a task named by its own task id, which may move
-    another key."""
-    if not isinstance(operation, Put) or "task_id" in operation.envelope.options:
+    (None): anything but a plain call (lingering.py)."""
+    if not isinstance(operation, Put) or not plain_call(operation.envelope):
         return None
     key = operation.envelope.key
     return (key.scheduled_ms, key.uniqueness_key)

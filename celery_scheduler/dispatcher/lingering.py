@@ -3,21 +3,28 @@ functions of the envelopes read."""
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from celery_scheduler.decoding import decode
 from celery_scheduler.envelope import Envelope, ScheduleEnvelope
 from celery_scheduler.errors import EnvelopeDecodeError
 from celery_scheduler.tasklog.base import PartitionEnd, Read
 
-__all__ = ["cannot_hold_back", "earliest_due"]
+__all__ = ["cannot_hold_back", "earliest_due", "plain_call"]
+
+
+def plain_call(envelope: Envelope | None) -> TypeGuard[ScheduleEnvelope]:
+    """Whether *envelope* is a plain schedule call: it adds one task and changes no other
+    (not a cancel, a retry, a move, or a task named by its own task id, which may move
+    another key)."""
+    return isinstance(envelope, ScheduleEnvelope) and "task_id" not in envelope.options
 
 
 def cannot_hold_back(envelope: Envelope | None, after_ms: int) -> bool:
     """Whether *envelope*, read but not yet applied, can change no release of a task due at
-    or before *after_ms*: a plain schedule call due later (not a cancel, a retry, a move, or
-    a task named by its own task id, which may move another key). It adds a task after those
-    of its ordering id due by then, applied or not."""
-    return (isinstance(envelope, ScheduleEnvelope) and "task_id" not in envelope.options
-            and envelope.key.scheduled_ms > after_ms)
+    or before *after_ms*: a plain schedule call due later. It adds a task after those of its
+    ordering id due by then, applied or not."""
+    return plain_call(envelope) and envelope.key.scheduled_ms > after_ms
 
 
 def earliest_due(messages: list[Read], decoded: dict[tuple[int, int], Envelope]) -> int:
