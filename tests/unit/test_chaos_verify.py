@@ -11,6 +11,7 @@ import pytest
 
 from tests.chaos.harness import Fault, OperatorPause, Options, PeriodicEntry, RunFacts, Task
 from tests.chaos.verify import (
+    HOT_BURSTS,
     Verdict,
     _judge_allow_all,
     allow_all_ordering_id,
@@ -426,6 +427,22 @@ def test_a_key_held_by_a_pause_is_kept_out_of_the_lateness_figures() -> None:
     assert verdict.counts["held_by_pauses"] == 1
     assert verdict.lateness["held by operators' pauses"]["max"] == pytest.approx(18.01, abs=1e-3)
     assert verdict.lateness["overall"]["n"] == 1  # b's only
+
+
+def test_a_hot_bursts_keys_are_kept_out_of_the_lateness_figures_but_still_judged() -> None:
+    # h's three keys run one at a time, the last 2 s late; b is on time
+    tasks = [task("h", seq, 20 + seq * 0.05, burst=True) for seq in range(3)] + [task("b", 0, 25)]
+    runs = (run("h", 0, 20.01, 21) + run("h", 1, 21.01, 22) + run("h", 2, 22.1, 22.2)
+            + run("b", 0, 25.001, 25.1))
+    verdict = verify(facts(tasks, runs))
+    assert verdict.ok, violations(verdict)
+    assert verdict.lateness[HOT_BURSTS]["n"] == 3
+    assert verdict.lateness[HOT_BURSTS]["max"] == pytest.approx(2.0, abs=1e-3)
+    assert verdict.lateness["overall"]["n"] == 1 and verdict.lateness["quiet"]["max"] < 0.01
+    # ... and out of order they still fail
+    swapped = verify(facts(tasks, run("h", 0, 20.01, 21) + run("h", 2, 21.01, 22)
+                           + run("h", 1, 22.1, 22.2) + run("b", 0, 25.001, 25.1)))
+    assert violations(swapped) == {"order_violations": 1}
 
 
 def moved(seq: int = 0, at: float = 20.0, to: float = 15.0, **fields: Any) -> Task:
