@@ -9,6 +9,7 @@ the load, fall due together at its start.
 
 from __future__ import annotations
 
+import math
 import time
 
 from benchmarks.context import Context, utc
@@ -21,10 +22,36 @@ __all__ = ["run"]
 
 HOT_ID = "hot"
 HOT_FIRST_SEQ = 70_000_000  # clear of the load's seqs (lateness.measure counts only those)
+FIRST_SECONDS = 5.0  # the window after the hot id falls due that its tail is looked at in
 
 
 def _hot_order(seqs_in_start_order: list[int]) -> bool:
     return seqs_in_start_order == sorted(seqs_in_start_order)
+
+
+def _where(section: Section, alone: list[Outcome], beside: list[Outcome],
+           hot_due: list[float]) -> None:
+    """Rows that say where the other ids' tail comes from: when it falls (while the hot id's
+    tasks are first loaded, or later), which part it is spent in (the dispatcher, or the broker
+    and the workers), and how busy the machine was."""
+    def p99(values: list[float]) -> float:
+        return percentile(values, 99) * 1000 if values else math.nan
+
+    early = [[x for x, at in zip(o.lateness, o.due, strict=True) if at < due + FIRST_SECONDS]
+             for o, due in zip(beside, hot_due, strict=True)]
+    later = [[x for x, at in zip(o.lateness, o.due, strict=True) if at >= due + FIRST_SECONDS]
+             for o, due in zip(beside, hot_due, strict=True)]
+    section.add(f"other ids' lateness p99 with the hot id, tasks due in its first {FIRST_SECONDS:g} s",
+                Figure.of([p99(x) for x in early], "ms", 1))
+    section.add("... tasks due after those", Figure.of([p99(x) for x in later], "ms", 1))
+    for name, outcomes in (("no hot id", alone), ("with it", beside)):
+        section.add(f"other ids' due to published by the dispatcher p99, {name}",
+                    Figure.of([p99(o.to_release) for o in outcomes], "ms", 1))
+        section.add(f"other ids' published to started p99, {name}",
+                    Figure.of([p99(o.after_release) for o in outcomes], "ms", 1))
+        if all(o.cpu is not None for o in outcomes):
+            section.add(f"machine busy over the run (both cores), {name}",
+                        Figure.of([o.cpu.busy for o in outcomes if o.cpu is not None], "%", 1))
 
 
 def run(ctx: Context) -> list[Section]:
@@ -36,6 +63,7 @@ def run(ctx: Context) -> list[Section]:
     alone: list[Outcome] = []
     beside: list[Outcome] = []
     hot_started: list[int] = []
+    hot_due: list[float] = []
     from benchmarks import app  # the stack's client is set on it
 
     with systems(ctx, "celery_scheduler") as (s, publish, flush):
@@ -45,6 +73,7 @@ def run(ctx: Context) -> list[Section]:
         for k in range(runs):
             first = HOT_FIRST_SEQ + k * hot_tasks
             due = time.time() + load.lead + 1.0  # when the load's first tasks fall due
+            hot_due.append(due)
             app.record.schedule_many(  # type: ignore[attr-defined]  # the scheduled task
                 [(utc(due), (f"{HOT_ID}{k}", first + i, due)) for i in range(hot_tasks)])
             beside.append(measure(s, publish, flush, load, (k + 40) * 10_000_000))
@@ -70,6 +99,7 @@ def run(ctx: Context) -> list[Section]:
     section.add("other ids' lateness p50, no hot id / with it", Figure.of(
         [ratio(percentile(b.lateness, 50), percentile(a.lateness, 50))
          for a, b in zip(alone, beside, strict=True)], "x", 1))
+    _where(section, alone, beside, hot_due)
     log(f"3h: p99 {p99_alone} alone, {p99_beside} beside {hot_tasks} hot tasks")
     section.method = [
         f"the load of 3b ({load.rate:g} due tasks/s over 1,000 ordering ids for {load.duration:g} "

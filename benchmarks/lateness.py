@@ -80,6 +80,8 @@ class Outcome:
     # first start of each task due a second or more after the load generator had published
     # (and flushed) everything: nothing is being scheduled or ingested meanwhile
     quiet: list[float] = field(default_factory=list)
+    # the due time of each task of *lateness*, in the same order
+    due: list[float] = field(default_factory=list)
 
     @property
     def on_time(self) -> float:
@@ -230,7 +232,8 @@ def measure(s: Stack, publish: Publish, flush: Callable[[], None], load: Load, f
                       len(mine) - len(first),
                       [x.released - x.at for x in released if x.released is not None],
                       [x.started - x.released for x in released if x.released is not None], cpu,
-                      [x.lateness for x in first.values() if x.at >= published + 1])
+                      [x.lateness for x in first.values() if x.at >= published + 1],
+                      [x.at for x in first.values()])
     log(f"{load.rate:g}/s for {load.duration:g}s: {total} of {planned} published, {len(first)} ran, "
         f"p99 {outcome.ms(99):.1f} ms")
     return outcome
