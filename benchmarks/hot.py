@@ -49,9 +49,13 @@ def _where(section: Section, alone: list[Outcome], beside: list[Outcome],
                     Figure.of([p99(o.to_release) for o in outcomes], "ms", 1))
         section.add(f"other ids' published to started p99, {name}",
                     Figure.of([p99(o.after_release) for o in outcomes], "ms", 1))
-        if all(o.cpu is not None for o in outcomes):
+        uses = [o.cpu for o in outcomes if o.cpu is not None]
+        if uses and len(uses) == len(outcomes):
             section.add(f"machine busy over the run (both cores), {name}",
-                        Figure.of([o.cpu.busy for o in outcomes if o.cpu is not None], "%", 1))
+                        Figure.of([use.busy for use in uses], "%", 1))
+            for part in sorted(uses[0].seconds):
+                section.add(f"CPU share of one core, {part}, {name}", Figure.of(
+                    [use.seconds.get(part, 0.0) / use.wall for use in uses], "%", 1))
 
 
 def run(ctx: Context) -> list[Section]:
