@@ -29,6 +29,7 @@ NOT_MEASURED = {
     },
     "docs/production.md": {
         "6.5 s": "the bound test_replicated_cassandra.py holds a request to with a node stalled",
+        "18 s": "the bound test_replicated_kafka.py holds a schedule call to with a broker stalled",
         "120 s": "the default of scheduler_startup_timeout",
         "256 KiB": "the default of scheduler_max_envelope_bytes",
         "9 s": "the default of Kafka's broker.session.timeout.ms",
