@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ logger = logging.getLogger("celery_scheduler.dispatcher.ingest")
 
 # Records carried at most, in batches (scheduler_ingest_batch_size each).
 MOST_CARRIED_BATCHES = 20
+# Of an ordering id's records carried, a batch writes at most CARRIED_A_BATCH, its plain
+# schedule calls up to CARRIED_A_ROUND together in a round.
+CARRIED_A_ROUND = 64
+CARRIED_A_BATCH = 256
 
 # A task's place among its ordering id's: (scheduled time, uniqueness key).
 Order = tuple[int, str]
@@ -236,12 +241,32 @@ class Batch:
         self.taken: dict[str, int] = {}  # per ordering id carried: how many of its first ones
         self.appended: dict[str, int] = {}  # per ordering id: how many read now were carried
         for ordering_id, queue in carrier.queues.items():
-            taken = 0
-            for _, _, operation in queue.items:
-                if not self.rounds.add(operation):
+            self.taken[ordering_id] = self._take(queue)
+
+    def _take(self, queue: _Queue) -> int:
+        """How many of *queue*'s first records go in this batch: its plain schedule calls a
+        run of up to ``CARRIED_A_ROUND`` a round (the engine releases none of those it holds
+        back until all are written, so a round failing half-way leaves none released out of
+        order), anything else one a round; at most ``CARRIED_A_BATCH``."""
+        taken = 0
+        items = queue.items
+        while taken < min(len(items), CARRIED_A_BATCH):
+            run: list[Operation] = []
+            keys = set()
+            for _, _, operation in itertools.islice(items, taken, taken + CARRIED_A_ROUND):
+                if plain_order(operation) is None or operation.key in keys:
+                    break
+                run.append(operation)
+                keys.add(operation.key)
+            if len(run) > 1 and self.carrier.caught_up is not None:
+                if not self.rounds.add_run(run):
+                    break
+                taken += len(run)
+            else:
+                if not self.rounds.add(items[taken][2]):
                     break
                 taken += 1
-            self.taken[ordering_id] = taken
+        return taken
 
     def add(self, record: Record, operation: Operation) -> None:
         """Write *operation* (read as *record*) in this batch if a round has room for it,

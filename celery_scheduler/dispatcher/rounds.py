@@ -62,6 +62,23 @@ class Rounds:
             return False
         return True
 
+    def add_run(self, operations: list[Operation]) -> bool:
+        """Put *operations*, of one ordering id and distinct keys, together in the first
+        round after those holding their ordering id; False (and nothing added) if that would
+        be a round past the last one allowed. Only for records that nothing of the engine
+        sees until all of them are written (carried ones: see carrying.py)."""
+        ordering_id = operations[0].key.ordering_id
+        held = 0
+        while held < len(self._rounds) and ordering_id in self._rounds[held]:
+            held += 1
+        if held < len(self._rounds):
+            self._rounds[held][ordering_id] = list(operations)
+        elif held < self.most:
+            self._rounds.append({ordering_id: list(operations)})
+        else:
+            return False
+        return True
+
     @property
     def rounds(self) -> list[list[Operation]]:
         """The operations of each round, in order."""

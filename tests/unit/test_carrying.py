@@ -47,6 +47,14 @@ def _stored(store: MemoryScheduleStore, envelopes: list[ScheduleEnvelope]) -> li
     return [n for n, e in enumerate(envelopes) if store.status(e.key) is not None]
 
 
+
+@pytest.fixture
+def one_a_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Carried records written one a round, as a batch's own are: the tests that count rounds
+    to see what is held back. Runs of carried schedule calls have tests of their own."""
+    monkeypatch.setattr(carrying, "CARRIED_A_ROUND", 1)
+
+
 def test_a_round_past_the_last_allowed_is_refused() -> None:
     rounds = Rounds(most=2)
     puts = [Put(0, envelope) for envelope in _hot(3)]
@@ -55,6 +63,7 @@ def test_a_round_past_the_last_allowed_is_refused() -> None:
     assert [len(round_) for round_ in rounds.rounds] == [2, 1]
 
 
+@pytest.mark.usefixtures("one_a_round")
 def test_a_hot_ordering_id_is_written_a_batch_of_rounds_at_a_time_and_others_at_once() -> None:
     log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
     hot = _hot(2 * MOST_ROUNDS + 5)
@@ -76,6 +85,7 @@ def test_a_hot_ordering_id_is_written_a_batch_of_rounds_at_a_time_and_others_at_
     assert dispatcher.reader.committed[partition] == len(hot) + 1  # past the other's, now
 
 
+@pytest.mark.usefixtures("one_a_round")
 @pytest.mark.parametrize("shown", [True, False])
 def test_a_carried_cancel_wins_over_the_release_of_its_task(shown: bool,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,6 +116,7 @@ def test_a_carried_cancel_wins_over_the_release_of_its_task(shown: bool,
     assert (hot[0].key not in dispatcher.released) is shown
 
 
+@pytest.mark.usefixtures("one_a_round")
 def test_other_ordering_ids_and_the_hot_ones_head_are_released_while_the_rest_is_carried() -> None:
     log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
     hot = _hot(4 * MOST_ROUNDS, due_ms=NOW + 1_000)
@@ -122,6 +133,7 @@ def test_other_ordering_ids_and_the_hot_ones_head_are_released_while_the_rest_is
     assert len(_stored(store, hot)) < len(hot)
 
 
+@pytest.mark.usefixtures("one_a_round")
 @pytest.mark.parametrize("held", [True, False])
 def test_a_carried_task_due_before_the_stored_ones_holds_them_back(
         held: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,6 +183,7 @@ def test_a_batch_that_fails_keeps_what_it_carried_and_commits_nothing_past_it() 
     assert dispatcher.reader.committed[partition] == len(hot) + 1
 
 
+@pytest.mark.usefixtures("one_a_round")
 def test_partitions_that_carry_too_much_are_paused_until_half_is_written(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(carrying, "MOST_CARRIED_BATCHES", 2)
@@ -339,6 +352,7 @@ def test_a_commit_that_raises_leaves_the_batch_written_and_what_it_carries_held(
     assert status is not None and status.state is State.CANCELLED
 
 
+@pytest.mark.usefixtures("one_a_round")
 def test_memory_stays_bounded_when_a_paused_partition_is_taken_away_and_given_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("celery_scheduler.dispatcher.ingest.MOST_CARRIED_BATCHES", 2)
@@ -376,3 +390,50 @@ def test_a_queue_keeps_no_more_places_than_it_has_records_and_a_little() -> None
         queue.pop_written(32)
         queue.held_from()
     assert len(queue.plain) <= 2 * len(queue.items) + 16
+
+
+class CountingStore(MemoryScheduleStore):
+    """Counts the write requests (one ``apply`` a round)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied = 0
+
+    def apply(self, operations: Any, now_ms: int) -> Any:
+        self.applied += 1
+        return super().apply(operations, now_ms)
+
+
+def test_a_hot_ordering_ids_carried_schedule_calls_are_written_in_runs() -> None:
+    """Past a batch's rounds, a hot id's carried schedule calls go a run of
+    ``CARRIED_A_ROUND`` a round, ``CARRIED_A_BATCH`` a batch: 300 records in 3 batches, not
+    10 (one a round, 32 rounds a batch)."""
+    log, store, clock = MemoryTaskLog(PARTITIONS), CountingStore(), Clock(NOW)
+    hot = _hot(MOST_ROUNDS + 268)
+    _publish(log, *hot)
+    dispatcher = Dispatcher(log, store, clock)
+    partition = partition_for(HOT, PARTITIONS)
+    dispatcher.ingest.poll_once(0)
+    assert _stored(store, hot) == list(range(MOST_ROUNDS))  # read now: one a round
+    store.applied = 0
+    dispatcher.ingest.poll_once(0)
+    assert _stored(store, hot) == list(range(MOST_ROUNDS + carrying.CARRIED_A_BATCH))
+    assert store.applied == carrying.CARRIED_A_BATCH // carrying.CARRIED_A_ROUND
+    dispatcher.ingest.poll_once(0)
+    assert _stored(store, hot) == list(range(len(hot)))
+    assert dispatcher.reader.committed[partition] == len(hot)
+
+
+def test_a_carried_cancel_ends_a_run_and_takes_effect_after_the_calls_before_it() -> None:
+    log, store, clock = MemoryTaskLog(PARTITIONS), CountingStore(), Clock(NOW)
+    hot = _hot(MOST_ROUNDS + 60)
+    cancelled = hot[MOST_ROUNDS + 5]
+    _publish(log, *hot[:MOST_ROUNDS + 10], CancelEnvelope(cancelled.key), *hot[MOST_ROUNDS + 10:])
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.poll_once(0)
+    store.applied = 0
+    dispatcher.ingest.poll_once(0)  # a run of 10, the cancel alone, a run of 50
+    assert store.applied == 3
+    status = store.status(cancelled.key)
+    assert status is not None and status.state is State.CANCELLED
+    assert _stored(store, hot) == list(range(len(hot)))
