@@ -47,7 +47,7 @@ MOST_CARRIED_BATCHES = 20
 # Of an ordering id's records carried, a batch writes at most CARRIED_A_BATCH, its plain
 # schedule calls up to CARRIED_A_ROUND together in a round.
 CARRIED_A_ROUND = 64
-CARRIED_A_BATCH = 256
+CARRIED_A_BATCH = 64
 
 # A task's place among its ordering id's: (scheduled time, uniqueness key).
 Order = tuple[int, str]
