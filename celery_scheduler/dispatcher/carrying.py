@@ -17,6 +17,14 @@ ordering id with a carried cancel (or retry, move, or task named by its task id)
 is released, as the cancel must still win; of one with only plain schedule calls carried,
 nothing that comes after the earliest of them.
 
+A batch writes a carried ordering id's plain schedule calls a run of ``CARRIED_A_ROUND`` a
+round (nothing the engine may release depends on one of them before all are written, as
+they are held), at most ``CARRIED_A_BATCH`` of them. The ingest loop writes a batch of them
+at a pace (``CARRY_PACE_SECONDS``, ingest.py), not as fast as it can: an ordering id runs
+one task at a time, and ten thousand written in a few seconds would take the CPU and the
+store's requests the other ordering ids' releases wait for. Once something waits for them,
+a partition not read or a cancel holding its whole ordering id back, they go at once.
+
 Carried records stay in memory: at most ``MOST_CARRIED_BATCHES`` batches of them. Past that,
 the partitions that carry most are paused until half as many are carried, so memory stays
 bounded whatever one ordering id holds.
@@ -132,6 +140,12 @@ class Carrier:
     def partitions(self) -> set[int]:
         return {queue.partition for queue in self.queues.values()}
 
+    def waited_for(self) -> bool:
+        """Whether something waits for the records carried, so that the next batch writes
+        them whatever the pace: a partition not read as it carries too much, or a cancel
+        (or retry, move, or task named by its task id) whose whole ordering id is held."""
+        return bool(self.paused) or any(queue.blocking for queue in self.queues.values())
+
     def append(self, ordering_id: str, record: Record, operation: Operation) -> None:
         queue = self.queues.get(ordering_id)
         if queue is None:
@@ -235,13 +249,14 @@ class Batch:
     """One batch's operations in rounds: first what the records carried allow, each ordering
     id's a few rounds, then those read; past the last round, carried on (see the module)."""
 
-    def __init__(self, carrier: Carrier, most_rounds: int = MOST_ROUNDS) -> None:
+    def __init__(self, carrier: Carrier, most_rounds: int = MOST_ROUNDS, *,
+                 carried: bool = True) -> None:
         self.carrier = carrier
         self.rounds = Rounds(most_rounds)
         self.taken: dict[str, int] = {}  # per ordering id carried: how many of its first ones
         self.appended: dict[str, int] = {}  # per ordering id: how many read now were carried
-        for ordering_id, queue in carrier.queues.items():
-            self.taken[ordering_id] = self._take(queue)
+        for ordering_id, queue in carrier.queues.items():  # none, unless *carried*
+            self.taken[ordering_id] = self._take(queue) if carried else 0
 
     def _take(self, queue: _Queue) -> int:
         """How many of *queue*'s first records go in this batch: its plain schedule calls a

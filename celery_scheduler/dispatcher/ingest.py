@@ -63,7 +63,7 @@ from celery_scheduler.tasklog.base import PartitionEnd, Read, Record, TaskLogRea
 from celery_scheduler.tasklog.dead_letters import DeadLetterSink
 from celery_scheduler.tracing import DispatcherSpans
 
-__all__ = ["Ingest", "cannot_hold_back"]
+__all__ = ["CARRY_PACE_SECONDS", "Ingest", "cannot_hold_back"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,10 @@ logger = logging.getLogger(__name__)
 URGENT_SECONDS = 2.0
 # How long a batch waits for records while the engine waits for its ingest to catch up.
 HURRIED_SECONDS = 0.02
+# A batch writing records carried (of hot ordering ids, carrying.py) at most this often,
+# unless something waits for them: a pace well ahead of an ordering id run one at a time,
+# that leaves the rest of the dispatcher, and the store, to the others' releases.
+CARRY_PACE_SECONDS = 0.2
 
 
 class Ingest:
@@ -81,7 +85,8 @@ class Ingest:
                  allowed: Callable[[str], bool] | None = None, signer: Signer | None = None,
                  max_bytes: int | None = None, batch_size: int = 1000,
                  linger_seconds: float = 0.0, clock: Clock | None = None,
-                 caught_up: CaughtUp | None = None, spans: DispatcherSpans | None = None) -> None:
+                 caught_up: CaughtUp | None = None, spans: DispatcherSpans | None = None,
+                 carry_pace_seconds: float = 0.0) -> None:
         self.consumer = consumer
         self.engine = engine
         self.dead_letters = dead_letters
@@ -103,6 +108,10 @@ class Ingest:
         self.applied_to: dict[int, int] = {}
         self.carrier = Carrier(caught_up)  # records a batch left to the next (carrying.py)
         self.most_rounds = MOST_ROUNDS
+        # a batch of records carried at most every so often, unless something waits for them
+        # (see _poll; the dispatcher's is CARRY_PACE_SECONDS)
+        self.carry_pace = carry_pace_seconds
+        self._carry_after = 0.0  # (monotonic) when the next batch of records carried is due
         self._read_past: dict[int, int] = {}  # partition -> offset after the last record read
 
     def assigned(self, partitions: Iterable[int]) -> None:
@@ -200,16 +209,24 @@ class Ingest:
         self.engine.ingest_alive()
         self._resume_leased()
         decoded: dict[tuple[int, int], Envelope] = {}
-        carrying = bool(self.carrier)  # then a batch is due now, whatever else comes
+        carrying = bool(self.carrier)
+        # a batch of records carried is due now, whatever else comes, if something waits
+        # for them or the last one is a pace ago; else the poll waits until then at most
+        wait = max(0.0, self._carry_after - time.monotonic()) if carrying else timeout
+        if carrying and self.carrier.waited_for():
+            wait = 0.0
         try:
-            messages = self.consumer.consume(self.batch_size, 0.0 if carrying else timeout)
+            messages = self.consumer.consume(self.batch_size, min(timeout, wait))
             if messages and self.linger_seconds > 0 and not carrying:
                 messages = self._linger(messages, timeout, decoded)
         except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
             return 0
-        if not messages and not self.carrier:
+        carry = carrying and (self.carrier.waited_for() or time.monotonic() >= self._carry_after)
+        if not messages and not carry:
             return 0
+        if carry:
+            self._carry_after = time.monotonic() + self.carry_pace
         ends: dict[int, int] = {}  # partitions read to their end, at that offset
         first: dict[int, Record] = {}  # of the records read by this poll
         last: dict[int, Record] = {}
@@ -220,7 +237,8 @@ class Ingest:
         for head in sorted(dropped := self.carrier.let_go(writable.__getitem__),
                            key=lambda r: r.offset):
             unleased.setdefault(head.partition, head)
-        batch = Batch(self.carrier, self.most_rounds)  # what was carried comes first
+        # what was carried comes first, if its batch is due (else more may be carried)
+        batch = Batch(self.carrier, self.most_rounds, carried=carry)
         for record in messages:
             if isinstance(record, PartitionEnd):
                 ends[record.partition] = record.offset

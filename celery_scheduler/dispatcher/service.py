@@ -26,7 +26,7 @@ from celery_scheduler.config import Settings, get_settings
 from celery_scheduler.dispatcher.caught_up import CaughtUp
 from celery_scheduler.dispatcher.engine import Engine, EngineSettings
 from celery_scheduler.dispatcher.firer import firer_of
-from celery_scheduler.dispatcher.ingest import Ingest
+from celery_scheduler.dispatcher.ingest import CARRY_PACE_SECONDS, Ingest
 from celery_scheduler.dispatcher.kept import KeptReader
 from celery_scheduler.dispatcher.membership import Membership
 from celery_scheduler.dispatcher.pace import ON_TIME_SWITCH_INTERVAL
@@ -186,7 +186,8 @@ class Dispatcher:
             return Ingest(reader, self.store, self.engine, dead_letters, lambda: self._partitions,
                           allowed=names.__contains__, signer=s.signer,
                           max_bytes=s.max_envelope_bytes, linger_seconds=linger_seconds,
-                          caught_up=caught_up, spans=self.spans)
+                          caught_up=caught_up, spans=self.spans,
+                          carry_pace_seconds=CARRY_PACE_SECONDS)
 
         self.ingest = ingest(self.reader, s.ingest_linger_seconds)
         # periodic entries (beat_schedule), fired between two polls (firer.py)

@@ -406,10 +406,10 @@ class CountingStore(MemoryScheduleStore):
 
 def test_a_hot_ordering_ids_carried_schedule_calls_are_written_in_runs() -> None:
     """Past a batch's rounds, a hot id's carried schedule calls go a run of
-    ``CARRIED_A_ROUND`` a round, ``CARRIED_A_BATCH`` a batch: 300 records in 3 batches, not
-    10 (one a round, 32 rounds a batch)."""
+    ``CARRIED_A_ROUND`` a round, ``CARRIED_A_BATCH`` a batch: the 140 records past the
+    first batch's rounds in 3 batches of a request each, not 5 of 32 requests."""
     log, store, clock = MemoryTaskLog(PARTITIONS), CountingStore(), Clock(NOW)
-    hot = _hot(MOST_ROUNDS + 268)
+    hot = _hot(MOST_ROUNDS + 2 * carrying.CARRIED_A_BATCH + 12)
     _publish(log, *hot)
     dispatcher = Dispatcher(log, store, clock)
     partition = partition_for(HOT, PARTITIONS)
@@ -419,8 +419,10 @@ def test_a_hot_ordering_ids_carried_schedule_calls_are_written_in_runs() -> None
     dispatcher.ingest.poll_once(0)
     assert _stored(store, hot) == list(range(MOST_ROUNDS + carrying.CARRIED_A_BATCH))
     assert store.applied == carrying.CARRIED_A_BATCH // carrying.CARRIED_A_ROUND
-    dispatcher.ingest.poll_once(0)
+    for _ in range(2):
+        dispatcher.ingest.poll_once(0)
     assert _stored(store, hot) == list(range(len(hot)))
+    assert store.applied == 3 * (carrying.CARRIED_A_BATCH // carrying.CARRIED_A_ROUND)
     assert dispatcher.reader.committed[partition] == len(hot)
 
 
@@ -437,3 +439,38 @@ def test_a_carried_cancel_ends_a_run_and_takes_effect_after_the_calls_before_it(
     status = store.status(cancelled.key)
     assert status is not None and status.state is State.CANCELLED
     assert _stored(store, hot) == list(range(len(hot)))
+
+
+@pytest.mark.parametrize("waits_on_cancel", [True, False])
+def test_records_carried_are_written_at_a_pace_unless_a_cancel_waits_for_them(
+        waits_on_cancel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hot id's plain schedule calls carried are written a batch a pace (it runs one at a
+    time: a faster pace takes CPU and store requests from the others' releases); a batch
+    read meanwhile writes its own records and carries more. A carried cancel holds the whole
+    ordering id back, so the next batch writes what is carried at once. The broken variant
+    paces a carried cancel too: it stays unwritten."""
+    if not waits_on_cancel:
+        monkeypatch.setattr(carrying.Carrier, "waited_for", lambda self: bool(self.paused))
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    hot = _hot(MOST_ROUNDS + 2 * carrying.CARRIED_A_BATCH)
+    _publish(log, *hot)
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.carry_pace = 3600.0  # the next batch of carried records is an hour away
+    dispatcher.ingest.poll_once(0)  # the first batch: what it read, a round each
+    assert _stored(store, hot) == list(range(MOST_ROUNDS))
+    dispatcher.ingest.poll_once(0)  # a batch of what is carried, and the next an hour later
+    written = MOST_ROUNDS + carrying.CARRIED_A_BATCH
+    assert _stored(store, hot) == list(range(written))
+    other = ScheduleEnvelope(TaskKey(OTHER, NOW + 60_000, "u"), "t")
+    _publish(log, other, ScheduleEnvelope(TaskKey(HOT, NOW + 60_000, "u9999"), "t"))
+    dispatcher.ingest.poll_once(0)
+    assert store.status(other.key) is not None  # written: a batch of its own
+    assert _stored(store, hot) == list(range(written))  # the rest carried: not due yet
+    assert len(dispatcher.ingest.carrier) == carrying.CARRIED_A_BATCH + 1
+
+    _publish(log, CancelEnvelope(hot[-1].key))
+    dispatcher.ingest.poll_once(0)  # reads the cancel, carried behind the rest
+    for _ in range(2):  # 65 schedule calls and the cancel: two batches
+        dispatcher.ingest.poll_once(0)
+    status = store.status(hot[-1].key)
+    assert (status is not None and status.state is State.CANCELLED) is waits_on_cancel
