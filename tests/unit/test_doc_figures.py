@@ -33,6 +33,7 @@ NOT_MEASURED = {
         "120 s": "the default of scheduler_startup_timeout",
         "256 KiB": "the default of scheduler_max_envelope_bytes",
         "9 s": "the default of Kafka's broker.session.timeout.ms",
+        "0.2 s": "how often a dispatcher writes a batch of a hot ordering id's records",
     },
 }
 
