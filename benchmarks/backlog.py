@@ -33,6 +33,7 @@ __all__ = ["Drain", "drain", "measure_drain", "run"]
 
 WORKERS = 2
 SPACING = 2e-4  # seconds of schedule time between two backlog tasks: 5,000 due per second
+RUNS = 3  # rounds of every system in turn (full runs)
 PROCRASTINATE = "procrastinate"
 # procrastinate with synchronous_commit off: durability like ours (a crash may lose the last
 # commits, as Cassandra's periodic commit log may lose the last writes)
@@ -200,16 +201,25 @@ def _peer_rows(section: Section, peer: str, drains: list[Drain], ours: list[Drai
     add_rows(section, peer, [d.cpu for d in drains], [d.cpu_tasks for d in drains])
 
 
-def _six(ctx: Context, runs: int, ratio_runs: int, window: int) -> Section:
+def _six(ctx: Context, runs: int, window: int) -> Section:
     six = Section("6", "Backlog of overdue tasks after a restart")
     backlog_tasks, fill_seconds = ctx.pick(3_000, 100_000), ctx.pick(3, 60)
     ids = backlog_tasks // 10
-    # The ratio to Celery alone is this scenario's target, and the machine's speed drifts
-    # within minutes: each of our drains is paired with a Celery-alone drain run right
-    # after it, the pairs repeated, and the ratio is the median of the pairs' ratios.
-    pairs = [(drain(ctx, backlog_tasks, ids, window, fill_seconds),
-              celery_drain(ctx, backlog_tasks, ids, window)) for _ in range(ratio_runs)]
-    drains, floor = [ours for ours, _ in pairs], [alone for _, alone in pairs]
+    # The machine's speed drifts within minutes: every system drains in turn, a round at a
+    # time (A B A B), and each ratio is taken round by round, then its median.
+    drains: list[Drain] = []
+    floor: list[Drain] = []
+    rabbit: list[Drain] = []
+    rabbit_floor: list[Drain] = []
+    peers: dict[str, list[Drain]] = {peer: [] for peer in (PROCRASTINATE, PROCRASTINATE_ASYNC,
+                                                            LONGTERM)}
+    for _ in range(runs):
+        drains.append(drain(ctx, backlog_tasks, ids, window, fill_seconds))
+        floor.append(celery_drain(ctx, backlog_tasks, ids, window))
+        rabbit.append(drain(ctx, backlog_tasks, ids, window, fill_seconds, RABBITMQ_URL))
+        rabbit_floor.append(celery_drain(ctx, backlog_tasks, ids, window, RABBITMQ_URL))
+        for peer, drained in peers.items():
+            drained.append(peer_drain(ctx, peer, backlog_tasks, ids, window, fill_seconds))
     rate = _rows(six, f"{drains[0].tasks:,} tasks, {ids:,} ordering ids x 10", drains)
     six.rows[0].target, six.rows[0].met = "≥ 5,000 tasks/s in every run", rate.low >= 5000
     order = Figure.of([d.out_of_order for d in drains])
@@ -225,20 +235,17 @@ def _six(ctx: Context, runs: int, ratio_runs: int, window: int) -> Section:
     add_cost_targets(six, cost_rows, [(d.cpu, d.cpu_tasks) for d in drains],
                      [(f.cpu, f.cpu_tasks) for f in floor], "Celery alone")
     # the same two with RabbitMQ as the Celery broker
-    rabbit = [drain(ctx, backlog_tasks, ids, window, fill_seconds, RABBITMQ_URL) for _ in range(runs)]
     _rows(six, f"celery_scheduler on RabbitMQ, {rabbit[0].tasks:,} tasks, {ids:,} ordering ids x 10",
           rabbit)
     add_rows(six, "celery_scheduler on RabbitMQ", [d.cpu for d in rabbit], [d.cpu_tasks for d in rabbit])
-    rabbit_floor = [celery_drain(ctx, backlog_tasks, ids, window, RABBITMQ_URL) for _ in range(runs)]
     _rows(six, f"Celery alone on RabbitMQ, {backlog_tasks:,} queued plain tasks", rabbit_floor)
     six.add("celery_scheduler on RabbitMQ / Celery alone on RabbitMQ", Figure.of(
         [d.rate / f.rate if f.rate else float("nan") for d, f in zip(rabbit, rabbit_floor, strict=True)],
         "%"))
     add_rows(six, "Celery alone on RabbitMQ", [d.cpu for d in rabbit_floor],
              [d.cpu_tasks for d in rabbit_floor])
-    for peer in (PROCRASTINATE, PROCRASTINATE_ASYNC, LONGTERM):
-        peers = [peer_drain(ctx, peer, backlog_tasks, ids, window, fill_seconds) for _ in range(runs)]
-        _peer_rows(six, peer, peers, drains, f"{peers[0].tasks:,} tasks, {ids:,} ordering ids x 10",
+    for peer, drained in peers.items():
+        _peer_rows(six, peer, drained, drains, f"{drained[0].tasks:,} tasks, {ids:,} ordering ids x 10",
                    ordered=peer != LONGTERM)
     six.method = [
         f"backlog of up to {backlog_tasks:,} tasks (filling stops after {fill_seconds} s; the "
@@ -253,9 +260,10 @@ def _six(ctx: Context, runs: int, ratio_runs: int, window: int) -> Section:
         f"Celery alone (the floor): the same number of plain Celery tasks with the same body, "
         f"queued with apply_async before {WORKERS} solo workers start; no scheduler involved, "
         "so no scheduler that releases to Celery workers can drain faster on this machine. "
-        f"Run {ratio_runs} time(s), each right after one of our drains; 'celery_scheduler / "
-        "Celery alone' is the median of those pairs' ratios (the machine's speed drifts within "
-        "minutes, so each pair shares an hour).",
+        f"{runs} round(s), each system in turn in every round (ours, Celery alone, the same "
+        "two on RabbitMQ, then the peers); 'celery_scheduler / Celery alone' and the ratios to "
+        "the peers are the medians of the rounds' ratios (the machine's speed drifts within "
+        "minutes, so the two of a ratio share a round).",
         f"procrastinate: the same tasks as jobs with schedule_at and lock = the ordering id, "
         f"inserted 1,000 per statement (its batch defer) with no worker running, then ANALYZE "
         f"(what autovacuum does soon after a bulk insert); once all are "
@@ -281,8 +289,13 @@ def _seven(ctx: Context, runs: int, window: int) -> Section:
     seven = Section("7", "Ordering overhead: many tasks per ordering id vs unique ordering ids")
     per_id_tasks, fill_seconds = ctx.pick(1_000, 100_000), ctx.pick(3, 40)
     ids = ctx.pick(20, 1000)
-    chained = [drain(ctx, per_id_tasks, ids, window, fill_seconds) for _ in range(runs)]
-    unique = [drain(ctx, per_id_tasks, per_id_tasks, window, fill_seconds) for _ in range(runs)]
+    chained: list[Drain] = []
+    unique: list[Drain] = []
+    locked: list[Drain] = []
+    for _ in range(runs):  # the three in turn, a round at a time
+        chained.append(drain(ctx, per_id_tasks, ids, window, fill_seconds))
+        unique.append(drain(ctx, per_id_tasks, per_id_tasks, window, fill_seconds))
+        locked.append(peer_drain(ctx, PROCRASTINATE, per_id_tasks, ids, window, fill_seconds))
     _rows(seven, f"{ids:,} ordering ids x {per_id_tasks // ids}", chained)
     _rows(seven, "unique ordering ids", unique)
     seven.add("throughput with ordering / without",
@@ -290,7 +303,6 @@ def _seven(ctx: Context, runs: int, window: int) -> Section:
                                                                                      strict=True)], "%"))
     seven.add("ordering ids whose tasks started out of order",
               Figure.of([d.out_of_order for d in chained]))
-    locked = [peer_drain(ctx, PROCRASTINATE, per_id_tasks, ids, window, fill_seconds) for _ in range(runs)]
     _peer_rows(seven, PROCRASTINATE, locked, chained, f"{ids:,} locks x {per_id_tasks // ids}",
                ordered=True)
     seven.add(f"{LONGTERM}: not measured, it has no ordering (every due task is sent to Celery at "
@@ -302,12 +314,12 @@ def _seven(ctx: Context, runs: int, window: int) -> Section:
         "ordering id.",
         f"procrastinate: the same {ids:,} ordering ids as locks (lock=, its jobs of one lock run one "
         "at a time in the order they were deferred), filled and drained as in 6.",
-        f"{runs} run of each per mode: a backlog is costly to fill on this shared machine.",
+        f"{runs} round(s), the three in turn in each; ratios are taken round by round.",
     ]
     return seven
 
 
 def run(ctx: Context) -> list[Section]:
-    runs = 1
+    runs = ctx.pick(1, RUNS)
     window = ctx.pick(8, 30)
-    return [_six(ctx, runs, ctx.pick(1, 3), window), _seven(ctx, runs, window)]
+    return [_six(ctx, runs, window), _seven(ctx, runs, window)]

@@ -58,7 +58,7 @@ def ceiling(ctx: Context, tasks: int, ordering_ids: int, window: float, fill_sec
 def run(ctx: Context) -> list[Section]:
     window = ctx.pick(8, 40)
     tasks = ctx.pick(3_000, 100_000)
-    runs = [ceiling(ctx, tasks, tasks // 10, window, ctx.pick(3, 60)) for _ in range(ctx.pick(1, 2))]
+    runs = [ceiling(ctx, tasks, tasks // 10, window, ctx.pick(3, 60)) for _ in range(ctx.pick(1, 3))]
     eight = Section("8", "Engine ceiling: one dispatcher, outcomes reported at once")
     rate = Figure.of([d.rate for d in runs], "tasks/s")
     eight.add(f"{runs[0].tasks:,} tasks, {tasks // 10:,} ordering ids x 10: released and reported, "

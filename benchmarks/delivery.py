@@ -118,7 +118,7 @@ def run(ctx: Context) -> list[Section]:
     try:
         with stack(ctx.tmp) as s:
             s.dispatcher()
-            for number in range(ctx.pick(1, 2)):
+            for number in range(ctx.pick(1, 3)):
                 # a topic per run: a reader reads its topic from the start, and messages
                 # of an earlier run, with the same numbers, would count as this run's
                 with _target(f"{s.name}_{number}") as topic:

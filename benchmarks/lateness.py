@@ -55,6 +55,7 @@ LONGTERM_CRON = f"{LONGTERM}, its command every 5 min"
 # Cassandra just started, its C2 compiler threads took 184, then 104, then 47 ms of CPU a
 # second over three 30 s runs at 100 tasks/s: half of its CPU in the first).
 WARM_UP_SEQ = 90_000_000
+RUNS = 3  # rounds of every system in turn (full runs)
 
 
 @dataclass(frozen=True)
@@ -325,28 +326,39 @@ def run(ctx: Context) -> list[Section]:
     # deferred only at its next poll, every 5 s
     slow = Load(rate=100, duration=ctx.pick(2, 20), lead=ctx.pick(2, 5), grace=ctx.pick(6, 15))
     fast = Load(rate=1000, duration=ctx.pick(2, 60), lead=ctx.pick(2, 5), grace=ctx.pick(6, 20))
-    slow_runs, fast_runs = ctx.pick(1, 2), 1
+    runs = ctx.pick(1, RUNS)
     # one unmeasured run of the light load first, on every system's own processes (WARM_UP_SEQ)
     warm = Load(rate=slow.rate, duration=ctx.pick(2, 10), lead=slow.lead, grace=slow.grace)
     results: dict[str, tuple[list[Outcome], list[Outcome]]] = {}
     errors = []
+    failed: set[str] = set()
     cron = Load(rate=slow.rate, duration=slow.duration, lead=slow.lead,
                 grace=peers_longterm.DOCUMENTED_INTERVAL + slow.grace)
-    for system in SYSTEMS + RABBITMQ_SYSTEMS + (() if ctx.quick else (LONGTERM_CRON,)):
-        both = system in SYSTEMS  # the RabbitMQ ones and the cron one run 3b only
-        load, runs = (cron, 1) if system == LONGTERM_CRON else (slow, slow_runs)
-        threads = 1 if system == SYSTEMS[0] or system in RABBITMQ_SYSTEMS else PUBLISHER_THREADS
-        try:
-            with systems(ctx, system) as (s, publish, flush):
-                if system != LONGTERM_CRON:  # its run waits for the next 5-minute mark
-                    measure(s, publish, flush, warm, WARM_UP_SEQ, threads)
-                results[system] = (
-                    [measure(s, publish, flush, load, (k + 1) * 10_000_000, threads)
-                     for k in range(runs)],
-                    [measure(s, publish, flush, fast, (k + 10) * 10_000_000, threads)
-                     for k in range(fast_runs if both else 0)])
-        except Exception as exc:
-            errors.append(f"{system}: {type(exc).__name__}: {exc}"[:500])
+    # the systems in turn, a round at a time (A B A B): a machine that slows down in the middle
+    # of the group weighs on every system, and ratios are taken round by round
+    for k in range(runs):
+        for system in SYSTEMS + RABBITMQ_SYSTEMS + (() if ctx.quick else (LONGTERM_CRON,)):
+            if system in failed:
+                continue
+            both = system in SYSTEMS  # the RabbitMQ ones and the cron one run 3b only
+            load = cron if system == LONGTERM_CRON else slow
+            threads = 1 if system == SYSTEMS[0] or system in RABBITMQ_SYSTEMS else PUBLISHER_THREADS
+            slow_outcomes, fast_outcomes = results.setdefault(system, ([], []))
+            try:
+                with systems(ctx, system) as (s, publish, flush):
+                    if system != LONGTERM_CRON:  # its run waits for the next 5-minute mark
+                        measure(s, publish, flush, warm, WARM_UP_SEQ, threads)
+                    slow_outcomes.append(measure(s, publish, flush, load, (k + 1) * 10_000_000,
+                                                 threads))
+                    if both:
+                        fast_outcomes.append(measure(s, publish, flush, fast,
+                                                     (k + 10) * 10_000_000, threads))
+            except Exception as exc:
+                errors.append(f"{system}: {type(exc).__name__}: {exc}"[:500])
+                failed.add(system)  # its rounds so far are kept; it is not tried again
+                if len(slow_outcomes) > len(fast_outcomes) and both:
+                    slow_outcomes.pop()  # a round is its 3b and 3 runs, both or neither
+    results = {system: runs_ for system, runs_ in results.items() if runs_[0]}
     three = Section("3", f"Release lateness at {fast.rate:g} due tasks/s for {fast.duration:g} s")
     three_b = Section("3b", f"Release lateness at {slow.rate:g} due tasks/s for {slow.duration:g} s")
     cost_rows: dict[str, Row] = {}
@@ -416,8 +428,8 @@ def run(ctx: Context) -> list[Section]:
         f"Redis; its command (here Scheduler.execute_pending(now), what `celery longterm_scheduler` "
         f"runs, from one long-lived process) sends what is due every {peers_longterm.INTERVAL:g} s, "
         f"to {WORKERS} solo Celery workers. Its documentation suggests a cron job every "
-        f"{peers_longterm.DOCUMENTED_INTERVAL / 60:g} minutes: '{LONGTERM_CRON}' (3b, full runs, "
-        f"one run) runs it at the wall clock's multiples of {peers_longterm.DOCUMENTED_INTERVAL:g} s, "
+        f"{peers_longterm.DOCUMENTED_INTERVAL / 60:g} minutes: '{LONGTERM_CRON}' (3b, full runs) "
+        f"runs it at the wall clock's multiples of {peers_longterm.DOCUMENTED_INTERVAL:g} s, "
         f"as cron does, and waits {peers_longterm.DOCUMENTED_INTERVAL + slow.grace:g} s after the "
         "last due time: a task waits for the next run, so its lateness depends on where the load "
         "fell between two runs.",
@@ -431,9 +443,9 @@ def run(ctx: Context) -> list[Section]:
         f"before its measured runs, each system (but '{LONGTERM_CRON}') runs {warm.duration:g} s "
         f"of the {slow.rate:g}/s load, unmeasured: its processes are new, and Kafka's and Cassandra's "
         "JIT compilers are busy for minutes after a start.",
-        f"{fast_runs} run(s) per system of 3, {slow_runs} of 3b (a {fast.duration:g} s run at "
-        f"{fast.rate:g}/s per system is what the time budget allows); 3b runs first on the same "
-        "processes, then 3.",
+        f"{runs} round(s): in each, every system in turn on processes of its own, each a warm-up, "
+        "a 3b run, then a 3 run on the same processes (the RabbitMQ rows and "
+        f"'{LONGTERM_CRON}' a 3b run only); ratios are taken round by round.",
     ]
     three.method = method
     three_b.method = method

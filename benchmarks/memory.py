@@ -76,7 +76,7 @@ def run(ctx: Context) -> list[Section]:
     pending = ctx.pick(8_000, TARGET_PENDING)
     held = ctx.pick(2_000, 100_000)
     fill_seconds = ctx.pick(4, 600)  # the machine is shared: stop filling after this long
-    runs = ctx.pick(2, 2)
+    runs = ctx.pick(2, 3)
     settle, window = ctx.pick(2, 10), ctx.pick(2, 10)
     section = Section("4", "Memory with tasks pending over the next 7 days")
     ours: list[float] = []

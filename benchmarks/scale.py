@@ -137,7 +137,7 @@ def run(ctx: Context) -> list[Section]:
     window = ctx.pick(8, 40)
     for count in (1, 2) if ctx.quick else (1, 2, 4):
         drains = [ceiling(ctx, tasks, tasks // 10, window, ctx.pick(3, 60), count)
-                  for _ in range(ctx.pick(1, 2))]
+                  for _ in range(ctx.pick(1, 3))]
         section.add(f"{count} dispatcher(s): {tasks:,} overdue tasks released and reported, from "
                     f"launch", Figure.of([d.rate for d in drains], "tasks/s"))
     section.method = [

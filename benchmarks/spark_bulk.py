@@ -18,6 +18,8 @@ from benchmarks.report import Section
 from benchmarks.schedule import ORDERING_IDS, batched_rate, due_times
 from benchmarks.stats import Figure
 
+RUNS = 3  # of the bulk job and the one process beside it, in turn (full runs)
+
 __all__ = ["run"]
 
 
@@ -70,17 +72,21 @@ def _end_jvm() -> None:
 def run(ctx: Context) -> list[Section]:
     rows = ctx.pick(50_000, 1_000_000)
     section = Section("1c", "Bulk scheduling from a Spark DataFrame (local Spark, 2 cores)")
-    with stack(ctx.tmp) as s:
-        app = s.use_client()
-        at = time.time() + 7 * 24 * 3600
-        took = _bulk(app, rows, at)
-        single = batched_rate(app, due_times(at, ctx.pick(10_000, 30_000)))
-    rate = rows / took
-    section.add(f"{rows:,} rows: time, scheduled and acknowledged", Figure.of([took], "s", 1),
-                "≤ 60 s" if rows == 1_000_000 else "", took <= 60 if rows == 1_000_000 else None)
-    section.add("bulk rate", Figure.of([rate], "rows/s"))
-    section.add("one process, batched schedule(..., wait=False) + flush", Figure.of([single], "/s"))
-    section.add("bulk rate / one process's batched rate", Figure.of([rate / single], "%"))
+    took, single = [], []
+    for _ in range(ctx.pick(1, RUNS)):  # the bulk job, then the one process, in turn
+        with stack(ctx.tmp) as s:
+            app = s.use_client()
+            at = time.time() + 7 * 24 * 3600
+            took.append(_bulk(app, rows, at))
+            single.append(batched_rate(app, due_times(at, ctx.pick(10_000, 30_000))))
+    rates = [rows / t for t in took]
+    full = rows == 1_000_000
+    section.add(f"{rows:,} rows: time, scheduled and acknowledged", Figure.of(took, "s", 1),
+                "≤ 60 s in every run" if full else "", max(took) <= 60 if full else None)
+    section.add("bulk rate", Figure.of(rates, "rows/s"))
+    section.add("one process, batched schedule(..., wait=False) + flush", Figure.of(single, "/s"))
+    section.add("bulk rate / one process's batched rate, run by run",
+                Figure.of([r / one for r, one in zip(rates, single, strict=True)], "%"))
     section.method = [
         f"{rows:,} rows generated in Spark (spark.range: {ORDERING_IDS} ordering ids, due 7 days "
         "ahead), scheduled with schedule_dataframe on local[2]: each row validated and encoded "
@@ -88,6 +94,6 @@ def run(ctx: Context) -> list[Section]:
         "runs from the call to its return, after Kafka acknowledged every record. A first job "
         "of 100 rows starts the JVM and resolves the connectors beforehand.",
         "one process: scenario 1's batched form (a due time of its own a call), on the same "
-        "topic, in the same run.",
+        f"topic, in the same run. {ctx.pick(1, RUNS)} run(s), each on a fresh topic.",
     ]
     return [section]
