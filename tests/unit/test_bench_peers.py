@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from benchmarks.backlog import SPACING, _backlog, fill
+from benchmarks.context import Context
 from benchmarks.cpu import CpuUse
-from benchmarks.duplicates import count_runs
+from benchmarks.duplicates import RUNS, Twice, _rounds, count_runs
 from benchmarks.execlog import Start
 from benchmarks.failover import crash_outcome
 from benchmarks.stats import Figure
@@ -23,6 +25,22 @@ def test_a_task_run_twice_counts_one_extra_run() -> None:
 def test_tasks_run_once_each_count_no_extra_run() -> None:
     outcome = count_runs([2, 0, 1], first=0, tasks=3)
     assert (outcome.ran, outcome.extra, outcome.missing) == (3, 0, 0)
+
+
+def test_the_systems_run_in_turn_and_one_that_failed_is_not_tried_again(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def trial(system: str) -> Twice:
+        calls.append(system)
+        if system == "b" and calls.count("b") == 2:
+            raise RuntimeError("its broker went away")
+        return Twice(10, 10, 0)
+
+    errors: list[str] = []
+    outcomes = _rounds(Context(quick=False, tmp=tmp_path, runs=5), ("a", "b", "c"), trial, errors)
+    assert calls == ["a", "b", "c", "a", "b", "c"] + ["a", "c"] * (RUNS - 2)
+    assert {system: len(runs) for system, runs in outcomes.items()} == {"a": RUNS, "b": 1, "c": RUNS}
+    assert errors == ["b: RuntimeError: its broker went away"]
 
 
 def test_fill_hands_over_every_task_in_batches() -> None:
