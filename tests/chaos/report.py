@@ -174,13 +174,15 @@ def render(facts: RunFacts, verdict: Verdict, command: str, title: str = "Reliab
     ]
     lines += [_row(kind, verdict.recovery[kind]) for kind in o.kinds if kind in verdict.recovery]
     if verdict.recovery_alone:
-        lines += ["", "The same over the faults whose window overlapped no other fault's (lanes "
-                      "run side by side, so a key may be hit by two faults at once):", "",
+        lines += ["", "The same over the faults that overlapped no other (lanes run side by "
+                      "side, so a key may be hit by two faults at once). A fault lasts, for this, "
+                      "from its injection until its window ends or the last key due in it "
+                      "started, whichever is later:", "",
                   "| fault | faults alone | p50 | p99 | max |", "|---|---|---|---|---|"]
         lines += [_row(kind, verdict.recovery_alone[kind]) for kind in o.kinds
                   if kind in verdict.recovery_alone]
     if verdict.worst_recoveries:
-        lines += ["", "The slowest recoveries, with the faults their windows overlapped:", ""]
+        lines += ["", "The slowest recoveries, with the faults they overlapped (as above):", ""]
         lines += [f"- {seconds:.1f} s, {kind}" + (f", with {', '.join(others)}" if others
                                                  else ", alone")
                   for seconds, kind, others in verdict.worst_recoveries]

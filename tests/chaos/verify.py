@@ -125,7 +125,7 @@ class Verdict:
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     lateness: dict[str, dict[str, float]] = field(default_factory=dict)
     recovery: dict[str, dict[str, float]] = field(default_factory=dict)
-    # the same over the faults whose window overlapped no other fault's
+    # the same over the faults that overlapped no other (until their last key started)
     recovery_alone: dict[str, dict[str, float]] = field(default_factory=dict)
     # the slowest recoveries: (seconds, kind, the kinds of the faults its window overlapped)
     worst_recoveries: list[tuple[float, str, list[str]]] = field(default_factory=list)
@@ -380,6 +380,13 @@ def verify(facts: RunFacts) -> Verdict:
     recoveries: dict[str, list[float]] = defaultdict(list)
     alone: dict[str, list[float]] = defaultdict(list)
     worst: list[tuple[float, str, list[str]]] = []
+    # A fault lasts, for what overlaps it, from its injection until its window ends or the
+    # last of the window's keys started, whichever is later: a fault injected while another's
+    # keys still wait slows their recovery too, even once the first's window is over.
+    spans = []
+    for begin, end, _ in windows:
+        low, high = bisect.bisect_left(due_times, begin), bisect.bisect_right(due_times, end)
+        spans.append((begin, max([end] + [at + late for at, late in due[low:high]])))
     for index, (begin, end, kind) in enumerate(windows):
         low, high = bisect.bisect_left(due_times, begin), bisect.bisect_right(due_times, end)
         during.update(range(low, high))
@@ -387,8 +394,8 @@ def verify(facts: RunFacts) -> Verdict:
         per_kind[kind] += values
         if values:
             recoveries[kind].append(max(values))
-            overlapped = [other for number, (b, e, other) in enumerate(windows)
-                          if number != index and b < end and e > begin]
+            overlapped = [windows[number][2] for number, (b, e) in enumerate(spans)
+                          if number != index and b < spans[index][1] and e > begin]
             if not overlapped:
                 alone[kind].append(max(values))
             worst.append((max(values), kind, overlapped))

@@ -222,6 +222,28 @@ def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
     assert "- 3.0 s, worker-kill, alone" in text
 
 
+def test_a_fault_injected_while_anothers_keys_still_wait_is_not_alone() -> None:
+    """A dispatcher kill's window (20-25) ends before a Cassandra restart begins (30), but its
+    key due at 21 started only at 46, after the restart: neither recovered alone."""
+    from dataclasses import replace
+
+    faults = [Fault("dispatcher-kill", "pid 1", T0 + 20, T0 + 20),  # window 20-25
+              Fault("cassandra-restart", "cassandra", T0 + 30, T0 + 40),  # 30-45
+              Fault("worker-kill", "pid 2", T0 + 60, T0 + 60)]  # 60-65, its key at once
+    run_facts = facts([task("a", 0, 21), task("b", 0, 31), task("c", 0, 61)],
+                      run("a", 0, 46, 46.1) + run("b", 0, 46, 46.1) + run("c", 0, 61.5, 61.6),
+                      faults=faults)
+    run_facts.options = replace(run_facts.options, kinds=("dispatcher-kill", "cassandra-restart",
+                                                          "worker-kill"))
+    verdict = verify(run_facts)
+    assert verdict.recovery["dispatcher-kill"]["max"] == pytest.approx(25.0, abs=0.001)
+    assert verdict.recovery_alone["dispatcher-kill"] == {"n": 0}
+    assert verdict.recovery_alone["cassandra-restart"] == {"n": 0}
+    assert verdict.recovery_alone["worker-kill"]["max"] == pytest.approx(0.5, abs=0.001)
+    assert verdict.worst_recoveries[0] == (pytest.approx(25.0, abs=0.001), "dispatcher-kill",
+                                           ["cassandra-restart"])
+
+
 # --- periodic entries: an entry "tick" every 2 s; occurrences due from T0 + 10 to T0 + 90
 ENTRY = ("tick", 2.0)
 
