@@ -9,13 +9,16 @@ the load, fall due together at its start.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 
 from benchmarks.context import Context, utc
 from benchmarks.harness import log
 from benchmarks.lateness import WARM_UP_SEQ, Load, Outcome, measure, systems
 from benchmarks.report import Section
+from benchmarks.statements import requests_taken, table_counts
 from benchmarks.stats import Figure, percentile, ratio
 
 __all__ = ["run"]
@@ -27,6 +30,37 @@ FIRST_SECONDS = 5.0  # the window after the hot id falls due that its tail is lo
 
 def _hot_order(seqs_in_start_order: list[int]) -> bool:
     return seqs_in_start_order == sorted(seqs_in_start_order)
+
+
+@contextlib.contextmanager
+def _counted(session: object, keyspace: str, into: list[dict[str, float]]) -> Iterator[None]:
+    """Cassandra's requests, and the reads, writes and scans of each of *keyspace*'s tables,
+    a second over the block (its own counters, as benchmarks.statements reads them)."""
+    counts, requests = table_counts(session, keyspace), requests_taken(session)
+    began = time.monotonic()
+    yield
+    seconds = time.monotonic() - began
+    after = table_counts(session, keyspace)
+    rates = {f"{kind}s of {table}": (after[(kind, table)] - counts.get((kind, table), 0)) / seconds
+             for kind, table in after}
+    rates["requests"] = (requests_taken(session) - requests) / seconds
+    into.append(rates)
+
+
+def _statement_rows(section: Section, statements: dict[str, list[dict[str, float]]]) -> None:
+    """Cassandra's requests a second, and each table's reads, writes and scans a second that a
+    hot id changed by more than 5 a second: where the store's added CPU goes."""
+    def mean(runs: list[dict[str, float]], name: str) -> float:
+        return sum(run.get(name, 0.0) for run in runs) / len(runs) if runs else 0.0
+
+    alone, beside = statements["no hot id"], statements["with it"]
+    names = sorted({name for run in alone + beside for name in run})
+    shown = ["requests"] + [name for name in names if name != "requests"
+                            and abs(mean(beside, name) - mean(alone, name)) > 5]
+    for name in shown:
+        for label, runs in (("no hot id", alone), ("with it", beside)):
+            section.add(f"Cassandra {name} a second, {label}",
+                        Figure.of([run.get(name, 0.0) for run in runs], "/s"))
 
 
 def _where(section: Section, alone: list[Outcome], beside: list[Outcome],
@@ -70,18 +104,25 @@ def run(ctx: Context) -> list[Section]:
     hot_due: list[float] = []
     from benchmarks import app  # the stack's client is set on it
 
+    statements: dict[str, list[dict[str, float]]] = {"no hot id": [], "with it": []}
+    from cassandra.cluster import Cluster
+
+    cluster = Cluster(["127.0.0.1"])
+    session = cluster.connect()
     for k in range(runs):
         # a round on processes, a topic and a keyspace of its own: the hot id's tasks go on
         # running for minutes after its run, and would be a second hot id in the next one
         with systems(ctx, "celery_scheduler") as (s, publish, flush):
             measure(s, publish, flush, warm, WARM_UP_SEQ)
-            alone.append(measure(s, publish, flush, load, (k + 30) * 10_000_000))
+            with _counted(session, s.name, statements["no hot id"]):
+                alone.append(measure(s, publish, flush, load, (k + 30) * 10_000_000))
             first = HOT_FIRST_SEQ + k * hot_tasks
             due = time.time() + load.lead + 1.0  # when the load's first tasks fall due
             hot_due.append(due)
-            app.record.schedule_many(  # type: ignore[attr-defined]  # the scheduled task
-                [(utc(due), (f"{HOT_ID}{k}", first + i, due)) for i in range(hot_tasks)])
-            beside.append(measure(s, publish, flush, load, (k + 40) * 10_000_000))
+            with _counted(session, s.name, statements["with it"]):
+                app.record.schedule_many(  # type: ignore[attr-defined]  # the scheduled task
+                    [(utc(due), (f"{HOT_ID}{k}", first + i, due)) for i in range(hot_tasks)])
+                beside.append(measure(s, publish, flush, load, (k + 40) * 10_000_000))
             ran = sorted((x for x in s.starts() if x.ordering_id == f"{HOT_ID}{k}"),
                          key=lambda x: x.started)
             hot_started.append(len({x.seq for x in ran}))
@@ -105,6 +146,8 @@ def run(ctx: Context) -> list[Section]:
         [ratio(percentile(b.lateness, 50), percentile(a.lateness, 50))
          for a, b in zip(alone, beside, strict=True)], "x", 1))
     _where(section, alone, beside, hot_due)
+    cluster.shutdown()
+    _statement_rows(section, statements)
     log(f"3h: p99 {p99_alone} alone, {p99_beside} beside {hot_tasks} hot tasks")
     section.method = [
         f"the load of 3b ({load.rate:g} due tasks/s over 1,000 ordering ids for {load.duration:g} "
@@ -117,5 +160,9 @@ def run(ctx: Context) -> list[Section]:
         "the other ids' lateness as in 3 (first start minus due time); the hot id's tasks must "
         "start in order (the run fails otherwise), and how many started by the end of the run "
         "is shown: one at a time, each after the outcome of the one before.",
+        "Cassandra's rows: requests a second from every client (system_views.clients), and "
+        "the reads, writes and scans a second of each of the run's tables (system_views' "
+        "local latency counters), over each run, the hot id's schedule_many included; a "
+        "table's row is shown when the hot id moved it by more than 5 a second.",
     ]
     return [section]

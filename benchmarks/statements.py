@@ -49,7 +49,7 @@ LEAD = 5.0
 _VIEWS = ("local_read_latency", "local_write_latency", "local_scan_latency")
 
 
-def _counts(session: object, keyspace: str) -> dict[tuple[str, str], int]:
+def table_counts(session: object, keyspace: str) -> dict[tuple[str, str], int]:
     found: dict[tuple[str, str], int] = {}
     for view in _VIEWS:
         rows = session.execute(  # type: ignore[attr-defined]
@@ -59,7 +59,7 @@ def _counts(session: object, keyspace: str) -> dict[tuple[str, str], int]:
     return found
 
 
-def _requests(session: object) -> int:
+def requests_taken(session: object) -> int:
     """Requests Cassandra has taken from its clients' open connections (``system_views.clients``).
 
     At light load a request costs the server far more than the statements it carries, so
@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(3)  # started and settled: count from here
         before = {name: _cpu_seconds(pids) for name, pids in services.items()}
         parts_before = (_cpu_seconds([dispatcher.pid]), _cpu_seconds([w.pid for w in workers]))
-        counted = _counts(session, s.name)
-        requests_before = _requests(session)
+        counted = table_counts(session, s.name)
+        requests_before = requests_taken(session)
         pools = {name: _threads(services[name]) for name in ("Cassandra", "Kafka")
                  if args.threads and services.get(name)}
         own = (python_thread_names(dispatcher.pid), thread_cpu(dispatcher.pid),
@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         after = {name: _cpu_seconds(pids) for name, pids in services.items()}
         dispatcher_cpu = _cpu_seconds([dispatcher.pid]) - parts_before[0]
         workers_cpu = _cpu_seconds([w.pid for w in workers]) - parts_before[1]
-        counts = _counts(session, s.name)
-        requests = _requests(session) - requests_before
+        counts = table_counts(session, s.name)
+        requests = requests_taken(session) - requests_before
         busiest = {name: top_groups(before_threads, _threads(services[name]), elapsed)
                    for name, before_threads in pools.items()}
         dispatcher_threads = _dispatcher_threads(dispatcher.pid, own) if own else []
