@@ -210,11 +210,11 @@ class Ingest:
         self._resume_leased()
         decoded: dict[tuple[int, int], Envelope] = {}
         carrying = bool(self.carrier)
-        # a batch of records carried is due now, whatever else comes, if something waits
-        # for them or the last one is a pace ago; else the poll waits until then at most
-        wait = max(0.0, self._carry_after - time.monotonic()) if carrying else timeout
-        if carrying and self.carrier.waited_for():
-            wait = 0.0
+        # a batch of records carried is due now, whatever else comes (see _carry_due); else
+        # the poll waits until it is at most
+        wait = timeout
+        if carrying:
+            wait = 0.0 if self._carry_due() else self._carry_after - time.monotonic()
         try:
             messages = self.consumer.consume(self.batch_size, min(timeout, wait))
             if messages and self.linger_seconds > 0 and not carrying:
@@ -222,7 +222,7 @@ class Ingest:
         except TaskLogError as exc:
             logger.warning("Kafka poll failed: %s", exc)
             return 0
-        carry = carrying and (self.carrier.waited_for() or time.monotonic() >= self._carry_after)
+        carry = carrying and self._carry_due()
         if not messages and not carry:
             return 0
         if carry:
@@ -293,6 +293,11 @@ class Ingest:
                            time.monotonic() - self._failing_since)
             self._failing_since = None
         return len(messages) - len(ends) + sum(batch.taken.values())
+
+    def _carry_due(self) -> bool:
+        """Whether the next batch writes records carried: something waits for them, or the
+        last batch that did is a pace ago."""
+        return self.carrier.waited_for() or time.monotonic() >= self._carry_after
 
     def _commit(self, offsets: dict[int, int]) -> None:
         """Commit *offsets*: the batch is written whatever the answer, and a commit lost only

@@ -197,19 +197,24 @@ def test_the_report_says_what_the_run_ran_under() -> None:
     assert verdict.lateness["scheduled far ahead"]["n"] == 1
 
 
-def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
+def _of_kinds(run_facts: RunFacts) -> RunFacts:
+    """*run_facts* with the kinds of its own faults as the run's, in the order injected."""
     from dataclasses import replace
 
+    run_facts.options = replace(run_facts.options,
+                                kinds=tuple(dict.fromkeys(f.kind for f in run_facts.faults)))
+    return run_facts
+
+
+def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
     from tests.chaos.report import render
 
     faults = [Fault("worker-kill", "pid 1", T0 + 20, T0 + 21),  # window 20-26, alone
               Fault("kafka-restart", "kafka", T0 + 50, T0 + 60),  # 50-65, with the pause
               Fault("dispatcher-pause", "pid 2", T0 + 62, T0 + 77)]  # 62-82
-    run_facts = facts([task("a", 0, 20.5), task("b", 0, 55), task("c", 0, 64)],
-                      run("a", 0, 23.5, 23.6) + run("b", 0, 85, 85.1) + run("c", 0, 70, 70.1),
-                      faults=faults)
-    run_facts.options = replace(run_facts.options, kinds=("worker-kill", "kafka-restart",
-                                                          "dispatcher-pause"))
+    run_facts = _of_kinds(facts([task("a", 0, 20.5), task("b", 0, 55), task("c", 0, 64)],
+                                run("a", 0, 23.5, 23.6) + run("b", 0, 85, 85.1)
+                                + run("c", 0, 70, 70.1), faults=faults))
     verdict = verify(run_facts)
     assert verdict.recovery["kafka-restart"]["max"] == pytest.approx(30.0, abs=0.001)
     assert verdict.recovery_alone["worker-kill"]["max"] == pytest.approx(3.0, abs=0.001)
@@ -225,17 +230,12 @@ def test_recovery_alone_leaves_out_the_faults_that_overlapped_another() -> None:
 def test_a_fault_injected_while_anothers_keys_still_wait_is_not_alone() -> None:
     """A dispatcher kill's window (20-25) ends before a Cassandra restart begins (30), but its
     key due at 21 started only at 46, after the restart: neither recovered alone."""
-    from dataclasses import replace
-
     faults = [Fault("dispatcher-kill", "pid 1", T0 + 20, T0 + 20),  # window 20-25
               Fault("cassandra-restart", "cassandra", T0 + 30, T0 + 40),  # 30-45
               Fault("worker-kill", "pid 2", T0 + 60, T0 + 60)]  # 60-65, its key at once
-    run_facts = facts([task("a", 0, 21), task("b", 0, 31), task("c", 0, 61)],
-                      run("a", 0, 46, 46.1) + run("b", 0, 46, 46.1) + run("c", 0, 61.5, 61.6),
-                      faults=faults)
-    run_facts.options = replace(run_facts.options, kinds=("dispatcher-kill", "cassandra-restart",
-                                                          "worker-kill"))
-    verdict = verify(run_facts)
+    verdict = verify(_of_kinds(facts(
+        [task("a", 0, 21), task("b", 0, 31), task("c", 0, 61)],
+        run("a", 0, 46, 46.1) + run("b", 0, 46, 46.1) + run("c", 0, 61.5, 61.6), faults=faults)))
     assert verdict.recovery["dispatcher-kill"]["max"] == pytest.approx(25.0, abs=0.001)
     assert verdict.recovery_alone["dispatcher-kill"] == {"n": 0}
     assert verdict.recovery_alone["cassandra-restart"] == {"n": 0}
