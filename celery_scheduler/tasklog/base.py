@@ -290,9 +290,10 @@ class TaskLogReader(Protocol):
 
     topic: str
 
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Read]:
+    def consume(self, num_messages: int = 1, timeout: float = 0.0) -> list[Read]:
         """Up to *num_messages* records after each partition's position, in order, with a
-        :class:`PartitionEnd` where a partition was read to its end."""
+        :class:`PartitionEnd` where a partition was read to its end; waiting at most
+        *timeout* seconds for the first of them (a negative one: not at all, never forever)."""
 
     def seek(self, partition: int, offset: int) -> None:
         """Read *partition* from *offset* on."""

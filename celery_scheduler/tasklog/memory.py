@@ -77,7 +77,7 @@ class MemoryTaskLogReader:
             self._positions.pop(partition, None)
             self._paused.discard(partition)
 
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Read]:
+    def consume(self, num_messages: int = 1, timeout: float = 0.0) -> list[Read]:
         read: list[Read] = []
         for partition, position in sorted(self._positions.items()):
             if partition in self._paused:

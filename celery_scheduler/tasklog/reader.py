@@ -85,9 +85,10 @@ class KafkaTaskLogReader:
         self.consumer = make_consumer()
         self._callbacks: tuple[PartitionsChanged, PartitionsChanged, PartitionsChanged] | None = None
 
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Read]:
+    def consume(self, num_messages: int = 1, timeout: float = 0.0) -> list[Read]:
         with kafka_errors("read the scheduler topic"):
-            messages: list[Message] = self.consumer.consume(num_messages, timeout)
+            # librdkafka takes any negative timeout, however small, as "wait forever"
+            messages: list[Message] = self.consumer.consume(num_messages, max(0.0, timeout))
         read: list[Read] = []
         for message in messages:
             error = message.error()

@@ -101,11 +101,14 @@ class Scheduler:
     def starts(self) -> list[dict[str, Any]]:
         return [e for e in self.executions() if e["event"] == "start"]
 
+    def log_tails(self, tail: int = 3000) -> str:
+        """The last *tail* characters of every process's log, for a failure's message."""
+        return "\n".join(f"--- {p.args[-1] if p.args else p.pid}\n{self.log_of(p)[-tail:]}"
+                         for p in self.processes)
+
     def wait_for_starts(self, count: int, timeout: float = 60, what: str = "executions") -> None:
         def shown() -> str:
-            logs = "\n".join(f"--- {p.args[-1] if p.args else p.pid}\n{self.log_of(p)[-3000:]}"
-                             for p in self.processes)
-            return f"{count} {what} ({len(self.starts())} so far)\n{logs}"
+            return f"{count} {what} ({len(self.starts())} so far)\n{self.log_tails()}"
 
         wait_until(lambda: len(self.starts()) >= count, timeout, shown)
 

@@ -38,8 +38,8 @@ def test_ten_thousand_keys_of_an_ordering_id_are_cancelled_and_none_runs(
         counted.append(cancel_many(client, Selection(ordering_id="bulk"), dry_run=True).requested)
         return counted[-1] == MANY
 
-    wait_until(stored, 90, lambda: f"the dispatcher storing the 10,000 keys: found {counted[-5:]}",
-               every=2.0)
+    wait_until(stored, 90, lambda: f"the dispatcher storing the 10,000 keys: found {counted[-5:]}"
+               f"\n{scheduler.log_tails(6000)}", every=2.0)
     began = time.monotonic()
     done = scheduler.cli("cancel-many", "--ordering-id", "bulk", "--yes", "--wait", "120", "--json",
                          timeout=200)

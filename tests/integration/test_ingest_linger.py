@@ -131,3 +131,24 @@ def test_a_record_due_soon_is_written_without_the_linger(
         assert store.status(soon.key) is not None
     finally:
         consumer.close()
+
+
+def test_a_negative_timeout_reads_what_is_there_and_never_waits_forever(
+        kafka_bootstrap: str, topic: str) -> None:
+    """Kafka's consumer takes any negative timeout, however small, as "wait forever"; the
+    reader port never passes one on (a poll between two paced batches of carried records
+    computed one once, and that dispatcher wrote nothing more while nothing new came)."""
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": topic,
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    reader = KafkaTaskLogReader(topic, lambda: consumer)
+    reader.consume(10, 1.0)  # the partitions fetched from: nothing to read
+    returned = threading.Event()
+
+    def read() -> None:
+        reader.consume(10, -1e-6)
+        returned.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert returned.wait(5), "a negative timeout waited on with nothing to read"
+    consumer.close()

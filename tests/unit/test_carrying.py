@@ -8,6 +8,7 @@ it carried, and memory stays bounded.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -474,3 +475,38 @@ def test_records_carried_are_written_at_a_pace_unless_a_cancel_waits_for_them(
         dispatcher.ingest.poll_once(0)
     status = store.status(hot[-1].key)
     assert (status is not None and status.state is State.CANCELLED) is waits_on_cancel
+
+
+def test_a_poll_between_two_batches_of_carried_records_never_waits_a_negative_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock moves between the look at whether a batch of carried records is due and the
+    wait for the next records: the wait must not come out below zero, as Kafka's consumer
+    takes any negative timeout as "wait forever" (a dispatcher stopped writing a bulk load
+    that way, 2,080 of 10,000 keys stored, once nothing more came to read)."""
+    # each look at the clock up to 0.15 s after the one before: now and then past the due time
+    steps = random.Random(7)
+    now = [100.0]
+
+    def monotonic() -> float:
+        now[0] += steps.uniform(0.0, 0.15)
+        return now[0]
+
+    monkeypatch.setattr("celery_scheduler.dispatcher.ingest.time.monotonic", monotonic)
+    log, store, clock = MemoryTaskLog(PARTITIONS), MemoryScheduleStore(), Clock(NOW)
+    hot = _hot(MOST_ROUNDS + 40 * carrying.CARRIED_A_BATCH)
+    _publish(log, *hot)
+    dispatcher = Dispatcher(log, store, clock)
+    dispatcher.ingest.carry_pace = 0.2
+    timeouts: list[float] = []
+    consume = dispatcher.reader.consume
+
+    def recording(num_messages: int = 1, timeout: float = 0.0) -> Any:
+        timeouts.append(timeout)
+        return consume(num_messages, timeout)
+
+    monkeypatch.setattr(dispatcher.reader, "consume", recording)
+    for _ in range(200):
+        dispatcher.ingest.poll_once(0.2)
+    assert min(timeouts) >= 0, timeouts
+    assert any(0 < timeout < 0.2 for timeout in timeouts)  # some polls waited for the pace
+    assert _stored(store, hot) == list(range(len(hot)))

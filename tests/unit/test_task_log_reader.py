@@ -171,3 +171,24 @@ def test_a_rejoined_reader_hears_only_its_new_consumers_assignments() -> None:
     first.callbacks["on_revoke"](first, [TopicPartition("t", 1)])  # closing aside: nobody hears
     made[1].callbacks["on_lost"](made[1], [TopicPartition("t", 2)])
     assert heard == [("assigned", [1, 4]), ("lost", [2])]
+
+
+class Waiting(Consumer):
+    """Records the timeout of each consume."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.timeouts: list[float] = []
+
+    def consume(self, count: int, timeout: float) -> list[Message]:
+        self.timeouts.append(timeout)
+        return super().consume(count, timeout)
+
+
+def test_a_negative_timeout_reads_what_is_there_and_never_waits_forever() -> None:
+    """librdkafka takes any negative timeout, however small, as "wait forever"."""
+    consumer = Waiting()
+    reader = KafkaTaskLogReader("t", lambda: consumer)
+    reader.consume(10, -1e-6)
+    reader.consume(10, 0.25)
+    assert consumer.timeouts == [0.0, 0.25]
