@@ -211,11 +211,11 @@ class Ingest:
         decoded: dict[tuple[int, int], Envelope] = {}
         carrying = bool(self.carrier)
         # a batch of records carried is due now, whatever else comes (see _carry_due); else
-        # the poll waits until it is at most (never less than nothing: the clock has moved
-        # since _carry_due looked, and Kafka's consumer waits forever on a negative timeout)
+        # the poll waits until it is at most (never less than nothing: Kafka's consumer
+        # waits forever on a negative timeout)
         wait = timeout
         if carrying:
-            wait = 0.0 if self._carry_due() else max(0.0, self._carry_after - time.monotonic())
+            wait = 0.0 if self.carrier.waited_for() else max(0.0, self._carry_after - time.monotonic())
         try:
             messages = self.consumer.consume(self.batch_size, min(timeout, wait))
             if messages and self.linger_seconds > 0 and not carrying:
